@@ -1,0 +1,424 @@
+//! Layered settings: built-in defaults < TOML file < `SUMMARYD_*` environment < CLI flags.
+//!
+//! The env name maps onto the file by its first segment: `SUMMARYD_LLM_BASE_URL` is
+//! `[llm] base_url`; the few top-level keys listed in `TOP_LEVEL` stay flat.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// Keys that live at the top of the file rather than in a section.
+const TOP_LEVEL: [&str; 5] = [
+    "listen",
+    "redis_url",
+    "database_url",
+    "key_prefix",
+    "job_budget_ms",
+];
+
+/// Env vars with the `SUMMARYD_` prefix that are not settings.
+const NOT_SETTINGS: [&str; 1] = ["config"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+    #[error("invalid configuration: {setting}: {reason}")]
+    Setting { setting: String, reason: String },
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub listen: SocketAddr,
+    pub redis_url: String,
+    pub database_url: String,
+    /// Prepended to every Redis key we own, so several deployments or tests share one Redis.
+    pub key_prefix: String,
+    /// Deadline for one delivery of a job, model attempts and backoff sleeps included.
+    pub job_budget_ms: u64,
+    pub api: ApiSettings,
+    pub llm: LlmSettings,
+    pub mail: MailSettings,
+    pub worker: WorkerSettings,
+    pub relay: RelaySettings,
+    pub idempotency: IdempotencySettings,
+    pub auth: AuthSettings,
+    pub log: LogSettings,
+    pub shutdown: ShutdownSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiSettings {
+    /// Request bodies above this are refused with 413 before parsing.
+    pub max_body_bytes: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LlmProvider {
+    Builtin,
+    Openai,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LlmSettings {
+    pub provider: LlmProvider,
+    pub base_url: String,
+    pub model: String,
+    /// Falls back to `OPENAI_API_KEY`; never logged (see `Debug` of `Settings::redacted`).
+    pub api_key: Option<String>,
+    pub call_timeout_ms: u64,
+    pub max_attempts: u32,
+    pub backoff_ms: u64,
+    pub max_backoff_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MailProvider {
+    Log,
+    Smtp,
+    Http,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MailSettings {
+    pub provider: MailProvider,
+    pub smtp_url: Option<String>,
+    pub http_url: Option<String>,
+    pub from: String,
+    pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSettings {
+    pub claim_idle_ms: u64,
+    pub max_deliveries: u64,
+    pub consumers: usize,
+    pub consumer_gc_ms: u64,
+    /// XREADGROUP BLOCK: how long an idle consumer waits for new work per call.
+    pub block_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySettings {
+    pub tasks: usize,
+    pub max_attempts: i32,
+    pub poll_ms: u64,
+    pub backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    /// Rows claimed per pass; small so one slow provider holds few rows.
+    pub batch: i64,
+    /// How long a claimed row is reserved for one relay; must exceed `mail.timeout_ms`.
+    pub lease_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IdempotencySettings {
+    pub lock_ttl_s: u64,
+    pub result_ttl_s: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub tokens_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSettings {
+    /// Unset: text on a TTY, JSON otherwise.
+    pub format: Option<LogFormat>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSettings {
+    pub grace_ms: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            listen: SocketAddr::from(([127, 0, 0, 1], 8080)),
+            redis_url: "redis://127.0.0.1:6379".into(),
+            database_url: "postgres://postgres@127.0.0.1:5432/summaryd".into(),
+            key_prefix: String::new(),
+            job_budget_ms: 60_000,
+            api: ApiSettings {
+                max_body_bytes: 256 * 1024,
+            },
+            llm: LlmSettings {
+                provider: LlmProvider::Builtin,
+                base_url: "https://api.openai.com/v1".into(),
+                model: "gpt-4.1-mini".into(),
+                api_key: None,
+                call_timeout_ms: 20_000,
+                max_attempts: 4,
+                backoff_ms: 500,
+                max_backoff_ms: 8_000,
+            },
+            mail: MailSettings {
+                provider: MailProvider::Log,
+                smtp_url: None,
+                http_url: None,
+                from: "summaryd@localhost".into(),
+                timeout_ms: 10_000,
+            },
+            worker: WorkerSettings {
+                claim_idle_ms: 120_000,
+                max_deliveries: 5,
+                consumers: 4,
+                consumer_gc_ms: 600_000,
+                block_ms: 2_000,
+            },
+            relay: RelaySettings {
+                tasks: 1,
+                max_attempts: 10,
+                poll_ms: 500,
+                backoff_ms: 1_000,
+                max_backoff_ms: 300_000,
+                batch: 10,
+                lease_ms: 60_000,
+            },
+            idempotency: IdempotencySettings {
+                lock_ttl_s: 30,
+                result_ttl_s: 86_400,
+            },
+            auth: AuthSettings::default(),
+            log: LogSettings::default(),
+            shutdown: ShutdownSettings { grace_ms: 25_000 },
+        }
+    }
+}
+
+/// Values given on the command line; `None` means "not given", so lower layers stay.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FlagOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<WorkerFlags>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub relay: Option<RelayFlags>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct WorkerFlags {
+    pub consumers: usize,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RelayFlags {
+    pub tasks: usize,
+}
+
+/// `SUMMARYD_LLM_BASE_URL` -> `llm.base_url`; `SUMMARYD_REDIS_URL` -> `redis_url`.
+fn env_key_to_path(key: &str) -> String {
+    let key = key.to_ascii_lowercase();
+    if TOP_LEVEL.contains(&key.as_str()) {
+        return key;
+    }
+    match key.split_once('_') {
+        Some((section, rest)) => format!("{section}.{rest}"),
+        None => key,
+    }
+}
+
+impl Settings {
+    /// Load all layers. `config_file` is `--config`, else `SUMMARYD_CONFIG`, else none.
+    pub fn load(config_file: Option<&Path>, flags: &FlagOverrides) -> Result<Self, ConfigError> {
+        Self::load_from(config_file, flags, Env::prefixed("SUMMARYD_"))
+    }
+
+    fn load_from(
+        config_file: Option<&Path>,
+        flags: &FlagOverrides,
+        env: Env,
+    ) -> Result<Self, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        let file = config_file
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("SUMMARYD_CONFIG").map(PathBuf::from));
+        if let Some(path) = file {
+            if !path.is_file() {
+                return Err(ConfigError::Setting {
+                    setting: "--config / SUMMARYD_CONFIG".into(),
+                    reason: format!("{} is not a readable file", path.display()),
+                });
+            }
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        let env = env
+            .filter(|k| !NOT_SETTINGS.contains(&k.as_str().to_ascii_lowercase().as_str()))
+            .map(|k| env_key_to_path(k.as_str()).into());
+        figment = figment.merge(env);
+        if std::env::var_os("SUMMARYD_LLM_API_KEY").is_none()
+            && let Ok(key) = std::env::var("OPENAI_API_KEY")
+        {
+            figment = figment.merge(Serialized::default("llm.api_key", key));
+        }
+        figment = figment.merge(Serialized::defaults(flags));
+        let settings: Settings = figment.extract().map_err(describe_figment_error)?;
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    /// Cross-field and range checks serde cannot express.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |setting: &str, reason: &str| {
+            Err(ConfigError::Setting {
+                setting: setting.into(),
+                reason: reason.into(),
+            })
+        };
+        if self.worker.consumers == 0 {
+            return bad("SUMMARYD_WORKER_CONSUMERS", "must be at least 1");
+        }
+        if self.relay.tasks == 0 {
+            return bad("SUMMARYD_RELAY_TASKS", "must be at least 1");
+        }
+        if self.worker.max_deliveries == 0 {
+            return bad("SUMMARYD_WORKER_MAX_DELIVERIES", "must be at least 1");
+        }
+        if self.llm.max_attempts == 0 {
+            return bad("SUMMARYD_LLM_MAX_ATTEMPTS", "must be at least 1");
+        }
+        if self.llm.call_timeout_ms == 0 {
+            return bad("SUMMARYD_LLM_CALL_TIMEOUT_MS", "must be positive");
+        }
+        if self.llm.backoff_ms > self.llm.max_backoff_ms {
+            return bad(
+                "SUMMARYD_LLM_BACKOFF_MS",
+                "must not exceed SUMMARYD_LLM_MAX_BACKOFF_MS",
+            );
+        }
+        if self.relay.backoff_ms > self.relay.max_backoff_ms {
+            return bad(
+                "SUMMARYD_RELAY_BACKOFF_MS",
+                "must not exceed SUMMARYD_RELAY_MAX_BACKOFF_MS",
+            );
+        }
+        if self.relay.max_attempts < 1 {
+            return bad("SUMMARYD_RELAY_MAX_ATTEMPTS", "must be at least 1");
+        }
+        if self.relay.batch < 1 {
+            return bad("SUMMARYD_RELAY_BATCH", "must be at least 1");
+        }
+        if self.relay.lease_ms <= self.mail.timeout_ms {
+            return bad(
+                "SUMMARYD_RELAY_LEASE_MS",
+                "must exceed SUMMARYD_MAIL_TIMEOUT_MS, or a slow send could be repeated by another relay",
+            );
+        }
+        if self.idempotency.lock_ttl_s == 0 || self.idempotency.result_ttl_s == 0 {
+            return bad("SUMMARYD_IDEMPOTENCY_LOCK_TTL_S", "TTLs must be positive");
+        }
+        if self.key_prefix.chars().any(|c| c.is_whitespace()) {
+            return bad("SUMMARYD_KEY_PREFIX", "must not contain whitespace");
+        }
+        match self.mail.provider {
+            MailProvider::Smtp if self.mail.smtp_url.is_none() => {
+                return bad(
+                    "SUMMARYD_MAIL_SMTP_URL",
+                    "required when the mail provider is smtp",
+                );
+            }
+            MailProvider::Http if self.mail.http_url.is_none() => {
+                return bad(
+                    "SUMMARYD_MAIL_HTTP_URL",
+                    "required when the mail provider is http",
+                );
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Turn `worker.consumers` in a figment error into the env name operators know.
+fn describe_figment_error(err: figment::Error) -> ConfigError {
+    let mut messages = Vec::new();
+    for e in err {
+        let path = e.path.join(".");
+        let reason = e.kind.to_string();
+        if path.is_empty() {
+            messages.push(reason);
+        } else {
+            messages.push(format!("{} ({path}): {reason}", env_name(&path)));
+        }
+    }
+    ConfigError::Invalid(messages.join("; "))
+}
+
+fn env_name(path: &str) -> String {
+    format!("SUMMARYD_{}", path.replace('.', "_").to_ascii_uppercase())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_names_map_to_sections_and_top_level_keys() {
+        assert_eq!(env_key_to_path("LLM_BASE_URL"), "llm.base_url");
+        assert_eq!(env_key_to_path("REDIS_URL"), "redis_url");
+        assert_eq!(env_key_to_path("JOB_BUDGET_MS"), "job_budget_ms");
+        assert_eq!(
+            env_key_to_path("WORKER_CLAIM_IDLE_MS"),
+            "worker.claim_idle_ms"
+        );
+        assert_eq!(
+            env_key_to_path("IDEMPOTENCY_LOCK_TTL_S"),
+            "idempotency.lock_ttl_s"
+        );
+    }
+
+    #[test]
+    fn layers_apply_in_order_and_errors_name_the_setting() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "s.toml",
+                "key_prefix = \"file:\"\n[worker]\nconsumers = 3\nmax_deliveries = 9\n",
+            )?;
+            jail.set_env("SUMMARYD_WORKER_CONSUMERS", "5");
+            let flags = FlagOverrides::default();
+            let s = Settings::load(Some(Path::new("s.toml")), &flags).map_err(|e| e.to_string())?;
+            assert_eq!(s.key_prefix, "file:");
+            assert_eq!(s.worker.max_deliveries, 9);
+            assert_eq!(s.worker.consumers, 5, "env beats file");
+            let flags = FlagOverrides {
+                worker: Some(WorkerFlags { consumers: 7 }),
+                ..Default::default()
+            };
+            let s = Settings::load(Some(Path::new("s.toml")), &flags).map_err(|e| e.to_string())?;
+            assert_eq!(s.worker.consumers, 7, "flag beats env");
+
+            jail.set_env("SUMMARYD_WORKER_CONSUMERS", "many");
+            let err = Settings::load(None, &FlagOverrides::default())
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("SUMMARYD_WORKER_CONSUMERS"), "{err}");
+            Ok(())
+        });
+    }
+}

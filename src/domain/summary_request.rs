@@ -1,0 +1,102 @@
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::{Email, ValidationError};
+
+/// The body of `POST /v1/summaries` as it arrives: loosely typed so that a wrong type or a
+/// missing field becomes a 422 naming the field rather than a generic parse error.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SummaryRequest {
+    pub text: Option<serde_json::Value>,
+    pub notify: Option<serde_json::Value>,
+}
+
+/// A request that passed validation. Field order here is the canonical serialisation
+/// that the idempotency fingerprint hashes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ValidSummaryRequest {
+    pub notify: Email,
+    pub text: String,
+}
+
+impl SummaryRequest {
+    pub fn validate(self) -> Result<ValidSummaryRequest, ValidationError> {
+        let text = match self.text {
+            None => return Err(ValidationError::new("text", "is required")),
+            Some(serde_json::Value::String(s)) => s,
+            Some(_) => return Err(ValidationError::new("text", "must be a string")),
+        };
+        if text.trim().is_empty() {
+            return Err(ValidationError::new("text", "must not be empty"));
+        }
+        let notify = match self.notify {
+            None => return Err(ValidationError::new("notify", "is required")),
+            Some(serde_json::Value::String(s)) => Email::parse(&s)?,
+            Some(_) => {
+                return Err(ValidationError::new(
+                    "notify",
+                    "must be a string (an email address)",
+                ));
+            }
+        };
+        Ok(ValidSummaryRequest { notify, text })
+    }
+}
+
+impl ValidSummaryRequest {
+    /// SHA-256 of the canonical JSON; whitespace and field order of the original do not matter.
+    pub fn fingerprint(&self) -> String {
+        let canonical = serde_json::to_vec(self).unwrap_or_default();
+        hex::encode(Sha256::digest(&canonical))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(json: &str) -> Result<ValidSummaryRequest, String> {
+        let req: SummaryRequest = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        req.validate().map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn fingerprint_ignores_whitespace_and_field_order() {
+        let a = parse(r#"{"text":"hello","notify":"a@b.co"}"#).unwrap();
+        let b = parse("{ \"notify\" : \"a@b.co\",\n \"text\": \"hello\" }").unwrap();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        let c = parse(r#"{"text":"hello!","notify":"a@b.co"}"#).unwrap();
+        assert_ne!(a.fingerprint(), c.fingerprint());
+    }
+
+    #[test]
+    fn names_the_field_at_fault() {
+        assert!(
+            parse(r#"{"notify":"a@b.co"}"#)
+                .unwrap_err()
+                .starts_with("text")
+        );
+        assert!(
+            parse(r#"{"text":5,"notify":"a@b.co"}"#)
+                .unwrap_err()
+                .starts_with("text")
+        );
+        assert!(
+            parse(r#"{"text":"  ","notify":"a@b.co"}"#)
+                .unwrap_err()
+                .starts_with("text")
+        );
+        assert!(
+            parse(r#"{"text":"x","notify":"nope"}"#)
+                .unwrap_err()
+                .starts_with("notify")
+        );
+        assert!(parse(r#"{"text":"x"}"#).unwrap_err().starts_with("notify"));
+        assert!(
+            parse(r#"{"text":"x","notify":"a@b.co","cc":1}"#)
+                .unwrap_err()
+                .contains("cc")
+        );
+    }
+}

@@ -1,0 +1,63 @@
+//! Every Redis key and name this service owns, in one place (contract §5).
+
+use crate::domain::{IdempotencyKey, JobId, TenantId};
+
+/// Consumer group shared by all workers of one deployment.
+pub const GROUP: &str = "summarizers";
+
+/// Method and path that idempotency keys are scoped to.
+const SUMMARIES_SCOPE: &str = "POST:/v1/summaries";
+
+#[derive(Debug, Clone)]
+pub struct RedisKeys {
+    prefix: String,
+}
+
+impl RedisKeys {
+    pub fn new(prefix: impl Into<String>) -> Self {
+        Self {
+            prefix: prefix.into(),
+        }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn stream(&self) -> String {
+        format!("{}jobs:summaries", self.prefix)
+    }
+
+    pub fn dead_letters(&self) -> String {
+        format!("{}jobs:summaries:dead", self.prefix)
+    }
+
+    /// Per-job state the API and the dead-letter path keep until Postgres has the summary.
+    pub fn job(&self, job_id: JobId) -> String {
+        format!("{}job:{job_id}", self.prefix)
+    }
+
+    /// Redis key of one idempotency record.
+    pub fn idempotency(&self, scope: &ScopedKey) -> String {
+        format!("{}{}", self.prefix, scope.0)
+    }
+}
+
+/// `idem:{tenant}:POST:/v1/summaries:{key}`, without the deployment prefix, so the job id
+/// derived from it does not change when a deployment changes its prefix.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopedKey(String);
+
+impl ScopedKey {
+    pub fn summaries(tenant: &TenantId, key: &IdempotencyKey) -> Self {
+        Self(format!("idem:{tenant}:{SUMMARIES_SCOPE}:{}", key.as_str()))
+    }
+
+    pub fn job_id(&self) -> JobId {
+        JobId::from_scoped_key(&self.0)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}

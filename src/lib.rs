@@ -1,0 +1,23 @@
+//! summaryd: reliable plumbing around an LLM step.
+//!
+//! Data moves one way: api → stream → worker → db (summary + outbox) → relay → mail.
+
+pub mod api;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod context;
+pub mod db;
+pub mod domain;
+pub mod keys;
+pub mod llm;
+pub mod mail;
+pub mod metrics;
+pub mod relay;
+pub mod retry;
+pub mod roles;
+pub mod shutdown;
+pub mod stream;
+pub mod supervisor;
+pub mod telemetry;
+pub mod worker;

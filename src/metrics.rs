@@ -1,0 +1,101 @@
+//! Prometheus metrics (contract §3 Operations), one registry per app instance so that
+//! in-process tests never see each other's counters.
+
+use prometheus::{
+    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub http_requests: IntCounterVec,
+    pub idempotency: IntCounterVec,
+    pub jobs: IntCounterVec,
+    pub llm_requests: IntCounterVec,
+    pub llm_duration: Histogram,
+    pub stream_pending: IntGauge,
+    pub dead_letters: IntGauge,
+    pub outbox_unsent: IntGauge,
+    pub outbox_sent: IntCounter,
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, prometheus::Error> {
+        let registry = Registry::new();
+        let counter_vec =
+            |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+                let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+                registry.register(Box::new(c.clone()))?;
+                Ok(c)
+            };
+        let gauge = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
+            let g = IntGauge::new(name, help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let http_requests = counter_vec(
+            "summaryd_http_requests_total",
+            "HTTP requests by route template and status code",
+            &["route", "status"],
+        )?;
+        let idempotency = counter_vec(
+            "summaryd_idempotency_total",
+            "Idempotency-Key outcomes: new, replayed, conflict, mismatch",
+            &["outcome"],
+        )?;
+        let jobs = counter_vec(
+            "summaryd_jobs_total",
+            "Job deliveries by outcome: done, duplicate, retry, dead_lettered",
+            &["outcome"],
+        )?;
+        let llm_requests = counter_vec(
+            "summaryd_llm_requests_total",
+            "Model calls by result: ok, timeout, connect, status_<code>, malformed, invalid_input, other",
+            &["result"],
+        )?;
+        // Buckets span the builtin summariser (sub-ms) to a slow hosted model (tens of seconds).
+        let llm_duration = Histogram::with_opts(
+            HistogramOpts::new(
+                "summaryd_llm_request_duration_seconds",
+                "Wall-clock duration of single model calls",
+            )
+            .buckets(vec![
+                0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 60.0,
+            ]),
+        )?;
+        registry.register(Box::new(llm_duration.clone()))?;
+        let stream_pending = gauge(
+            "summaryd_stream_pending",
+            "Messages delivered to a consumer and not yet acknowledged",
+        )?;
+        let dead_letters = gauge("summaryd_dead_letters", "Entries in the dead-letter stream")?;
+        let outbox_unsent = gauge("summaryd_outbox_unsent", "Outbox rows not yet sent")?;
+        let outbox_sent = IntCounter::new("summaryd_outbox_sent_total", "Outbox rows sent")?;
+        registry.register(Box::new(outbox_sent.clone()))?;
+        Ok(Self {
+            registry,
+            http_requests,
+            idempotency,
+            jobs,
+            llm_requests,
+            llm_duration,
+            stream_pending,
+            dead_letters,
+            outbox_unsent,
+            outbox_sent,
+        })
+    }
+
+    /// Prometheus text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        // Encoding into a Vec only fails on a metric with invalid names, which `new` rules out.
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .is_err()
+        {
+            return String::new();
+        }
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

@@ -1,0 +1,9 @@
+//! The Redis Stream that carries jobs from the API to the workers: wire format, enqueue,
+//! consuming with a consumer group, and the dead-letter stream.
+
+mod enqueue;
+pub mod job_state;
+pub mod message;
+
+pub use enqueue::enqueue;
+pub use message::{JobMessage, JobPayload, MalformedMessage};

@@ -1,1 +1,155 @@
-//! (in progress)
+//! Wiring: build the services for the chosen roles, bind the listener, run until shutdown.
+//!
+//! Tests use this the same way `main` does, with port 0 and in-process fake providers.
+
+use std::net::TcpListener;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use crate::config::Settings;
+use crate::context::{Services, ServicesError};
+use crate::llm::Llm;
+use crate::mail::Mailer;
+use crate::roles::{Role, Roles};
+use crate::shutdown::Shutdown;
+use crate::supervisor::Supervisor;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Services(#[from] ServicesError),
+    #[error(transparent)]
+    Migration(#[from] crate::db::DbError),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("HTTP server: {0}")]
+    Http(std::io::Error),
+}
+
+/// How long `serve` keeps retrying migrations while Postgres is still starting (e.g. a pod
+/// that comes up together with its database); after that it exits and the orchestrator restarts it.
+const MIGRATE_PATIENCE: Duration = Duration::from_secs(30);
+
+pub struct Application {
+    services: Services,
+    roles: Roles,
+    listener: TcpListener,
+    port: u16,
+}
+
+impl Application {
+    /// Bind the listener and (unless `migrate` is false) bring the schema up to date.
+    pub async fn build(
+        settings: Settings,
+        roles: Roles,
+        llm: Arc<dyn Llm>,
+        mailer: Arc<dyn Mailer>,
+        migrate: bool,
+    ) -> Result<Self, StartError> {
+        if migrate {
+            migrate_with_patience(&settings.database_url).await?;
+        }
+        let addr = settings.listen;
+        let listener =
+            TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?;
+        let port = listener
+            .local_addr()
+            .map_err(|source| StartError::Listen { addr, source })?
+            .port();
+        let services = Services::new(settings, llm, mailer)?;
+        Ok(Self {
+            services,
+            roles,
+            listener,
+            port,
+        })
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn services(&self) -> &Services {
+        &self.services
+    }
+
+    /// Serve until `shutdown` is triggered, then drain: HTTP stops accepting and finishes
+    /// in-flight requests, role tasks finish their current unit within the grace period.
+    pub async fn run(self, shutdown: Shutdown) -> Result<(), StartError> {
+        let Self {
+            services,
+            roles,
+            listener,
+            port,
+        } = self;
+        let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
+        let server =
+            crate::api::build_server(services.clone(), roles, shutdown.clone(), listener)
+                .map_err(StartError::Http)?;
+        let http = server.handle();
+        let mut http_task = tokio::spawn(server);
+
+        let mut supervisor = Supervisor::new(shutdown.clone());
+        if roles.has(Role::Worker) {
+            for index in 0..services.settings.worker.consumers {
+                let name = crate::worker::consumer_name(index);
+                let (services, shutdown) = (services.clone(), shutdown.clone());
+                supervisor.spawn(format!("worker {name}"), move || {
+                    crate::worker::run(services.clone(), name.clone(), shutdown.clone())
+                });
+            }
+        }
+        if roles.has(Role::Relay) {
+            for index in 0..services.settings.relay.tasks {
+                let name = format!("relay-{index}");
+                let (services, shutdown) = (services.clone(), shutdown.clone());
+                supervisor.spawn(name.clone(), move || {
+                    crate::relay::run(services.clone(), name.clone(), shutdown.clone())
+                });
+            }
+        }
+        info!(%roles, port, "summaryd started");
+
+        let http_result = tokio::select! {
+            _ = shutdown.wait() => None,
+            res = &mut http_task => Some(res),
+        };
+        if let Some(res) = http_result {
+            // The HTTP server stopped by itself: that is fatal for every role (no probes).
+            warn!("HTTP server stopped unexpectedly; shutting down");
+            shutdown.trigger();
+            supervisor.drain(grace).await;
+            return match res {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(StartError::Http(e)),
+                Err(e) => Err(StartError::Http(std::io::Error::other(e))),
+            };
+        }
+        info!(grace_ms = grace.as_millis() as u64, "shutdown requested; draining");
+        tokio::join!(http.stop(true), supervisor.drain(grace));
+        let _ = tokio::time::timeout(grace, http_task).await;
+        info!("summaryd stopped");
+        Ok(())
+    }
+}
+
+async fn migrate_with_patience(url: &str) -> Result<(), crate::db::DbError> {
+    let give_up = tokio::time::Instant::now() + MIGRATE_PATIENCE;
+    let mut delay = Duration::from_millis(250);
+    loop {
+        match crate::db::migrate::run(url).await {
+            Ok(()) => return Ok(()),
+            Err(e @ crate::db::DbError::Query(_)) if tokio::time::Instant::now() < give_up => {
+                warn!(error = %e, "database not ready for migrations; retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}

@@ -1,1 +1,102 @@
-fn main() {}
+use std::process::ExitCode;
+
+use clap::Parser;
+use summaryd::app::Application;
+use summaryd::cli::{Cli, Command, ServeArgs};
+use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
+use summaryd::shutdown::{Shutdown, os_signal};
+use tracing::{error, warn};
+
+/// Contract §1: 0 ok, 1 runtime failure, 2 usage or configuration error.
+const EXIT_RUNTIME: u8 = 1;
+const EXIT_CONFIG: u8 = 2;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("summaryd: cannot start the async runtime: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    match cli.command {
+        Command::Serve(args) => runtime.block_on(serve(args)),
+        Command::Migrate(args) => runtime.block_on(migrate(args.config.as_deref())),
+    }
+}
+
+fn load_settings(
+    config: Option<&std::path::Path>,
+    flags: &FlagOverrides,
+) -> Result<Settings, ExitCode> {
+    Settings::load(config, flags).map_err(|e| {
+        eprintln!("summaryd: {e}");
+        ExitCode::from(EXIT_CONFIG)
+    })
+}
+
+async fn serve(args: ServeArgs) -> ExitCode {
+    let flags = FlagOverrides {
+        listen: args.listen,
+        worker: args.consumers.map(|consumers| WorkerFlags { consumers }),
+        relay: args.relays.map(|tasks| RelayFlags { tasks }),
+    };
+    let settings = match load_settings(args.config.config.as_deref(), &flags) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    summaryd::telemetry::init(settings.log.format);
+    if settings.auth.tokens_file.is_none() {
+        warn!("SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated");
+    }
+    let llm = match summaryd::llm::from_settings(&settings.llm) {
+        Ok(llm) => llm,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let mailer = match summaryd::mail::from_settings(&settings.mail) {
+        Ok(m) => m,
+        Err(e) => {
+            error!("{e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let app = match Application::build(settings, args.roles, llm, mailer, !args.no_migrate).await {
+        Ok(app) => app,
+        Err(e) => {
+            error!("cannot start: {e}");
+            return ExitCode::from(EXIT_RUNTIME);
+        }
+    };
+    let shutdown = Shutdown::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        os_signal().await;
+        trigger.trigger();
+    });
+    match app.run(shutdown).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("{e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+async fn migrate(config: Option<&std::path::Path>) -> ExitCode {
+    let settings = match load_settings(config, &FlagOverrides::default()) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    summaryd::telemetry::init(settings.log.format);
+    match summaryd::db::migrate::run(&settings.database_url).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            error!("migration failed: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}

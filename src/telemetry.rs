@@ -1,1 +1,23 @@
-//! (in progress)
+//! Logging: human-readable text on a terminal, JSON lines otherwise (for log shippers).
+
+use std::io::IsTerminal;
+
+use tracing_subscriber::EnvFilter;
+
+use crate::config::LogFormat;
+
+/// Install the global subscriber. `RUST_LOG` filters (default `info`).
+pub fn init(format: Option<LogFormat>) {
+    let format = format.unwrap_or(if std::io::stdout().is_terminal() {
+        LogFormat::Text
+    } else {
+        LogFormat::Json
+    });
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter);
+    // try_init: a second call (tests) keeps the first subscriber instead of panicking.
+    let _ = match format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
+}

@@ -65,18 +65,33 @@ pub enum LlmProvider {
     Openai,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmSettings {
     pub provider: LlmProvider,
     pub base_url: String,
     pub model: String,
-    /// Falls back to `OPENAI_API_KEY`; never logged (see `Debug` of `Settings::redacted`).
+    /// Falls back to `OPENAI_API_KEY`; never logged (the `Debug` impl below redacts it).
     pub api_key: Option<String>,
     pub call_timeout_ms: u64,
     pub max_attempts: u32,
     pub backoff_ms: u64,
     pub max_backoff_ms: u64,
+}
+
+impl std::fmt::Debug for LlmSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlmSettings")
+            .field("provider", &self.provider)
+            .field("base_url", &self.base_url)
+            .field("model", &self.model)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("call_timeout_ms", &self.call_timeout_ms)
+            .field("max_attempts", &self.max_attempts)
+            .field("backoff_ms", &self.backoff_ms)
+            .field("max_backoff_ms", &self.max_backoff_ms)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -390,6 +405,15 @@ mod tests {
             env_key_to_path("IDEMPOTENCY_LOCK_TTL_S"),
             "idempotency.lock_ttl_s"
         );
+    }
+
+    #[test]
+    fn debug_output_never_shows_the_api_key() {
+        let mut s = Settings::default();
+        s.llm.api_key = Some("sk-very-secret".into());
+        let shown = format!("{s:?}");
+        assert!(!shown.contains("sk-very-secret"), "{shown}");
+        assert!(shown.contains("<redacted>"));
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub enum LlmConfigError {
 /// Build the configured provider.
 pub fn from_settings(settings: &LlmSettings) -> Result<Arc<dyn Llm>, LlmConfigError> {
     match settings.provider {
-        LlmProvider::Builtin => Ok(Arc::new(BuiltinSummariser::default())),
+        LlmProvider::Builtin => Ok(Arc::new(BuiltinSummariser)),
         LlmProvider::Openai => Err(LlmConfigError::ProviderUnavailable),
     }
 }

@@ -1,1 +1,149 @@
-//! (in progress)
+//! The whole application in-process: real HTTP on port 0, real Redis and Postgres, fake
+//! model and mail provider. Proves the roles are wired together and stop cleanly.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use summaryd::app::Application;
+use summaryd::roles::{Role, Roles};
+use summaryd::shutdown::Shutdown;
+
+use crate::common::{FakeLlm, FakeMailer, TestEnv};
+
+/// Poll `check` until it returns true, for at most `limit`; false if it never did.
+async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + limit;
+    while tokio::time::Instant::now() < until {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+struct Running {
+    base: String,
+    shutdown: Shutdown,
+    task: tokio::task::JoinHandle<Result<(), summaryd::app::StartError>>,
+}
+
+async fn start(env: &TestEnv, roles: Roles, llm: Arc<FakeLlm>, mailer: Arc<FakeMailer>) -> Running {
+    let mut settings = env.settings.clone();
+    settings.worker.consumers = 2;
+    let app = Application::build(settings, roles, llm, mailer, false)
+        .await
+        .expect("build app");
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(app.run(shutdown.clone()));
+    Running { base, shutdown, task }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.shutdown.trigger();
+        let result = tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("app stops within the grace period")
+            .expect("app task did not panic");
+        assert!(result.is_ok(), "clean exit: {result:?}");
+    }
+}
+
+fn post(client: &reqwest::Client, base: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {
+    client
+        .post(format!("{base}/v1/summaries"))
+        .header("Idempotency-Key", key)
+        .header("X-Tenant-Id", "acme")
+        .json(body)
+}
+
+#[tokio::test]
+async fn a_posted_job_becomes_one_summary_and_one_email() {
+    let env = TestEnv::new().await;
+    let llm = Arc::new(FakeLlm::ok());
+    let mailer = Arc::new(FakeMailer::new());
+    let app = start(&env, Roles::all(), llm.clone(), mailer.clone()).await;
+    let client = reqwest::Client::new();
+    let body = json!({"text": "Quarterly revenue grew. Churn fell. Hiring paused.", "notify": "ops@example.com"});
+
+    let first = post(&client, &app.base, "app-test-key-0000001", &body).send().await.unwrap();
+    assert_eq!(first.status(), 202);
+    let first: Value = first.json().await.unwrap();
+    let job_id = first["job_id"].as_str().unwrap().to_owned();
+
+    let done = eventually(Duration::from_secs(15), || {
+        let (client, url) = (client.clone(), format!("{}/v1/summaries/{job_id}", app.base));
+        async move {
+            let r = client.get(url).header("X-Tenant-Id", "acme").send().await.unwrap();
+            let v: Value = r.json().await.unwrap();
+            v["status"] == "done"
+        }
+    })
+    .await;
+    assert!(done, "job reached done");
+    assert!(
+        eventually(Duration::from_secs(15), || async { !mailer.sent().is_empty() }).await,
+        "email sent"
+    );
+
+    // A client retry after completion is a replay: same job, no new work.
+    let replay = post(&client, &app.base, "app-test-key-0000001", &body).send().await.unwrap();
+    assert_eq!(replay.status(), 202);
+    assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
+    let replay: Value = replay.json().await.unwrap();
+    assert_eq!(replay["job_id"], first["job_id"]);
+
+    app.stop().await;
+    assert_eq!(llm.calls(), 1);
+    assert_eq!(env.count("summaries").await, 1);
+    assert_eq!(env.count("outbox WHERE sent_at IS NOT NULL").await, 1);
+    let sent = mailer.sent();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].1, format!("summary_ready:{job_id}"));
+    assert_eq!(sent[0].0.to, "ops@example.com");
+    assert!(sent[0].0.text.contains(&job_id));
+}
+
+#[tokio::test]
+async fn a_worker_only_process_serves_health_but_not_the_api() {
+    let env = TestEnv::new().await;
+    let app = start(
+        &env,
+        Roles::of(&[Role::Worker]),
+        Arc::new(FakeLlm::ok()),
+        Arc::new(FakeMailer::new()),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let health = client.get(format!("{}/healthz", app.base)).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    let body = json!({"text": "Some text.", "notify": "a@example.com"});
+    let res = post(&client, &app.base, "worker-only-key-00001", &body).send().await.unwrap();
+    assert_eq!(res.status(), 404);
+    app.stop().await;
+    let mut redis = env.redis().await;
+    let len: u64 = redis::cmd("XLEN")
+        .arg(format!("{}jobs:summaries", env.settings.key_prefix))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(len, 0, "nothing enqueued");
+}
+
+#[tokio::test]
+async fn shutdown_stops_every_role_promptly_and_readyz_turns_503() {
+    let env = TestEnv::new().await;
+    let app = start(&env, Roles::all(), Arc::new(FakeLlm::ok()), Arc::new(FakeMailer::new())).await;
+    let client = reqwest::Client::new();
+    let ready = client.get(format!("{}/readyz", app.base)).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+    app.stop().await;
+}

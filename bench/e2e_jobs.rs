@@ -1,0 +1,134 @@
+//! End-to-end throughput: N jobs through worker (model of latency L, C consumers) and relay,
+//! from the first enqueue until every summary is committed and every email sent.
+//!
+//! Reports jobs/s against the ideal C / L. Run with `bench/e2e.sh` or
+//! `cargo bench --bench e2e_jobs` (env: BENCH_JOBS, BENCH_LATENCY_MS, BENCH_CONSUMERS,
+//! BENCH_PG_URL, BENCH_REDIS_URL). Uses its own database and key prefix, removed afterwards.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::Utc;
+use summaryd::app::Application;
+use summaryd::config::Settings;
+use summaryd::domain::JobId;
+use summaryd::llm::{BuiltinSummariser, Llm, LlmError};
+use summaryd::mail::LogMailer;
+use summaryd::roles::{Role, Roles};
+use summaryd::shutdown::Shutdown;
+use summaryd::stream::{JobMessage, JobPayload, enqueue};
+
+/// The builtin summariser behind a fixed delay: a stand-in for a hosted model's latency.
+struct DelayedModel {
+    latency: Duration,
+    inner: BuiltinSummariser,
+}
+
+#[async_trait]
+impl Llm for DelayedModel {
+    async fn summarise(&self, text: &str) -> Result<String, LlmError> {
+        tokio::time::sleep(self.latency).await;
+        self.inner.summarise(text).await
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // `cargo bench` passes --bench; this binary takes its parameters from the environment.
+    let jobs: usize = env_or("BENCH_JOBS", 400);
+    let latency_ms: u64 = env_or("BENCH_LATENCY_MS", 200);
+    let consumers: usize = env_or("BENCH_CONSUMERS", 8);
+    let pg_base: String = env_or("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432".to_string());
+    let redis_url: String = env_or("BENCH_REDIS_URL", "redis://127.0.0.1:6379".to_string());
+    let run_id = uuid::Uuid::new_v4().simple().to_string();
+    let db_name = format!("summaryd_bench_{}", &run_id[..12]);
+
+    let mut settings = Settings::default();
+    settings.database_url = format!("{pg_base}/{db_name}");
+    settings.redis_url = redis_url.clone();
+    settings.key_prefix = format!("bench:{run_id}:");
+    settings.listen = "127.0.0.1:0".parse()?;
+    settings.worker.consumers = consumers;
+    settings.relay.tasks = 2;
+    settings.relay.poll_ms = 10;
+    settings.relay.batch = 50;
+    settings.worker.block_ms = 100;
+
+    let llm = Arc::new(DelayedModel {
+        latency: Duration::from_millis(latency_ms),
+        inner: BuiltinSummariser::default(),
+    });
+    let roles = Roles::of(&[Role::Worker, Role::Relay]);
+    let app = Application::build(settings.clone(), roles, llm, Arc::new(LogMailer), true).await?;
+    let services = app.services().clone();
+    let shutdown = Shutdown::new();
+    let running = tokio::spawn(app.run(shutdown.clone()));
+
+    let mut redis = services.redis.get().await?;
+    let text = "Revenue grew eleven percent in the quarter. Churn fell to two percent. \
+                The team paused hiring until the new plan lands. Support tickets halved.";
+    let started = Instant::now();
+    for i in 0..jobs {
+        let msg = JobMessage {
+            job_id: JobId::from_scoped_key(&format!("bench:{run_id}:{i}")),
+            tenant: "bench".into(),
+            payload: JobPayload {
+                text: text.into(),
+                notify: "bench@example.com".into(),
+            },
+            created_at: Utc::now(),
+        };
+        enqueue(&mut redis, &services.keys, &msg).await?;
+    }
+    drop(redis);
+    let pg = services.pg.get().await?;
+    let limit = Duration::from_secs(600);
+    loop {
+        let sent: i64 = pg
+            .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL", &[])
+            .await?
+            .get(0);
+        if sent as usize >= jobs || started.elapsed() > limit {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let elapsed = started.elapsed();
+    let summaries: i64 = pg.query_one("SELECT count(*) FROM summaries", &[]).await?.get(0);
+    drop(pg);
+    shutdown.trigger();
+    let _ = running.await;
+
+    let rate = jobs as f64 / elapsed.as_secs_f64();
+    let ideal = consumers as f64 / (latency_ms as f64 / 1000.0);
+    println!("jobs={jobs} consumers={consumers} latency_ms={latency_ms} summaries={summaries}");
+    println!(
+        "elapsed_s={:.2} jobs_per_s={rate:.1} ideal_c_over_l={ideal:.1} ratio={:.3}",
+        elapsed.as_secs_f64(),
+        rate / ideal
+    );
+
+    // Clean up: the bench database and keys.
+    let (admin, conn) =
+        tokio_postgres::connect(&format!("{pg_base}/postgres"), tokio_postgres::NoTls).await?;
+    tokio::spawn(conn);
+    drop(services);
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"))
+        .await?;
+    let client = redis::Client::open(redis_url)?;
+    let mut conn = client.get_multiplexed_async_connection().await?;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}*", settings.key_prefix))
+        .query_async(&mut conn)
+        .await?;
+    if !keys.is_empty() {
+        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
+    }
+    Ok(())
+}

@@ -209,11 +209,11 @@ _deps_main() {
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     set -euo pipefail
-    _deps_main "$@"
+    _deps_main
 else
     # Sourced: run in a subshell so strict mode and `exit` on error stay out of the caller.
     (
         set -euo pipefail
-        _deps_main "$@"
+        _deps_main
     ) || return $?
 fi

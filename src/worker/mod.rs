@@ -1,1 +1,7 @@
-//! (in progress)
+//! The worker role: consumers that take jobs off the stream, and the summary job handler.
+
+mod consumer;
+mod handler;
+
+pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name, run};
+pub use handler::{JobError, JobOutcome, handle_summary_job};

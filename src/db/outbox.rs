@@ -1,1 +1,238 @@
+//! The `outbox` table: the relay's lease-based claim and marks, and the operator queries.
+//!
+//! A relay does not hold row locks across the network call to the mail provider. It claims
+//! rows with a lease (`claimed_until`) in one short statement, sends without any transaction
+//! open, then records the outcome. A relay that dies leaves its rows leased; they become
+//! claimable again when the lease runs out. Each claim writes a fresh `claim_token`, and a
+//! failure is only recorded while the row still carries the claimant's token, so a relay
+//! whose lease expired mid-send cannot undo a newer claim.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use serde::Serialize;
+use serde_json::Value;
+use tokio_postgres::Row;
+use uuid::Uuid;
+
+use super::DbError;
+
+/// One claimed row, leased to the relay that claimed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutboxRow {
+    pub id: i64,
+    pub topic: String,
+    pub dedupe_key: String,
+    pub payload: Value,
+    /// Failed attempts so far (this claim not included).
+    pub attempts: i32,
+    /// Proof of this claim; the marks that could undo a newer claim require it.
+    pub claim_token: Uuid,
+}
+
+/// A row that needs a person: failed permanently, or out of attempts (`summaryd outbox stuck`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StuckRow {
+    pub id: i64,
+    /// From the payload; `None` when the payload has no usable job id (often why it is stuck).
+    pub job_id: Option<String>,
+    pub topic: String,
+    pub dedupe_key: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+}
+
+/// Postgres intervals overflow long before `u64` milliseconds do; no lease or backoff we
+/// configure comes near a year, so clamping there only guards against absurd settings.
+const MAX_INTERVAL_MS: i64 = 365 * 24 * 60 * 60 * 1000;
+
+fn interval_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).map_or(MAX_INTERVAL_MS, |ms| ms.min(MAX_INTERVAL_MS))
+}
+
+/// Lease up to `batch` due rows to the caller, oldest first, in one statement.
+///
+/// `FOR UPDATE SKIP LOCKED` makes concurrent relays skip rows another claim is taking right
+/// now, and the lease condition makes them skip rows another relay holds; the row locks last
+/// only for this statement. Rows of a relay that crashed come back once `lease` has passed.
+pub async fn claim_due(
+    pool: &Pool,
+    batch: i64,
+    max_attempts: i32,
+    lease: Duration,
+) -> Result<Vec<OutboxRow>, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE outbox \
+                SET claimed_until = now() + $3::bigint * interval '1 millisecond', \
+                    claim_token = gen_random_uuid() \
+              WHERE id IN ( \
+                    SELECT id FROM outbox \
+                     WHERE sent_at IS NULL AND failed_at IS NULL \
+                       AND attempts < $1 \
+                       AND next_attempt_at <= now() \
+                       AND (claimed_until IS NULL OR claimed_until < now()) \
+                     ORDER BY id \
+                     LIMIT $2 \
+                     FOR UPDATE SKIP LOCKED) \
+          RETURNING id, topic, dedupe_key, payload, attempts, claim_token",
+        )
+        .await?;
+    let rows = client
+        .query(&stmt, &[&max_attempts, &batch, &interval_ms(lease)])
+        .await?;
+    let mut claimed: Vec<OutboxRow> = rows.iter().map(outbox_row).collect::<Result<_, _>>()?;
+    // RETURNING follows no particular order; keep "oldest first" for the caller.
+    claimed.sort_by_key(|r| r.id);
+    Ok(claimed)
+}
+
+fn outbox_row(row: &Row) -> Result<OutboxRow, DbError> {
+    Ok(OutboxRow {
+        id: row.try_get(0)?,
+        topic: row.try_get(1)?,
+        dedupe_key: row.try_get(2)?,
+        payload: row.try_get(3)?,
+        attempts: row.try_get(4)?,
+        claim_token: row.try_get(5)?,
+    })
+}
+
+/// Record that the provider accepted the email. Returns false if it was already recorded.
+///
+/// Deliberately not fenced by the claim token: the provider *did* accept the message, and
+/// recording that fact can only prevent another send. A stale relay that gets here after
+/// its lease expired thus finishes the row even if another relay re-claimed it; that relay's
+/// own marks then find `sent_at` set and change nothing.
+pub async fn mark_sent(pool: &Pool, id: i64) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE outbox SET sent_at = now(), claimed_until = NULL, claim_token = NULL \
+              WHERE id = $1 AND sent_at IS NULL",
+        )
+        .await?;
+    Ok(client.execute(&stmt, &[&id]).await? == 1)
+}
+
+/// A failure a later attempt may fix: count it and make the row due again after `backoff`.
+///
+/// Returns the row's attempts after this failure, or `None` when the claim is no longer
+/// ours (lease expired and the row was re-claimed or finished): then nothing is changed.
+pub async fn mark_failed_transient(
+    pool: &Pool,
+    id: i64,
+    claim_token: Uuid,
+    error: &str,
+    backoff: Duration,
+) -> Result<Option<i32>, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE outbox \
+                SET attempts = attempts + 1, last_error = $3, \
+                    next_attempt_at = now() + $4::bigint * interval '1 millisecond', \
+                    claimed_until = NULL, claim_token = NULL \
+              WHERE id = $1 AND claim_token = $2 AND sent_at IS NULL \
+          RETURNING attempts",
+        )
+        .await?;
+    let row = client
+        .query_opt(&stmt, &[&id, &claim_token, &error, &interval_ms(backoff)])
+        .await?;
+    Ok(match row {
+        Some(row) => Some(row.try_get(0)?),
+        None => None,
+    })
+}
+
+/// A failure no retry can fix: park the row for a person (`summaryd outbox stuck`).
+///
+/// Returns false when the claim is no longer ours; then nothing is changed.
+pub async fn mark_failed_permanent(
+    pool: &Pool,
+    id: i64,
+    claim_token: Uuid,
+    error: &str,
+) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE outbox \
+                SET attempts = attempts + 1, last_error = $3, failed_at = now(), \
+                    claimed_until = NULL, claim_token = NULL \
+              WHERE id = $1 AND claim_token = $2 AND sent_at IS NULL",
+        )
+        .await?;
+    Ok(client.execute(&stmt, &[&id, &claim_token, &error]).await? == 1)
+}
+
+/// Unsent rows the relay will not pick up again by itself.
+const STUCK: &str = "sent_at IS NULL AND (failed_at IS NOT NULL OR attempts >= $1)";
+
+/// Rows that need a person, oldest first. `max_attempts` is the relay's current setting.
+pub async fn stuck(pool: &Pool, max_attempts: i32) -> Result<Vec<StuckRow>, DbError> {
+    let client = pool.get().await?;
+    let rows = client
+        .query(
+            &format!(
+                "SELECT id, payload->>'job_id', topic, dedupe_key, attempts, last_error, created_at \
+                   FROM outbox WHERE {STUCK} ORDER BY id"
+            ),
+            &[&max_attempts],
+        )
+        .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(StuckRow {
+                id: row.try_get(0)?,
+                job_id: row.try_get(1)?,
+                topic: row.try_get(2)?,
+                dedupe_key: row.try_get(3)?,
+                attempts: row.try_get(4)?,
+                last_error: row.try_get(5)?,
+                created_at: row.try_get(6)?,
+            })
+        })
+        .collect()
+}
+
+/// Make stuck rows eligible for the relay again with a fresh attempt budget; `None` = all.
+///
+/// Only stuck rows are touched (ids of sent or still-retrying rows are ignored), so a
+/// retry can never resend a delivered email or cut short a lease a relay is working under.
+/// `last_error` is kept for the record until the next attempt overwrites it.
+/// Returns how many rows were made eligible.
+pub async fn retry(pool: &Pool, max_attempts: i32, ids: Option<&[i64]>) -> Result<u64, DbError> {
+    let client = pool.get().await?;
+    let set = "UPDATE outbox SET failed_at = NULL, attempts = 0, next_attempt_at = now(), \
+               claimed_until = NULL, claim_token = NULL";
+    let n = match ids {
+        None => {
+            client
+                .execute(&format!("{set} WHERE {STUCK}"), &[&max_attempts])
+                .await?
+        }
+        Some(ids) => {
+            client
+                .execute(
+                    &format!("{set} WHERE {STUCK} AND id = ANY($2)"),
+                    &[&max_attempts, &ids],
+                )
+                .await?
+        }
+    };
+    Ok(n)
+}
+
+/// Rows not yet sent, stuck ones included (the `summaryd_outbox_unsent` gauge).
+pub async fn count_unsent(pool: &Pool) -> Result<i64, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+        .await?;
+    Ok(client.query_one(&stmt, &[]).await?.try_get(0)?)
+}

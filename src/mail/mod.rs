@@ -1,5 +1,6 @@
 //! Sending the "summary ready" email, behind one trait; the provider is chosen by configuration.
 
+mod compose;
 mod log;
 
 use std::sync::Arc;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+pub use self::compose::{ComposeError, SUMMARY_READY_SUBJECT, summary_ready_email};
 pub use self::log::LogMailer;
 
 use crate::config::{MailProvider, MailSettings};

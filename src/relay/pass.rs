@@ -1,0 +1,159 @@
+//! One relay pass: claim a small batch under a lease, send each row, record each outcome.
+
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use tracing::{error, info, warn};
+
+use super::RelayError;
+use super::backoff::jittered_backoff;
+use crate::context::Services;
+use crate::db::outbox::{self, OutboxRow};
+use crate::db::summaries::SUMMARY_READY_TOPIC;
+use crate::mail::{MailError, summary_ready_email};
+
+/// What one pass did, for the loop's pacing and for logs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// Rows leased by this pass.
+    pub claimed: usize,
+    /// Rows the provider accepted.
+    pub sent: usize,
+    /// Rows that failed transiently and wait for their backoff.
+    pub retrying: usize,
+    /// Rows that failed permanently or ran out of attempts: they need a person.
+    pub stuck: usize,
+    /// Rows whose lease ran out before the outcome was recorded (another relay owns them).
+    pub lost_claims: usize,
+}
+
+/// Claim due rows, send them, record the outcomes. Returns the number of rows sent.
+pub async fn relay_once(services: &Services) -> Result<usize, RelayError> {
+    Ok(relay_pass(services).await?.sent)
+}
+
+/// `relay_once` with the full report.
+pub async fn relay_pass(services: &Services) -> Result<PassReport, RelayError> {
+    let relay = &services.settings.relay;
+    let rows = outbox::claim_due(
+        &services.pg,
+        relay.batch,
+        relay.max_attempts,
+        Duration::from_millis(relay.lease_ms),
+    )
+    .await?;
+    // The rows of a batch go out concurrently, so the whole batch ends within about one
+    // mail timeout, inside the lease (config requires lease > mail timeout). One after the
+    // other, a slow provider could let the lease of the last rows run out before their turn
+    // and another relay would send them too.
+    let outcomes = join_all(rows.iter().map(|row| deliver(services, row))).await;
+    let mut report = PassReport {
+        claimed: rows.len(),
+        ..PassReport::default()
+    };
+    let mut first_error = None;
+    for outcome in outcomes {
+        match outcome {
+            Ok(Outcome::Sent) => report.sent += 1,
+            Ok(Outcome::Retrying) => report.retrying += 1,
+            Ok(Outcome::Stuck) => report.stuck += 1,
+            Ok(Outcome::LostClaim) => report.lost_claims += 1,
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => Ok(report),
+    }
+}
+
+enum Outcome {
+    Sent,
+    Retrying,
+    Stuck,
+    LostClaim,
+}
+
+/// Why a send did not go through, decided once here for the whole relay.
+enum Failure {
+    /// Provider down, slow or rate-limiting: resend after the row's backoff.
+    Transient(String),
+    /// The same email would fail the same way every time: no futile attempts.
+    Permanent(String),
+}
+
+async fn deliver(services: &Services, row: &OutboxRow) -> Result<Outcome, RelayError> {
+    let relay = &services.settings.relay;
+    let pg = &services.pg;
+    match send(services, row).await {
+        Ok(()) => {
+            if outbox::mark_sent(pg, row.id).await? {
+                services.metrics.outbox_sent.inc();
+                info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent");
+            } else {
+                // Another relay (whose lease we outlived, or who outlived ours) recorded it.
+                info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent again; already recorded");
+            }
+            Ok(Outcome::Sent)
+        }
+        Err(Failure::Transient(err)) => {
+            let backoff = jittered_backoff(row.attempts, relay.backoff_ms, relay.max_backoff_ms);
+            match outbox::mark_failed_transient(pg, row.id, row.claim_token, &err, backoff).await? {
+                None => Ok(lost_claim(row, &err)),
+                Some(attempts) if attempts >= relay.max_attempts => {
+                    error!(id = row.id, dedupe_key = %row.dedupe_key, attempts, error = %err,
+                        "outbox row out of attempts; it needs a person (summaryd outbox stuck / retry)");
+                    Ok(Outcome::Stuck)
+                }
+                Some(attempts) => {
+                    warn!(id = row.id, dedupe_key = %row.dedupe_key, attempts, error = %err,
+                        retry_in_ms = backoff.as_millis() as u64, "outbox send failed; will retry");
+                    Ok(Outcome::Retrying)
+                }
+            }
+        }
+        Err(Failure::Permanent(err)) => {
+            if !outbox::mark_failed_permanent(pg, row.id, row.claim_token, &err).await? {
+                return Ok(lost_claim(row, &err));
+            }
+            error!(id = row.id, dedupe_key = %row.dedupe_key, error = %err,
+                "outbox send failed permanently; it needs a person (summaryd outbox stuck / retry)");
+            Ok(Outcome::Stuck)
+        }
+    }
+}
+
+fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
+    warn!(id = row.id, dedupe_key = %row.dedupe_key, error = %err,
+        "outbox lease expired before the failure was recorded; the row's new owner decides");
+    Outcome::LostClaim
+}
+
+/// Compose and hand the row to the provider once, under a wall-clock cap.
+async fn send(services: &Services, row: &OutboxRow) -> Result<(), Failure> {
+    if row.topic != SUMMARY_READY_TOPIC {
+        return Err(Failure::Permanent(format!(
+            "no email is defined for outbox topic {:?}",
+            row.topic
+        )));
+    }
+    let mail = &services.settings.mail;
+    let email = summary_ready_email(&mail.from, &row.payload)
+        .map_err(|e| Failure::Permanent(e.to_string()))?;
+    // Wall-clock cap on the whole call: client timeouts are per phase, and a provider that
+    // trickles bytes would otherwise hold the row past its lease.
+    let timeout = Duration::from_millis(mail.timeout_ms);
+    // The dedupe key is the provider's idempotency key: the same row always sends the same
+    // key, so a resend after a crash between send and mark_sent is recognisably a duplicate.
+    match tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key)).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e @ MailError::Transient(_))) => Err(Failure::Transient(e.to_string())),
+        Ok(Err(e @ MailError::Permanent(_))) => Err(Failure::Permanent(e.to_string())),
+        Err(_) => Err(Failure::Transient(format!(
+            "mail provider did not answer within {} ms",
+            mail.timeout_ms
+        ))),
+    }
+}

@@ -10,6 +10,9 @@ use crate::roles::Roles;
 #[derive(Debug, Parser)]
 #[command(name = "summaryd", version, about = "Reliable plumbing around an LLM step: idempotent intake, at-least-once queue, exactly-once effects")]
 pub struct Cli {
+    /// TOML config file (also SUMMARYD_CONFIG); see config/summaryd.toml.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -19,14 +22,51 @@ pub enum Command {
     /// Run the chosen roles until SIGTERM/SIGINT.
     Serve(ServeArgs),
     /// Create the database if missing and apply pending migrations, then exit.
-    Migrate(ConfigArg),
+    Migrate,
+    /// Inspect and replay dead-lettered jobs.
+    #[command(subcommand)]
+    Dlq(DlqCommand),
+    /// Inspect and retry outbox rows that need a person.
+    #[command(subcommand)]
+    Outbox(OutboxCommand),
 }
 
-#[derive(Debug, Args)]
-pub struct ConfigArg {
-    /// TOML config file (also SUMMARYD_CONFIG); see config/summaryd.toml.
-    #[arg(long, value_name = "FILE")]
-    pub config: Option<PathBuf>,
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dead-lettered jobs, oldest first: id, job_id, tenant, reason, failed_at.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-enqueue with the SAME job_id and remove from the dead-letter stream.
+    Replay {
+        /// Dead-letter entry ids (from `dlq list`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<String>,
+        #[arg(long)]
+        all: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Rows at max attempts or failed permanently.
+    Stuck {
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make stuck rows eligible for the relay again.
+    Retry {
+        /// Outbox row ids (from `outbox stuck`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<i64>,
+        #[arg(long)]
+        all: bool,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -34,8 +74,6 @@ pub struct ServeArgs {
     /// Comma-separated subset of api, worker, relay.
     #[arg(long, default_value = "api,worker,relay", value_name = "ROLES")]
     pub roles: Roles,
-    #[command(flatten)]
-    pub config: ConfigArg,
     /// HTTP listen address (overrides SUMMARYD_LISTEN).
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
@@ -71,5 +109,15 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
         let text = err.to_string();
         assert!(text.contains("api, worker, relay"), "{text}");
+    }
+
+    #[test]
+    fn replay_needs_ids_or_all_but_not_both() {
+        assert!(Cli::try_parse_from(["summaryd", "dlq", "replay"]).is_err());
+        assert!(Cli::try_parse_from(["summaryd", "dlq", "replay", "1-0", "--all"]).is_err());
+        assert!(Cli::try_parse_from(["summaryd", "dlq", "replay", "--all"]).is_ok());
+        assert!(Cli::try_parse_from(["summaryd", "outbox", "retry", "x"]).is_err(), "ids are numbers");
+        let cli = Cli::try_parse_from(["summaryd", "outbox", "stuck", "--json", "--config", "f.toml"]).unwrap();
+        assert_eq!(cli.config.as_deref(), Some(std::path::Path::new("f.toml")));
     }
 }

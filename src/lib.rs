@@ -2,6 +2,7 @@
 //!
 //! Data moves one way: api → stream → worker → db (summary + outbox) → relay → mail.
 
+pub mod admin;
 pub mod api;
 pub mod app;
 pub mod cli;

@@ -2,7 +2,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use summaryd::app::Application;
-use summaryd::cli::{Cli, Command, ServeArgs};
+use summaryd::cli::{Cli, Command, DlqCommand, OutboxCommand, ServeArgs};
 use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
 use summaryd::shutdown::{Shutdown, os_signal};
 use tracing::{error, warn};
@@ -20,10 +20,18 @@ fn main() -> ExitCode {
             return ExitCode::from(EXIT_RUNTIME);
         }
     };
+    let config = cli.config.as_deref();
     match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(args)),
-        Command::Migrate(args) => runtime.block_on(migrate(args.config.as_deref())),
+        Command::Serve(args) => runtime.block_on(serve(config, args)),
+        Command::Migrate => runtime.block_on(migrate(config)),
+        Command::Dlq(cmd) => runtime.block_on(admin(config, AdminCommand::Dlq(cmd))),
+        Command::Outbox(cmd) => runtime.block_on(admin(config, AdminCommand::Outbox(cmd))),
     }
+}
+
+enum AdminCommand {
+    Dlq(DlqCommand),
+    Outbox(OutboxCommand),
 }
 
 fn load_settings(
@@ -36,13 +44,13 @@ fn load_settings(
     })
 }
 
-async fn serve(args: ServeArgs) -> ExitCode {
+async fn serve(config: Option<&std::path::Path>, args: ServeArgs) -> ExitCode {
     let flags = FlagOverrides {
         listen: args.listen,
         worker: args.consumers.map(|consumers| WorkerFlags { consumers }),
         relay: args.relays.map(|tasks| RelayFlags { tasks }),
     };
-    let settings = match load_settings(args.config.config.as_deref(), &flags) {
+    let settings = match load_settings(config, &flags) {
         Ok(s) => s,
         Err(code) => return code,
     };
@@ -96,6 +104,49 @@ async fn migrate(config: Option<&std::path::Path>) -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("migration failed: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+/// Operator commands: output goes to stdout (table or JSON lines), diagnostics to stderr.
+async fn admin(config: Option<&std::path::Path>, command: AdminCommand) -> ExitCode {
+    use summaryd::admin;
+    let settings = match load_settings(config, &FlagOverrides::default()) {
+        Ok(s) => s,
+        Err(code) => return code,
+    };
+    // Admin commands never call the model or send mail; the defaults need no network.
+    let services = match summaryd::context::Services::new(
+        settings,
+        std::sync::Arc::new(summaryd::llm::BuiltinSummariser),
+        std::sync::Arc::new(summaryd::mail::LogMailer),
+    ) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("summaryd: {e}");
+            return ExitCode::from(EXIT_CONFIG);
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    let result = match command {
+        AdminCommand::Dlq(DlqCommand::List { limit, json }) => {
+            admin::dlq::list(&services, limit, json, &mut out).await
+        }
+        AdminCommand::Dlq(DlqCommand::Replay { ids, all }) => {
+            admin::dlq::replay(&services, &ids, all, &mut out).await.map(|_| ())
+        }
+        AdminCommand::Outbox(OutboxCommand::Stuck { json }) => {
+            admin::outbox::stuck(&services, json, &mut out).await
+        }
+        AdminCommand::Outbox(OutboxCommand::Retry { ids, all }) => {
+            admin::outbox::retry(&services, &ids, all, &mut out).await.map(|_| ())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("summaryd: {e}");
             ExitCode::from(EXIT_RUNTIME)
         }
     }

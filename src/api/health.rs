@@ -1,0 +1,117 @@
+//! Liveness and readiness for orchestrators.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use actix_web::{HttpResponse, web};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use super::problem::{ApiError, Problem};
+use super::state::ApiState;
+use crate::context::Services;
+
+/// Kubelet's default probe timeout is 1 s; each check must answer well inside it, and the
+/// checks run concurrently, so a dead dependency cannot make the probe itself time out.
+const CHECK_TIMEOUT: Duration = Duration::from_millis(800);
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Health {
+    /// `ok` (liveness) or `ready` (readiness).
+    pub status: String,
+    /// Per dependency: `ok` or why not (readiness only).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub checks: BTreeMap<String, String>,
+}
+
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    responses((status = 200, description = "The process lives", body = Health))
+)]
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(Health {
+        status: "ok".into(),
+        checks: BTreeMap::new(),
+    })
+}
+
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    responses(
+        (status = 200, description = "The dependencies of the enabled roles answer (api, worker: Redis and Postgres; relay: Postgres)", body = Health),
+        (status = 503, description = "A dependency does not answer, or shutdown has begun", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds"))),
+    )
+)]
+pub async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+    if state.shutdown.is_triggered() {
+        return Err(ApiError::NotReady("shutting down".into()));
+    }
+    let roles = state.roles;
+    let services = &state.services;
+    let (redis, postgres) = tokio::join!(
+        async {
+            roles
+                .needs_redis()
+                .then_some(bounded(check_redis(services)).await)
+        },
+        async {
+            roles
+                .needs_postgres()
+                .then_some(bounded(check_postgres(services)).await)
+        },
+    );
+    let mut checks = BTreeMap::new();
+    let mut failing = Vec::new();
+    for (name, result) in [("redis", redis), ("postgres", postgres)] {
+        match result {
+            None => {}
+            Some(Ok(())) => {
+                checks.insert(name.to_owned(), "ok".to_owned());
+            }
+            Some(Err(e)) => {
+                tracing::warn!(dependency = name, error = %e, "readiness check failed");
+                failing.push(name);
+                checks.insert(name.to_owned(), e);
+            }
+        }
+    }
+    if !failing.is_empty() {
+        return Err(ApiError::NotReady(format!(
+            "{} not answering",
+            failing.join(" and ")
+        )));
+    }
+    Ok(HttpResponse::Ok().json(Health {
+        status: "ready".into(),
+        checks,
+    }))
+}
+
+async fn bounded(check: impl Future<Output = Result<(), String>>) -> Result<(), String> {
+    tokio::time::timeout(CHECK_TIMEOUT, check)
+        .await
+        .unwrap_or_else(|_| Err(format!("no answer within {CHECK_TIMEOUT:?}")))
+}
+
+async fn check_redis(services: &Services) -> Result<(), String> {
+    let mut conn = services.redis.get().await.map_err(|e| e.to_string())?;
+    let _: String = redis::cmd("PING")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+async fn check_postgres(services: &Services) -> Result<(), String> {
+    let client = services.pg.get().await.map_err(|e| e.to_string())?;
+    client
+        .simple_query("SELECT 1")
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(())
+}

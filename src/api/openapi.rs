@@ -1,0 +1,54 @@
+//! `GET /openapi.json`: the contract of every route, generated from the handlers'
+//! `#[utoipa::path]` attributes and the DTO types, so it cannot drift from the code.
+
+use std::sync::LazyLock;
+
+use actix_web::HttpResponse;
+use utoipa::OpenApi;
+
+use super::health::{self, Health};
+use super::metrics;
+use super::problem::{ApiError, Problem};
+use super::summaries::{self, Accepted, CreateSummary, JobStatus, JobView};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "summaryd",
+        description = "Accepts LLM summary jobs exactly once per Idempotency-Key and emails the result. \
+                       Every error body is RFC 9457 problem details (application/problem+json)."
+    ),
+    paths(
+        summaries::create,
+        summaries::get,
+        health::healthz,
+        health::readyz,
+        metrics::metrics,
+        openapi_json,
+    ),
+    components(schemas(CreateSummary, Accepted, JobView, JobStatus, Problem, Health)),
+    tags(
+        (name = "summaries", description = "Summary jobs (served with role api)"),
+        (name = "operations", description = "Health, metrics and this document (served on every role)"),
+    )
+)]
+pub struct ApiDoc;
+
+/// Built once: the document is static for the life of the process.
+static DOCUMENT: LazyLock<Result<String, String>> =
+    LazyLock::new(|| ApiDoc::openapi().to_json().map_err(|e| e.to_string()));
+
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "operations",
+    responses((status = 200, description = "This OpenAPI 3.1 document", content_type = "application/json", body = Object))
+)]
+pub async fn openapi_json() -> Result<HttpResponse, ApiError> {
+    match &*DOCUMENT {
+        Ok(doc) => Ok(HttpResponse::Ok()
+            .content_type("application/json")
+            .body(doc.clone())),
+        Err(e) => Err(ApiError::Unavailable(format!("OpenAPI document: {e}"))),
+    }
+}

@@ -1,0 +1,239 @@
+//! `POST /v1/summaries` (accept a job exactly once per Idempotency-Key) and
+//! `GET /v1/summaries/{job_id}` (its state, for the tenant that created it).
+
+use actix_web::http::StatusCode;
+use actix_web::http::header::{CONTENT_TYPE, HeaderMap, LOCATION};
+use actix_web::{HttpRequest, HttpResponse, web};
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+use uuid::Uuid;
+
+use super::body;
+use super::idempotency::{Outcome, StoredResponse};
+use super::problem::{ApiError, Problem};
+use super::state::ApiState;
+use super::tenant::Tenant;
+use crate::context::Services;
+use crate::db;
+use crate::domain::{IdempotencyKey, JobId, TenantId, ValidSummaryRequest};
+use crate::keys::ScopedKey;
+use crate::stream::{self, JobMessage, JobPayload, job_state};
+
+pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+
+/// The body of `POST /v1/summaries`, for the OpenAPI document. Parsing goes through
+/// `domain::SummaryRequest`, which names the field at fault.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSummary {
+    /// The text to summarise; must not be blank.
+    #[schema(min_length = 1)]
+    pub text: String,
+    /// Who gets the "summary ready" email.
+    #[schema(format = Email)]
+    pub notify: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum JobStatus {
+    Queued,
+    Done,
+    /// Dead-lettered; `error` says why.
+    Failed,
+}
+
+/// 202 answer to a new job (and the replay of it).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct Accepted {
+    pub job_id: Uuid,
+    pub status: JobStatus,
+}
+
+/// A job as `GET /v1/summaries/{job_id}` reports it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct JobView {
+    pub job_id: Uuid,
+    pub status: JobStatus,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// When the job was accepted (RFC 3339).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created_at: Option<DateTime<Utc>>,
+    /// When the summary was stored (RFC 3339); only for `done`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completed_at: Option<DateTime<Utc>>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/v1/summaries",
+    tag = "summaries",
+    request_body(content = CreateSummary, content_type = "application/json"),
+    params(
+        ("Idempotency-Key" = String, Header, description = "16–128 visible ASCII characters, unique per logical request; scoped to tenant, method and path"),
+        ("X-Tenant-Id" = String, Header, description = "1–64 characters of [A-Za-z0-9._-]"),
+    ),
+    responses(
+        (status = 202, description = "Accepted and queued; a replay of a finished request returns the same status and body plus `Idempotent-Replayed: true`", body = Accepted,
+            headers(("Location" = String, description = "/v1/summaries/{job_id}"),
+                    ("Idempotent-Replayed" = String, description = "`true` when this is a stored response"))),
+        (status = 400, description = "Idempotency-Key or X-Tenant-Id missing or malformed, or malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "The first request with this key is still in progress", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds; 1"))),
+        (status = 413, description = "Body over the limit (default 256 KiB)", body = Problem, content_type = "application/problem+json"),
+        (status = 415, description = "Content-Type is not application/json", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Valid JSON not matching the schema (`field` names it), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable: nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds"))),
+    )
+)]
+pub async fn create(
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+    tenant: Tenant,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let key = idempotency_key(req.headers())?;
+    body::require_json(&req)?;
+    let limit = state.services.settings.api.max_body_bytes;
+    let bytes = body::read_limited(&req, payload, limit).await?;
+    let request = body::parse_summary_request(&bytes)?;
+
+    let scoped = ScopedKey::summaries(&tenant.0, &key);
+    let job_id = scoped.job_id();
+    let redis_key = state.services.keys.idempotency(&scoped);
+    let outcome = state
+        .idempotency
+        .run(&redis_key, &request.fingerprint(), || {
+            enqueue_job(&state.services, job_id, &tenant.0, &request)
+        })
+        .await?;
+    respond(&outcome, job_id)
+}
+
+fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
+    let invalid = |message: String| ApiError::InvalidHeader {
+        header: IDEMPOTENCY_KEY_HEADER,
+        message,
+    };
+    let raw = headers
+        .get(IDEMPOTENCY_KEY_HEADER)
+        .ok_or_else(|| {
+            invalid("is required: send a unique key of 16–128 visible ASCII characters".into())
+        })?
+        .to_str()
+        .map_err(|_| invalid("must contain only visible ASCII characters".into()))?;
+    IdempotencyKey::parse(raw).map_err(|e| invalid(e.message))
+}
+
+/// The handler behind the idempotency key: put the job on the stream.
+async fn enqueue_job(
+    services: &Services,
+    job_id: JobId,
+    tenant: &TenantId,
+    request: &ValidSummaryRequest,
+) -> Result<StoredResponse, ApiError> {
+    let msg = JobMessage {
+        job_id,
+        tenant: tenant.to_string(),
+        payload: JobPayload {
+            text: request.text.clone(),
+            notify: request.notify.to_string(),
+        },
+        created_at: Utc::now(),
+    };
+    let mut conn = services.redis.get().await?;
+    stream::enqueue(&mut conn, &services.keys, &msg).await?;
+    let body = serde_json::to_value(Accepted {
+        job_id: job_id.as_uuid(),
+        status: JobStatus::Queued,
+    })
+    .map_err(|e| ApiError::Unavailable(e.to_string()))?;
+    Ok(StoredResponse {
+        status: StatusCode::ACCEPTED.as_u16(),
+        body,
+    })
+}
+
+fn respond(outcome: &Outcome, job_id: JobId) -> Result<HttpResponse, ApiError> {
+    let stored = outcome.response();
+    let status = StatusCode::from_u16(stored.status)
+        .map_err(|_| ApiError::Unavailable(format!("stored status {}", stored.status)))?;
+    let mut builder = HttpResponse::build(status);
+    builder.insert_header((CONTENT_TYPE, "application/json"));
+    if status.is_success() {
+        builder.insert_header((LOCATION, format!("/v1/summaries/{job_id}")));
+    }
+    if outcome.is_replay() {
+        builder.insert_header((REPLAYED_HEADER, "true"));
+    }
+    Ok(builder.body(stored.body.to_string()))
+}
+
+#[utoipa::path(
+    get,
+    path = "/v1/summaries/{job_id}",
+    tag = "summaries",
+    params(
+        ("job_id" = String, Path, description = "The job id from the 202 answer"),
+        ("X-Tenant-Id" = String, Header, description = "The tenant that created the job"),
+    ),
+    responses(
+        (status = 200, description = "The job's state", body = JobView),
+        (status = 400, description = "X-Tenant-Id missing or malformed", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "No such job for this tenant: unknown, another tenant's (existence is not revealed), or not a UUID", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis or Postgres unavailable", body = Problem, content_type = "application/problem+json",
+            headers(("Retry-After" = String, description = "Seconds"))),
+    )
+)]
+pub async fn get(
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+    tenant: Tenant,
+) -> Result<HttpResponse, ApiError> {
+    let not_found = || {
+        ApiError::NotFound(format!(
+            "No job with this id exists for tenant {}; use the job_id from the 202 answer.",
+            tenant.0
+        ))
+    };
+    let raw = req.match_info().get("job_id").unwrap_or_default();
+    let job_id: JobId = raw.parse().map_err(|_| not_found())?;
+    let services = &state.services;
+
+    // Postgres is the truth once a summary exists; Redis knows the jobs still in flight.
+    if let Some(row) = db::summaries::find(&services.pg, job_id).await? {
+        if row.tenant != tenant.0.as_str() {
+            return Err(not_found());
+        }
+        return Ok(HttpResponse::Ok().json(JobView {
+            job_id: job_id.as_uuid(),
+            status: JobStatus::Done,
+            summary: Some(row.summary),
+            error: None,
+            created_at: Some(row.created_at),
+            completed_at: Some(row.completed_at),
+        }));
+    }
+    let mut conn = services.redis.get().await?;
+    match job_state::get(&mut conn, &services.keys, job_id).await? {
+        Some(s) if s.tenant == tenant.0.as_str() => Ok(HttpResponse::Ok().json(JobView {
+            job_id: job_id.as_uuid(),
+            status: if s.status == job_state::FAILED {
+                JobStatus::Failed
+            } else {
+                JobStatus::Queued
+            },
+            summary: None,
+            error: s.error,
+            created_at: s.created_at,
+            completed_at: None,
+        })),
+        _ => Err(not_found()),
+    }
+}

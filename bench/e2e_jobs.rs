@@ -34,7 +34,10 @@ impl Llm for DelayedModel {
 }
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[tokio::main]
@@ -43,16 +46,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let jobs: usize = env_or("BENCH_JOBS", 400);
     let latency_ms: u64 = env_or("BENCH_LATENCY_MS", 200);
     let consumers: usize = env_or("BENCH_CONSUMERS", 8);
-    let pg_base: String = env_or("BENCH_PG_URL", "postgres://postgres@127.0.0.1:5432".to_string());
+    let pg_base: String = env_or(
+        "BENCH_PG_URL",
+        "postgres://postgres@127.0.0.1:5432".to_string(),
+    );
     let redis_url: String = env_or("BENCH_REDIS_URL", "redis://127.0.0.1:6379".to_string());
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let db_name = format!("summaryd_bench_{}", &run_id[..12]);
 
-    let mut settings = Settings::default();
-    settings.database_url = format!("{pg_base}/{db_name}");
-    settings.redis_url = redis_url.clone();
-    settings.key_prefix = format!("bench:{run_id}:");
-    settings.listen = "127.0.0.1:0".parse()?;
+    let mut settings = Settings {
+        database_url: format!("{pg_base}/{db_name}"),
+        redis_url: redis_url.clone(),
+        key_prefix: format!("bench:{run_id}:"),
+        listen: "127.0.0.1:0".parse()?,
+        ..Settings::default()
+    };
     settings.worker.consumers = consumers;
     settings.relay.tasks = 2;
     settings.relay.poll_ms = 10;
@@ -61,7 +69,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let llm = Arc::new(DelayedModel {
         latency: Duration::from_millis(latency_ms),
-        inner: BuiltinSummariser::default(),
+        inner: BuiltinSummariser,
     });
     let roles = Roles::of(&[Role::Worker, Role::Relay]);
     let app = Application::build(settings.clone(), roles, llm, Arc::new(LogMailer), true).await?;
@@ -99,7 +107,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = started.elapsed();
-    let summaries: i64 = pg.query_one("SELECT count(*) FROM summaries", &[]).await?.get(0);
+    let summaries: i64 = pg
+        .query_one("SELECT count(*) FROM summaries", &[])
+        .await?
+        .get(0);
     drop(pg);
     shutdown.trigger();
     let _ = running.await;
@@ -119,7 +130,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tokio::spawn(conn);
     drop(services);
     admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"))
+        .batch_execute(&format!(
+            "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
+        ))
         .await?;
     let client = redis::Client::open(redis_url)?;
     let mut conn = client.get_multiplexed_async_connection().await?;

@@ -88,9 +88,8 @@ impl Application {
             port,
         } = self;
         let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
-        let server =
-            crate::api::build_server(services.clone(), roles, shutdown.clone(), listener)
-                .map_err(StartError::Http)?;
+        let server = crate::api::build_server(services.clone(), roles, shutdown.clone(), listener)
+            .map_err(StartError::Http)?;
         let http = server.handle();
         let mut http_task = tokio::spawn(server);
 
@@ -130,7 +129,10 @@ impl Application {
                 Err(e) => Err(StartError::Http(std::io::Error::other(e))),
             };
         }
-        info!(grace_ms = grace.as_millis() as u64, "shutdown requested; draining");
+        info!(
+            grace_ms = grace.as_millis() as u64,
+            "shutdown requested; draining"
+        );
         tokio::join!(http.stop(true), supervisor.drain(grace));
         let _ = tokio::time::timeout(grace, http_task).await;
         info!("summaryd stopped");

@@ -8,7 +8,11 @@ use clap::{Args, Parser, Subcommand};
 use crate::roles::Roles;
 
 #[derive(Debug, Parser)]
-#[command(name = "summaryd", version, about = "Reliable plumbing around an LLM step: idempotent intake, at-least-once queue, exactly-once effects")]
+#[command(
+    name = "summaryd",
+    version,
+    about = "Reliable plumbing around an LLM step: idempotent intake, at-least-once queue, exactly-once effects"
+)]
 pub struct Cli {
     /// TOML config file (also SUMMARYD_CONFIG); see config/summaryd.toml.
     #[arg(long, value_name = "FILE", global = true)]
@@ -116,8 +120,14 @@ mod tests {
         assert!(Cli::try_parse_from(["summaryd", "dlq", "replay"]).is_err());
         assert!(Cli::try_parse_from(["summaryd", "dlq", "replay", "1-0", "--all"]).is_err());
         assert!(Cli::try_parse_from(["summaryd", "dlq", "replay", "--all"]).is_ok());
-        assert!(Cli::try_parse_from(["summaryd", "outbox", "retry", "x"]).is_err(), "ids are numbers");
-        let cli = Cli::try_parse_from(["summaryd", "outbox", "stuck", "--json", "--config", "f.toml"]).unwrap();
+        assert!(
+            Cli::try_parse_from(["summaryd", "outbox", "retry", "x"]).is_err(),
+            "ids are numbers"
+        );
+        let cli = Cli::try_parse_from([
+            "summaryd", "outbox", "stuck", "--json", "--config", "f.toml",
+        ])
+        .unwrap();
         assert_eq!(cli.config.as_deref(), Some(std::path::Path::new("f.toml")));
     }
 }

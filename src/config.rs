@@ -417,6 +417,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the closure's error type
     fn layers_apply_in_order_and_errors_name_the_setting() {
         figment::Jail::expect_with(|jail| {
             jail.create_file(

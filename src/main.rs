@@ -56,7 +56,9 @@ async fn serve(config: Option<&std::path::Path>, args: ServeArgs) -> ExitCode {
     };
     summaryd::telemetry::init(settings.log.format);
     if settings.auth.tokens_file.is_none() {
-        warn!("SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated");
+        warn!(
+            "SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated"
+        );
     }
     let llm = match summaryd::llm::from_settings(&settings.llm) {
         Ok(llm) => llm,
@@ -134,13 +136,17 @@ async fn admin(config: Option<&std::path::Path>, command: AdminCommand) -> ExitC
             admin::dlq::list(&services, limit, json, &mut out).await
         }
         AdminCommand::Dlq(DlqCommand::Replay { ids, all }) => {
-            admin::dlq::replay(&services, &ids, all, &mut out).await.map(|_| ())
+            admin::dlq::replay(&services, &ids, all, &mut out)
+                .await
+                .map(|_| ())
         }
         AdminCommand::Outbox(OutboxCommand::Stuck { json }) => {
             admin::outbox::stuck(&services, json, &mut out).await
         }
         AdminCommand::Outbox(OutboxCommand::Retry { ids, all }) => {
-            admin::outbox::retry(&services, &ids, all, &mut out).await.map(|_| ())
+            admin::outbox::retry(&services, &ids, all, &mut out)
+                .await
+                .map(|_| ())
         }
     };
     match result {

@@ -143,7 +143,11 @@ mod tests {
             }
         });
         tokio::time::sleep(Duration::from_secs(5)).await;
-        assert_eq!(runs.load(Ordering::SeqCst), 3, "two panics, then a healthy run");
+        assert_eq!(
+            runs.load(Ordering::SeqCst),
+            3,
+            "two panics, then a healthy run"
+        );
         shutdown.trigger();
         // The healthy run never returns by itself: drain must abort it after the grace period.
         sup.drain(Duration::from_secs(1)).await;

@@ -53,7 +53,9 @@ pub async fn replay(
                 replayed += 1;
                 writeln!(out, "replayed {id}: job {job_id} queued as {stream_id}")?;
             }
-            ReplayOutcome::NotFound => writeln!(out, "skipped {id}: not in the dead-letter stream")?,
+            ReplayOutcome::NotFound => {
+                writeln!(out, "skipped {id}: not in the dead-letter stream")?
+            }
         }
     }
     writeln!(out, "{replayed} of {} replayed", ids.len())?;

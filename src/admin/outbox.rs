@@ -30,7 +30,11 @@ impl Row for StuckRow {
     }
 }
 
-pub async fn stuck(services: &Services, json: bool, out: &mut impl Write) -> Result<(), AdminError> {
+pub async fn stuck(
+    services: &Services,
+    json: bool,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
     let rows = outbox::stuck(&services.pg, services.settings.relay.max_attempts).await?;
     print_rows(out, &rows, json)?;
     Ok(())

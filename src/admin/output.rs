@@ -77,12 +77,21 @@ mod tests {
     #[test]
     fn table_aligns_and_json_is_one_object_per_line() {
         let rows = vec![
-            R { id: 1, name: "a".into() },
-            R { id: 100, name: "bb".into() },
+            R {
+                id: 1,
+                name: "a".into(),
+            },
+            R {
+                id: 100,
+                name: "bb".into(),
+            },
         ];
         let mut table = Vec::new();
         print_rows(&mut table, &rows, false).unwrap();
-        assert_eq!(String::from_utf8(table).unwrap(), "id   name\n1    a\n100  bb\n");
+        assert_eq!(
+            String::from_utf8(table).unwrap(),
+            "id   name\n1    a\n100  bb\n"
+        );
         let mut json = Vec::new();
         print_rows(&mut json, &rows, true).unwrap();
         assert_eq!(

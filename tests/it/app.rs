@@ -43,7 +43,11 @@ async fn start(env: &TestEnv, roles: Roles, llm: Arc<FakeLlm>, mailer: Arc<FakeM
     let base = format!("http://127.0.0.1:{}", app.port());
     let shutdown = Shutdown::new();
     let task = tokio::spawn(app.run(shutdown.clone()));
-    Running { base, shutdown, task }
+    Running {
+        base,
+        shutdown,
+        task,
+    }
 }
 
 impl Running {
@@ -74,15 +78,26 @@ async fn a_posted_job_becomes_one_summary_and_one_email() {
     let client = reqwest::Client::new();
     let body = json!({"text": "Quarterly revenue grew. Churn fell. Hiring paused.", "notify": "ops@example.com"});
 
-    let first = post(&client, &app.base, "app-test-key-0000001", &body).send().await.unwrap();
+    let first = post(&client, &app.base, "app-test-key-0000001", &body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(first.status(), 202);
     let first: Value = first.json().await.unwrap();
     let job_id = first["job_id"].as_str().unwrap().to_owned();
 
     let done = eventually(Duration::from_secs(15), || {
-        let (client, url) = (client.clone(), format!("{}/v1/summaries/{job_id}", app.base));
+        let (client, url) = (
+            client.clone(),
+            format!("{}/v1/summaries/{job_id}", app.base),
+        );
         async move {
-            let r = client.get(url).header("X-Tenant-Id", "acme").send().await.unwrap();
+            let r = client
+                .get(url)
+                .header("X-Tenant-Id", "acme")
+                .send()
+                .await
+                .unwrap();
             let v: Value = r.json().await.unwrap();
             v["status"] == "done"
         }
@@ -90,12 +105,18 @@ async fn a_posted_job_becomes_one_summary_and_one_email() {
     .await;
     assert!(done, "job reached done");
     assert!(
-        eventually(Duration::from_secs(15), || async { !mailer.sent().is_empty() }).await,
+        eventually(Duration::from_secs(15), || async {
+            !mailer.sent().is_empty()
+        })
+        .await,
         "email sent"
     );
 
     // A client retry after completion is a replay: same job, no new work.
-    let replay = post(&client, &app.base, "app-test-key-0000001", &body).send().await.unwrap();
+    let replay = post(&client, &app.base, "app-test-key-0000001", &body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(replay.status(), 202);
     assert_eq!(replay.headers()["Idempotent-Replayed"], "true");
     let replay: Value = replay.json().await.unwrap();
@@ -123,10 +144,17 @@ async fn a_worker_only_process_serves_health_but_not_the_api() {
     )
     .await;
     let client = reqwest::Client::new();
-    let health = client.get(format!("{}/healthz", app.base)).send().await.unwrap();
+    let health = client
+        .get(format!("{}/healthz", app.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(health.status(), 200);
     let body = json!({"text": "Some text.", "notify": "a@example.com"});
-    let res = post(&client, &app.base, "worker-only-key-00001", &body).send().await.unwrap();
+    let res = post(&client, &app.base, "worker-only-key-00001", &body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 404);
     app.stop().await;
     let mut redis = env.redis().await;
@@ -141,9 +169,19 @@ async fn a_worker_only_process_serves_health_but_not_the_api() {
 #[tokio::test]
 async fn shutdown_stops_every_role_promptly_and_readyz_turns_503() {
     let env = TestEnv::new().await;
-    let app = start(&env, Roles::all(), Arc::new(FakeLlm::ok()), Arc::new(FakeMailer::new())).await;
+    let app = start(
+        &env,
+        Roles::all(),
+        Arc::new(FakeLlm::ok()),
+        Arc::new(FakeMailer::new()),
+    )
+    .await;
     let client = reqwest::Client::new();
-    let ready = client.get(format!("{}/readyz", app.base)).send().await.unwrap();
+    let ready = client
+        .get(format!("{}/readyz", app.base))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(ready.status(), 200);
     app.stop().await;
 }

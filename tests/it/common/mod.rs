@@ -57,11 +57,13 @@ impl TestEnv {
                 Err(e) => panic!("create test database: {e}"),
             }
         }
-        let mut settings = Settings::default();
-        settings.database_url = format!("{}/{db_name}", pg_base_url());
-        settings.redis_url = redis_url();
-        settings.key_prefix = format!("t:{id}:");
-        settings.listen = "127.0.0.1:0".parse().unwrap();
+        let mut settings = Settings {
+            database_url: format!("{}/{db_name}", pg_base_url()),
+            redis_url: redis_url(),
+            key_prefix: format!("t:{id}:"),
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..Settings::default()
+        };
         // Fast tests: short waits everywhere a real deployment would wait long.
         settings.worker.block_ms = 50;
         settings.relay.poll_ms = 20;
@@ -135,17 +137,17 @@ impl Drop for TestEnv {
                         ))
                         .await;
                 }
-                if let Ok(client) = redis::Client::open(redis_url()) {
-                    if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                        let keys: Vec<String> = redis::cmd("KEYS")
-                            .arg(format!("{prefix}*"))
-                            .query_async(&mut conn)
-                            .await
-                            .unwrap_or_default();
-                        if !keys.is_empty() {
-                            let _: redis::RedisResult<()> =
-                                redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
-                        }
+                if let Ok(client) = redis::Client::open(redis_url())
+                    && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+                {
+                    let keys: Vec<String> = redis::cmd("KEYS")
+                        .arg(format!("{prefix}*"))
+                        .query_async(&mut conn)
+                        .await
+                        .unwrap_or_default();
+                    if !keys.is_empty() {
+                        let _: redis::RedisResult<()> =
+                            redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
                     }
                 }
             });

@@ -2,6 +2,7 @@
 
 mod common;
 
+mod admin;
 mod api;
 mod app;
 mod idempotency;

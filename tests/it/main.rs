@@ -5,6 +5,7 @@ mod common;
 mod api;
 mod app;
 mod idempotency;
+mod providers;
 mod relay;
 mod retry;
 mod worker;

@@ -73,6 +73,17 @@ impl SmtpMailer {
             url.host_str().unwrap_or_default(),
             url.port().map(|p| p.to_string()).unwrap_or_default()
         );
+        let has_credentials = !url.username().is_empty() || password.is_some();
+        let tls_param = url.query_pairs().any(|(k, _)| k == "tls");
+        if has_credentials && url.scheme() == "smtp" && !tls_param {
+            // lettre authenticates over plaintext when no TLS is asked for. Not an error (the
+            // contract's own example has this form, and a relay on a private link may be
+            // fine), but an operator should know.
+            tracing::warn!(
+                server = %server,
+                "SUMMARYD_MAIL_SMTP_URL has credentials but no TLS: the password is sent in clear; use smtps:// or ?tls=required"
+            );
+        }
         settings
             .from
             .parse::<Mailbox>()

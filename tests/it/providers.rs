@@ -294,6 +294,11 @@ async fn api_key_never_appears_in_debug_errors_or_logs() {
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .finish();
+    // tracing-core caches each callsite's interest. While only ONE dispatcher exists, a
+    // callsite first hit on another test's thread asks that thread's default (none) and is
+    // cached as "never", hiding our log lines. A second live dispatcher makes registration
+    // consult every registered dispatcher, ours included.
+    let _second_dispatcher = tracing::Dispatch::new(tracing_subscriber::registry());
     // Current-thread test runtime: every task of this test logs through this subscriber.
     let _guard = tracing::subscriber::set_default(subscriber);
 

@@ -68,11 +68,11 @@ impl SmtpMailer {
             // Per socket operation; the wall-clock cap is applied around the whole send.
             .timeout(Some(Duration::from_millis(settings.timeout_ms)))
             .build();
-        let server = format!(
-            "{}:{}",
-            url.host_str().unwrap_or_default(),
-            url.port().map(|p| p.to_string()).unwrap_or_default()
-        );
+        let host = url.host_str().unwrap_or_default();
+        let server = match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        };
         let has_credentials = !url.username().is_empty() || password.is_some();
         let tls_param = url.query_pairs().any(|(k, _)| k == "tls");
         if has_credentials && url.scheme() == "smtp" && !tls_param {

@@ -77,6 +77,10 @@ pub struct LlmSettings {
     pub max_attempts: u32,
     pub backoff_ms: u64,
     pub max_backoff_ms: u64,
+    /// Longest text (in characters) sent to the model. Longer input would overflow the
+    /// model's context and fail the same way on every attempt, so it is refused up front
+    /// (413 at the API, `InvalidInput` in the worker) instead of paying for doomed calls.
+    pub max_input_chars: usize,
 }
 
 impl std::fmt::Debug for LlmSettings {
@@ -190,6 +194,9 @@ impl Default for Settings {
                 max_attempts: 4,
                 backoff_ms: 500,
                 max_backoff_ms: 8_000,
+                // ~25k tokens of English: fits every current chat model's context with room
+                // for the prompt and the answer.
+                max_input_chars: 100_000,
             },
             mail: MailSettings {
                 provider: MailProvider::Log,
@@ -319,6 +326,9 @@ impl Settings {
         }
         if self.llm.call_timeout_ms == 0 {
             return bad("SUMMARYD_LLM_CALL_TIMEOUT_MS", "must be positive");
+        }
+        if self.llm.max_input_chars == 0 {
+            return bad("SUMMARYD_LLM_MAX_INPUT_CHARS", "must be at least 1");
         }
         if self.llm.backoff_ms > self.llm.max_backoff_ms {
             return bad(

@@ -4,6 +4,9 @@
 //! and backoff, so no layer multiplies the other's retries.
 
 mod builtin;
+mod guard;
+mod openai;
+mod retry_after;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +14,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use builtin::BuiltinSummariser;
+pub use guard::{Guarded, check_input};
+pub use openai::{OpenAiClient, PROMPT_PREFIX, prompt};
 
 use crate::config::{LlmProvider, LlmSettings};
 
@@ -42,16 +47,32 @@ pub trait Llm: Send + Sync {
     async fn summarise(&self, text: &str) -> Result<String, LlmError>;
 }
 
+/// A provider that cannot be built from the settings; names the setting to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmConfigError {
-    #[error("SUMMARYD_LLM_PROVIDER=openai is not available in this build yet")]
-    ProviderUnavailable,
+    #[error("{setting}: {reason}")]
+    Invalid {
+        setting: &'static str,
+        reason: String,
+    },
+    #[error("could not build the HTTP client for the model API: {0}")]
+    Client(String),
 }
 
-/// Build the configured provider.
+/// Build the configured provider, wrapped in the input-size guard (`SUMMARYD_LLM_MAX_INPUT_CHARS`).
 pub fn from_settings(settings: &LlmSettings) -> Result<Arc<dyn Llm>, LlmConfigError> {
-    match settings.provider {
-        LlmProvider::Builtin => Ok(Arc::new(BuiltinSummariser)),
-        LlmProvider::Openai => Err(LlmConfigError::ProviderUnavailable),
-    }
+    let provider: Arc<dyn Llm> = match settings.provider {
+        LlmProvider::Builtin => Arc::new(BuiltinSummariser),
+        LlmProvider::Openai => {
+            let client = OpenAiClient::new(settings)?;
+            if !client.has_api_key() {
+                // Fine for local OpenAI-compatible servers; a hosted API will answer 401.
+                tracing::info!(
+                    "SUMMARYD_LLM_API_KEY / OPENAI_API_KEY not set: model requests carry no Authorization header"
+                );
+            }
+            Arc::new(client)
+        }
+    };
+    Ok(Arc::new(Guarded::new(provider, settings.max_input_chars)))
 }

@@ -1,7 +1,9 @@
 //! Sending the "summary ready" email, behind one trait; the provider is chosen by configuration.
 
 mod compose;
+mod http;
 mod log;
+mod smtp;
 
 use std::sync::Arc;
 
@@ -9,7 +11,9 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use self::compose::{ComposeError, SUMMARY_READY_SUBJECT, summary_ready_email};
+pub use self::http::HttpMailer;
 pub use self::log::LogMailer;
+pub use self::smtp::{SmtpMailer, build_message, message_id};
 
 use crate::config::{MailProvider, MailSettings};
 
@@ -38,15 +42,24 @@ pub trait Mailer: Send + Sync {
     async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError>;
 }
 
+/// A provider that cannot be built from the settings; names the setting to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum MailConfigError {
-    #[error("SUMMARYD_MAIL_PROVIDER={0:?} is not available in this build yet")]
-    ProviderUnavailable(MailProvider),
+    #[error("{setting}: {reason}")]
+    Invalid {
+        setting: &'static str,
+        reason: String,
+    },
+    #[error("could not build the HTTP client for the mail API: {0}")]
+    Client(String),
 }
 
+/// Build the configured provider. No network I/O: a down mail server shows up as transient
+/// send failures on outbox rows, not as a process that refuses to start.
 pub fn from_settings(settings: &MailSettings) -> Result<Arc<dyn Mailer>, MailConfigError> {
-    match settings.provider {
-        MailProvider::Log => Ok(Arc::new(LogMailer)),
-        other => Err(MailConfigError::ProviderUnavailable(other)),
-    }
+    Ok(match settings.provider {
+        MailProvider::Log => Arc::new(LogMailer),
+        MailProvider::Smtp => Arc::new(SmtpMailer::new(settings)?),
+        MailProvider::Http => Arc::new(HttpMailer::new(settings)?),
+    })
 }

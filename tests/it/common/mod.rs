@@ -3,6 +3,8 @@
 //! and its own Redis key prefix, so tests run in parallel against the real services.
 
 pub mod fakes;
+pub mod http_stub;
+pub mod smtp_sink;
 
 use std::path::Path;
 use std::sync::Arc;

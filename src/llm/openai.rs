@@ -1,0 +1,333 @@
+//! Client for any OpenAI-compatible `/chat/completions` endpoint (OpenAI, vLLM, llama.cpp
+//! server, Ollama, LiteLLM, ...).
+//!
+//! One HTTP request per call and no retries: `crate::retry` owns the wall-clock cap per call,
+//! classification and backoff. This module only turns what happened into an [`LlmError`].
+
+use std::error::Error as _;
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use serde_json::{Value, json};
+
+use super::{Llm, LlmConfigError, LlmError, retry_after};
+use crate::config::LlmSettings;
+
+/// The user message sent before the text (exact wording is part of the contract).
+pub const PROMPT_PREFIX: &str = "Summarise for the account team:\n\n";
+
+/// Reaching a healthy API (TCP + TLS) takes well under a second; a host that has not
+/// answered in 5 s is down, and failing as `Connect` lets the retry module move on while
+/// the per-call budget still has room for another attempt.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// A summary response is a few KiB. The cap stops a broken or hostile server from filling
+/// memory before the per-call timeout fires.
+const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
+/// Enough of an error body to see what the API complained about, short enough for a log line.
+const ERROR_EXCERPT_CHARS: usize = 300;
+
+/// The API key. Its `Debug` never shows the value.
+#[derive(Clone)]
+struct ApiKey(String);
+
+impl fmt::Debug for ApiKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+pub struct OpenAiClient {
+    http: reqwest::Client,
+    endpoint: reqwest::Url,
+    model: String,
+    api_key: Option<ApiKey>,
+}
+
+impl fmt::Debug for OpenAiClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OpenAiClient")
+            .field("endpoint", &self.endpoint.as_str())
+            .field("model", &self.model)
+            .field("api_key", &self.api_key)
+            .finish()
+    }
+}
+
+/// The exact prompt sent for `text`.
+pub fn prompt(text: &str) -> String {
+    format!("{PROMPT_PREFIX}{text}")
+}
+
+impl OpenAiClient {
+    /// Validates `base_url` (http or https) and builds the HTTP client. No network I/O.
+    pub fn new(settings: &LlmSettings) -> Result<Self, LlmConfigError> {
+        let endpoint = endpoint(&settings.base_url)?;
+        if settings.model.trim().is_empty() {
+            return Err(LlmConfigError::Invalid {
+                setting: "SUMMARYD_LLM_MODEL",
+                reason: "must not be empty".into(),
+            });
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            // Backstop only: the retry module's tokio timeout (never longer than this) is
+            // what normally cuts a call; this covers callers that forget to wrap.
+            .timeout(Duration::from_millis(settings.call_timeout_ms))
+            .user_agent(concat!("summaryd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| LlmConfigError::Client(describe(e)))?;
+        let api_key = settings
+            .api_key
+            .as_deref()
+            .map(str::trim)
+            .filter(|k| !k.is_empty())
+            .map(|k| ApiKey(k.to_owned()));
+        Ok(Self {
+            http,
+            endpoint,
+            model: settings.model.clone(),
+            api_key,
+        })
+    }
+
+    /// Whether requests carry `Authorization` (local servers often need none).
+    pub fn has_api_key(&self) -> bool {
+        self.api_key.is_some()
+    }
+
+    async fn call(&self, text: &str) -> Result<String, LlmError> {
+        let body = json!({
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt(text)}],
+        });
+        let mut request = self.http.post(self.endpoint.clone()).json(&body);
+        if let Some(key) = &self.api_key {
+            // bearer_auth marks the header sensitive, so hyper never prints it.
+            request = request.bearer_auth(&key.0);
+        }
+        let response = request.send().await.map_err(transport_error)?;
+        let status = response.status();
+        if status.is_success() {
+            let (body, complete) = read_capped(response).await.map_err(transport_error)?;
+            if !complete {
+                return Err(LlmError::Malformed(format!(
+                    "response body is larger than {MAX_RESPONSE_BYTES} bytes"
+                )));
+            }
+            return parse_summary(&body);
+        }
+        let retry_after = retry_after::from_headers(response.headers(), SystemTime::now());
+        // The status is what classifies the failure; an unreadable error body must not turn
+        // a 400 into a retryable connection error.
+        let message = match read_capped(response).await {
+            Ok((body, _)) => error_excerpt(&body),
+            Err(e) => format!("(error body unreadable: {})", describe(e)),
+        };
+        Err(LlmError::Status {
+            status: status.as_u16(),
+            retry_after,
+            message,
+        })
+    }
+
+    /// Some APIs echo the key in auth errors; make sure no message carries it.
+    fn redact(&self, err: LlmError) -> LlmError {
+        let Some(ApiKey(key)) = &self.api_key else {
+            return err;
+        };
+        let scrub = |s: String| s.replace(key.as_str(), "[redacted]");
+        match err {
+            LlmError::Connect(m) => LlmError::Connect(scrub(m)),
+            LlmError::Status {
+                status,
+                retry_after,
+                message,
+            } => LlmError::Status {
+                status,
+                retry_after,
+                message: scrub(message),
+            },
+            LlmError::Malformed(m) => LlmError::Malformed(scrub(m)),
+            LlmError::InvalidInput(m) => LlmError::InvalidInput(scrub(m)),
+            LlmError::Other(m) => LlmError::Other(scrub(m)),
+            LlmError::Timeout => LlmError::Timeout,
+        }
+    }
+}
+
+#[async_trait]
+impl Llm for OpenAiClient {
+    async fn summarise(&self, text: &str) -> Result<String, LlmError> {
+        let result = self.call(text).await.map_err(|e| self.redact(e));
+        if let Err(e) = &result {
+            tracing::debug!(endpoint = %self.endpoint, model = %self.model, error = %e, "model call failed");
+        }
+        result
+    }
+}
+
+fn endpoint(base_url: &str) -> Result<reqwest::Url, LlmConfigError> {
+    let invalid = |reason: String| LlmConfigError::Invalid {
+        setting: "SUMMARYD_LLM_BASE_URL",
+        reason,
+    };
+    let base = base_url.trim().trim_end_matches('/');
+    if base.is_empty() {
+        return Err(invalid("required when SUMMARYD_LLM_PROVIDER=openai".into()));
+    }
+    let url = reqwest::Url::parse(&format!("{base}/chat/completions"))
+        .map_err(|e| invalid(format!("not a URL: {e}")))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid(format!(
+            "scheme must be http or https, not {:?}",
+            url.scheme()
+        )));
+    }
+    Ok(url)
+}
+
+/// Timeouts stay `Timeout`; refused, reset or half-read connections are `Connect`. Both retry.
+fn transport_error(err: reqwest::Error) -> LlmError {
+    if err.is_timeout() {
+        LlmError::Timeout
+    } else if err.is_builder() {
+        LlmError::Other(describe(err))
+    } else {
+        LlmError::Connect(describe(err))
+    }
+}
+
+/// The error and its causes ("error sending request: connection refused"), without the URL.
+fn describe(err: reqwest::Error) -> String {
+    let err = err.without_url();
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Read up to `MAX_RESPONSE_BYTES`; `complete` is false when the body was longer.
+async fn read_capped(mut response: reqwest::Response) -> Result<(Vec<u8>, bool), reqwest::Error> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await? {
+        if body.len() + chunk.len() > MAX_RESPONSE_BYTES {
+            return Ok((body, false));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok((body, true))
+}
+
+/// `error.message` of an OpenAI-style error body, else the body text; whitespace collapsed
+/// and cut to `ERROR_EXCERPT_CHARS`.
+fn error_excerpt(body: &[u8]) -> String {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let from_json = parsed.as_ref().and_then(|v| {
+        v.pointer("/error/message")
+            .or_else(|| v.get("error"))
+            .or_else(|| v.get("message"))
+            .and_then(Value::as_str)
+            .map(str::to_owned)
+    });
+    let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.is_empty() {
+        return "(empty body)".into();
+    }
+    match collapsed.char_indices().nth(ERROR_EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{}…", &collapsed[..cut]),
+        None => collapsed,
+    }
+}
+
+/// `choices[0].message.content`, or `Malformed` saying exactly what is missing.
+fn parse_summary(body: &[u8]) -> Result<String, LlmError> {
+    let malformed = |what: String| LlmError::Malformed(what);
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| malformed(format!("response body is not JSON ({e})")))?;
+    let choices = value
+        .get("choices")
+        .ok_or_else(|| malformed("response has no `choices`".into()))?
+        .as_array()
+        .ok_or_else(|| malformed("`choices` is not an array".into()))?;
+    let first = choices
+        .first()
+        .ok_or_else(|| malformed("`choices` is empty".into()))?;
+    // finish_reason explains most empty answers ("length", "content_filter").
+    let reason = first
+        .get("finish_reason")
+        .and_then(Value::as_str)
+        .map(|r| format!(" (finish_reason: {r})"))
+        .unwrap_or_default();
+    match first.pointer("/message/content") {
+        None | Some(Value::Null) => Err(malformed(format!(
+            "`choices[0].message.content` is missing{reason}"
+        ))),
+        Some(Value::String(s)) if s.trim().is_empty() => Err(malformed(format!(
+            "`choices[0].message.content` is empty{reason}"
+        ))),
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(_) => Err(malformed(
+            "`choices[0].message.content` is not a string".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_appends_path_once_and_names_the_setting() {
+        let url = endpoint("http://127.0.0.1:8000/v1/").unwrap();
+        assert_eq!(url.as_str(), "http://127.0.0.1:8000/v1/chat/completions");
+        for bad in ["", "not a url", "ftp://host/v1"] {
+            let err = endpoint(bad).unwrap_err().to_string();
+            assert!(err.contains("SUMMARYD_LLM_BASE_URL"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn error_excerpt_prefers_the_api_message_and_is_short() {
+        let body = br#"{"error":{"message":"Rate limit reached","type":"requests"}}"#;
+        assert_eq!(error_excerpt(body), "Rate limit reached");
+        let long = "x".repeat(1000);
+        let excerpt = error_excerpt(long.as_bytes());
+        assert_eq!(excerpt.chars().count(), ERROR_EXCERPT_CHARS + 1);
+        assert_eq!(error_excerpt(b"  "), "(empty body)");
+    }
+
+    #[test]
+    fn parse_summary_names_what_is_wrong() {
+        let ok = br#"{"choices":[{"message":{"role":"assistant","content":"Short."}}]}"#;
+        assert_eq!(parse_summary(ok).unwrap(), "Short.");
+        let cases: [(&[u8], &str); 6] = [
+            (b"<html>", "not JSON"),
+            (b"{}", "no `choices`"),
+            (br#"{"choices":{}}"#, "not an array"),
+            (br#"{"choices":[]}"#, "`choices` is empty"),
+            (
+                br#"{"choices":[{"message":{"content":null},"finish_reason":"content_filter"}]}"#,
+                "missing (finish_reason: content_filter)",
+            ),
+            (
+                br#"{"choices":[{"message":{"content":" "}}]}"#,
+                "content` is empty",
+            ),
+        ];
+        for (body, expected) in cases {
+            match parse_summary(body) {
+                Err(LlmError::Malformed(m)) => assert!(m.contains(expected), "{m}"),
+                other => panic!("{expected}: {other:?}"),
+            }
+        }
+    }
+}

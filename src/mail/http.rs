@@ -1,0 +1,160 @@
+//! Email through a JSON HTTP API (`SUMMARYD_MAIL_HTTP_URL`).
+//!
+//! `POST {"from","to","subject","text"}` with `Idempotency-Key: <dedupe_key>`: a resend of
+//! the same outbox row carries the same key, so a provider that honours it sends one email.
+
+use std::error::Error as _;
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use reqwest::StatusCode;
+
+use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
+use crate::config::MailSettings;
+
+/// TCP + TLS to an email API takes well under a second; 5 s means it is down, and the row
+/// is retried after its backoff rather than holding its lease.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Enough of an error body to see what the provider rejected, short enough for `outbox stuck`.
+const ERROR_EXCERPT_CHARS: usize = 300;
+/// Error bodies are read only for the excerpt; more than this is never useful.
+const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
+
+pub struct HttpMailer {
+    http: reqwest::Client,
+    url: reqwest::Url,
+}
+
+impl fmt::Debug for HttpMailer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Only scheme, host and port: the path or query may carry an API token.
+        let origin = self.url.origin().ascii_serialization();
+        f.debug_struct("HttpMailer").field("url", &origin).finish()
+    }
+}
+
+impl HttpMailer {
+    /// Validates `mail.http_url` and builds the client. No network I/O.
+    pub fn new(settings: &MailSettings) -> Result<Self, MailConfigError> {
+        let invalid = |reason: String| MailConfigError::Invalid {
+            setting: "SUMMARYD_MAIL_HTTP_URL",
+            reason,
+        };
+        let raw = settings
+            .http_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| invalid("required when SUMMARYD_MAIL_PROVIDER=http".into()))?;
+        let url = reqwest::Url::parse(raw).map_err(|e| invalid(format!("not a URL: {e}")))?;
+        if !matches!(url.scheme(), "http" | "https") {
+            return Err(invalid(format!(
+                "scheme must be http or https, not {:?}",
+                url.scheme()
+            )));
+        }
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            // SUMMARYD_MAIL_TIMEOUT_MS is the wall-clock cap per send: reqwest's total timeout
+            // covers connect, headers and body, so a provider that stalls cannot hold a row.
+            .timeout(Duration::from_millis(settings.timeout_ms))
+            .user_agent(concat!("summaryd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .map_err(|e| MailConfigError::Client(describe(e)))?;
+        Ok(Self { http, url })
+    }
+}
+
+#[async_trait]
+impl Mailer for HttpMailer {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+        let response = self
+            .http
+            .post(self.url.clone())
+            .header("Idempotency-Key", dedupe_key)
+            .json(email)
+            .send()
+            .await
+            .map_err(|e| MailError::Transient(format!("mail API unreachable: {}", describe(e))))?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let message = format!(
+            "mail API answered {}: {}",
+            status.as_u16(),
+            excerpt(response).await
+        );
+        if is_transient(status) {
+            Err(MailError::Transient(message))
+        } else {
+            Err(MailError::Permanent(message))
+        }
+    }
+}
+
+/// 408, 429 and 5xx may succeed later; any other non-2xx is the request's fault.
+fn is_transient(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 408 | 429) || status.is_server_error()
+}
+
+async fn excerpt(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        body.extend_from_slice(&chunk);
+        if body.len() >= MAX_ERROR_BODY_BYTES {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    if collapsed.is_empty() {
+        return "(empty body)".into();
+    }
+    match collapsed.char_indices().nth(ERROR_EXCERPT_CHARS) {
+        Some((cut, _)) => format!("{}…", &collapsed[..cut]),
+        None => collapsed,
+    }
+}
+
+/// The error and its causes, without the URL (whose query may hold a token).
+fn describe(err: reqwest::Error) -> String {
+    let err = err.without_url();
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classifies_statuses_like_the_contract() {
+        for s in [408, 429, 500, 502, 503, 504] {
+            assert!(is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+        for s in [400, 401, 403, 404, 409, 413, 422] {
+            assert!(!is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+        }
+    }
+
+    #[test]
+    fn bad_urls_name_the_setting() {
+        let mut settings = crate::config::Settings::default().mail;
+        for bad in [None, Some(""), Some("nope"), Some("ftp://x/y")] {
+            settings.http_url = bad.map(str::to_owned);
+            let err = HttpMailer::new(&settings).unwrap_err().to_string();
+            assert!(err.contains("SUMMARYD_MAIL_HTTP_URL"), "{bad:?}: {err}");
+        }
+    }
+}

@@ -1,0 +1,203 @@
+//! Email over SMTP (`SUMMARYD_MAIL_SMTP_URL`, lettre URL syntax).
+//!
+//! SMTP has no idempotency key, so the outbox row's dedupe key becomes the `Message-ID`: a
+//! resend after a crash between send and commit carries the same Message-ID, which lets
+//! receiving systems (and people) recognise it as the same message.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lettre::message::header::ContentType;
+use lettre::message::{Mailbox, Message};
+use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
+use sha2::{Digest, Sha256};
+
+use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
+use crate::config::MailSettings;
+
+pub struct SmtpMailer {
+    transport: AsyncSmtpTransport<Tokio1Executor>,
+    /// `host:port` for Debug and errors; never the credentials.
+    server: String,
+    /// Scrubbed from every error message, in case a server echoes it.
+    password: Option<String>,
+    /// SUMMARYD_MAIL_TIMEOUT_MS: wall-clock cap per send (lettre's own timeout is per socket
+    /// operation, so a server that answers slowly line by line could exceed it many times over).
+    timeout: Duration,
+}
+
+impl fmt::Debug for SmtpMailer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SmtpMailer")
+            .field("server", &self.server)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// `<sha256(dedupe_key)@domain>`: the same outbox row always yields the same Message-ID, and
+/// hashing keeps it valid whatever characters the key holds.
+pub fn message_id(dedupe_key: &str, domain: &str) -> String {
+    let digest = hex::encode(Sha256::digest(dedupe_key.as_bytes()));
+    format!("<{digest}@{domain}>")
+}
+
+impl SmtpMailer {
+    /// Parses `mail.smtp_url` (no network I/O). Errors never include the URL, which may hold
+    /// a password.
+    pub fn new(settings: &MailSettings) -> Result<Self, MailConfigError> {
+        let invalid = |reason: String| MailConfigError::Invalid {
+            setting: "SUMMARYD_MAIL_SMTP_URL",
+            reason,
+        };
+        let raw = settings
+            .smtp_url
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .ok_or_else(|| invalid("required when SUMMARYD_MAIL_PROVIDER=smtp".into()))?;
+        let url = reqwest::Url::parse(raw).map_err(|e| invalid(format!("not a URL: {e}")))?;
+        let password = url.password().map(str::to_owned);
+        let scrub = |text: String| match &password {
+            Some(p) if !p.is_empty() => text.replace(p.as_str(), "[redacted]"),
+            _ => text,
+        };
+        let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(raw)
+            .map_err(|e| invalid(scrub(e.to_string())))?
+            // Per socket operation; the wall-clock cap is applied around the whole send.
+            .timeout(Some(Duration::from_millis(settings.timeout_ms)))
+            .build();
+        let host = url.host_str().unwrap_or_default();
+        let server = match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_owned(),
+        };
+        let has_credentials = !url.username().is_empty() || password.is_some();
+        let tls_param = url.query_pairs().any(|(k, _)| k == "tls");
+        if has_credentials && url.scheme() == "smtp" && !tls_param {
+            // lettre authenticates over plaintext when no TLS is asked for. Not an error (the
+            // contract's own example has this form, and a relay on a private link may be
+            // fine), but an operator should know.
+            tracing::warn!(
+                server = %server,
+                "SUMMARYD_MAIL_SMTP_URL has credentials but no TLS: the password is sent in clear; use smtps:// or ?tls=required"
+            );
+        }
+        settings
+            .from
+            .parse::<Mailbox>()
+            .map_err(|e| MailConfigError::Invalid {
+                setting: "SUMMARYD_MAIL_FROM",
+                reason: format!("not a valid address: {e}"),
+            })?;
+        Ok(Self {
+            transport,
+            server,
+            password,
+            timeout: Duration::from_millis(settings.timeout_ms),
+        })
+    }
+
+    fn scrub(&self, text: String) -> String {
+        match &self.password {
+            Some(p) if !p.is_empty() => text.replace(p.as_str(), "[redacted]"),
+            _ => text,
+        }
+    }
+}
+
+/// Build the RFC 5322 message; a bad address fails the same way every time, so it is permanent.
+pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message, MailError> {
+    let parse = |what: &str, value: &str| {
+        value
+            .parse::<Mailbox>()
+            .map_err(|e| MailError::Permanent(format!("invalid {what} address {value:?}: {e}")))
+    };
+    let from = parse("from", &email.from)?;
+    let to = parse("to", &email.to)?;
+    let domain = from.email.domain().to_owned();
+    Message::builder()
+        .from(from)
+        .to(to)
+        .subject(email.subject.as_str())
+        .message_id(Some(message_id(dedupe_key, &domain)))
+        .header(ContentType::TEXT_PLAIN)
+        .body(email.text.clone())
+        .map_err(|e| MailError::Permanent(format!("cannot build the message: {e}")))
+}
+
+#[async_trait]
+impl Mailer for SmtpMailer {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+        let message = build_message(email, dedupe_key)?;
+        match tokio::time::timeout(self.timeout, self.transport.send(message)).await {
+            Err(_) => Err(MailError::Transient(format!(
+                "SMTP send to {} timed out after {:?}",
+                self.server, self.timeout
+            ))),
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(classify(
+                &e,
+                self.scrub(format!("SMTP {}: {e}", self.server)),
+            )),
+        }
+    }
+}
+
+/// 5xx replies will be refused again; 4xx replies, connection and TLS trouble and timeouts
+/// may pass later.
+fn classify(err: &lettre::transport::smtp::Error, message: String) -> MailError {
+    if err.is_permanent() {
+        MailError::Permanent(message)
+    } else {
+        MailError::Transient(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(url: &str) -> MailSettings {
+        let mut s = crate::config::Settings::default().mail;
+        s.smtp_url = Some(url.into());
+        s
+    }
+
+    #[test]
+    fn message_id_is_deterministic_and_well_formed() {
+        let a = message_id("outbox:1", "example.com");
+        assert_eq!(a, message_id("outbox:1", "example.com"));
+        assert_ne!(a, message_id("outbox:2", "example.com"));
+        assert!(a.starts_with('<') && a.ends_with("@example.com>"), "{a}");
+        assert_eq!(a.len(), 1 + 64 + "@example.com>".len());
+    }
+
+    #[test]
+    fn bad_addresses_are_permanent() {
+        let email = OutgoingEmail {
+            from: "summaryd@example.com".into(),
+            to: "not an address".into(),
+            subject: "s".into(),
+            text: "t".into(),
+        };
+        assert!(matches!(
+            build_message(&email, "k"),
+            Err(MailError::Permanent(_))
+        ));
+    }
+
+    #[test]
+    fn config_errors_name_the_setting_and_hide_the_password() {
+        let err = SmtpMailer::new(&settings("bogus://user:hunter2@host:25"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("SUMMARYD_MAIL_SMTP_URL"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+        let ok = SmtpMailer::new(&settings("smtp://user:hunter2@mail.example.com:587")).unwrap();
+        let debug = format!("{ok:?}");
+        assert!(debug.contains("mail.example.com:587"), "{debug}");
+        assert!(!debug.contains("hunter2"), "{debug}");
+    }
+}

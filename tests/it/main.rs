@@ -6,6 +6,7 @@ mod admin;
 mod api;
 mod app;
 mod idempotency;
+mod model_retries;
 mod providers;
 mod relay;
 mod retry;

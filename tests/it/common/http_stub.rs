@@ -92,6 +92,8 @@ impl Recorded {
 }
 
 struct State {
+    /// Played first, one per connection; then `reply` for every connection after.
+    script: Mutex<std::collections::VecDeque<Reply>>,
     reply: Mutex<Reply>,
     requests: Mutex<Vec<Recorded>>,
     open_connections: AtomicUsize,
@@ -108,6 +110,7 @@ impl HttpStub {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind stub");
         let addr = listener.local_addr().expect("stub addr");
         let state = Arc::new(State {
+            script: Mutex::new(Default::default()),
             reply: Mutex::new(reply),
             requests: Mutex::new(Vec::new()),
             open_connections: AtomicUsize::new(0),
@@ -129,6 +132,11 @@ impl HttpStub {
     /// `http://127.0.0.1:PORT{path}`.
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// Answer the next connections with `replies`, in order, before the standing reply.
+    pub fn script(&self, replies: Vec<Reply>) {
+        self.state.script.lock().unwrap().extend(replies);
     }
 
     pub fn set_reply(&self, reply: Reply) {
@@ -172,14 +180,15 @@ pub async fn closed_port_url(path: &str) -> String {
 }
 
 async fn serve(mut stream: TcpStream, state: &State) {
-    if matches!(*state.reply.lock().unwrap(), Reply::Hang) {
+    let scripted = state.script.lock().unwrap().pop_front();
+    let reply = scripted.unwrap_or_else(|| state.reply.lock().unwrap().clone());
+    if matches!(reply, Reply::Hang) {
         return hang(stream).await;
     }
     let Some(request) = read_request(&mut stream).await else {
         return;
     };
     state.requests.lock().unwrap().push(request);
-    let reply = state.reply.lock().unwrap().clone();
     match reply {
         Reply::Respond {
             status,

@@ -1,0 +1,184 @@
+//! The OpenAI-compatible client under the retry policy and the worker, against a real HTTP
+//! server on loopback: what is retried, how long it waits, and what dead-letters at once.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use summaryd::config::{LlmProvider, LlmSettings, Settings};
+use summaryd::domain::JobId;
+use summaryd::llm::{LlmError, OpenAiClient};
+use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
+use summaryd::stream::consumer::pending_count;
+use summaryd::stream::{JobMessage, JobPayload, enqueue};
+use summaryd::worker::Consumer;
+
+use crate::common::http_stub::{HttpStub, Reply, closed_port_url};
+use crate::common::{FakeMailer, TestEnv};
+
+fn settings_for(base_url: &str) -> LlmSettings {
+    LlmSettings {
+        provider: LlmProvider::Openai,
+        base_url: base_url.into(),
+        api_key: Some("sk-test".into()),
+        call_timeout_ms: 2_000,
+        backoff_ms: 10,
+        max_backoff_ms: 8_000,
+        ..Settings::default().llm
+    }
+}
+
+async fn call(stub_url: &str, adjust: impl FnOnce(&mut LlmSettings)) -> Result<String, RetryError> {
+    let mut settings = settings_for(stub_url);
+    adjust(&mut settings);
+    let client = OpenAiClient::new(&settings).unwrap();
+    let policy = RetryPolicy::from_settings(&settings);
+    complete_with_retries(
+        &client,
+        "Renewal agreed. Pricing to follow.",
+        Deadline::after(Duration::from_secs(30)),
+        &policy,
+        None,
+    )
+    .await
+}
+
+#[tokio::test]
+async fn rate_limited_with_retry_after_waits_then_succeeds() {
+    let stub = HttpStub::start(Reply::completion("Renewal agreed.")).await;
+    stub.script(vec![
+        Reply::json(429, serde_json::json!({"error": {"message": "slow down"}}))
+            .with_header("Retry-After", "1"),
+    ]);
+    let started = Instant::now();
+    let summary = call(&stub.url("/v1"), |_| {}).await.unwrap();
+    assert_eq!(summary, "Renewal agreed.");
+    assert_eq!(stub.requests().len(), 2);
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "Retry-After: 1 was honoured"
+    );
+}
+
+#[tokio::test]
+async fn retry_after_ms_is_honoured() {
+    let stub = HttpStub::start(Reply::completion("ok")).await;
+    stub.script(vec![
+        Reply::json(429, serde_json::json!({})).with_header("retry-after-ms", "300"),
+    ]);
+    let started = Instant::now();
+    call(&stub.url("/v1"), |_| {}).await.unwrap();
+    assert_eq!(stub.requests().len(), 2);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn service_unavailable_twice_then_ok_takes_three_calls() {
+    let stub = HttpStub::start(Reply::completion("ok")).await;
+    stub.script(vec![Reply::text(503, "busy"), Reply::text(503, "busy")]);
+    assert_eq!(call(&stub.url("/v1"), |_| {}).await.unwrap(), "ok");
+    assert_eq!(stub.requests().len(), 3);
+}
+
+#[tokio::test]
+async fn unauthorized_and_malformed_answers_are_permanent_after_one_call() {
+    for reply in [
+        Reply::json(401, serde_json::json!({"error": {"message": "bad key"}})),
+        Reply::json(200, serde_json::json!({"choices": []})),
+    ] {
+        let stub = HttpStub::start(reply).await;
+        let err = call(&stub.url("/v1"), |_| {}).await.unwrap_err();
+        assert!(!err.is_transient(), "{err}");
+        assert_eq!(stub.requests().len(), 1, "{err}");
+    }
+}
+
+#[tokio::test]
+async fn a_dripping_response_is_cut_by_the_call_timeout_and_retried() {
+    let stub = HttpStub::start(Reply::completion("finally")).await;
+    stub.script(vec![Reply::Drip {
+        every: Duration::from_millis(200),
+    }]);
+    let started = Instant::now();
+    let summary = call(&stub.url("/v1"), |s| s.call_timeout_ms = 500)
+        .await
+        .unwrap();
+    assert_eq!(summary, "finally");
+    assert_eq!(stub.requests().len(), 2);
+    assert!(
+        started.elapsed() >= Duration::from_millis(500),
+        "the first call ran to its timeout"
+    );
+}
+
+#[tokio::test]
+async fn connection_refused_is_retried_and_reported_transient() {
+    let url = closed_port_url("/v1").await;
+    let err = call(&url, |s| s.max_attempts = 2).await.unwrap_err();
+    assert!(
+        matches!(err, RetryError::Llm(LlmError::Connect(_))),
+        "{err}"
+    );
+    assert!(err.is_transient());
+}
+
+fn job() -> JobMessage {
+    JobMessage {
+        job_id: JobId::from_scoped_key("idem:acme:POST:/v1/summaries:model-retries-1"),
+        tenant: "acme".into(),
+        payload: JobPayload {
+            text: "Long call notes.".into(),
+            notify: "am@example.com".into(),
+        },
+        created_at: Utc::now(),
+    }
+}
+
+/// A worker whose model is the OpenAI client pointed at `url`.
+async fn worker(env: &TestEnv, url: &str) -> (Consumer, summaryd::context::Services) {
+    let mut settings = env.settings.clone();
+    settings.llm = settings_for(url);
+    let llm = summaryd::llm::from_settings(&settings.llm).unwrap();
+    let services = env.services_with(settings, llm, Arc::new(FakeMailer::new()));
+    let consumer = Consumer::new(services.clone(), "w-1");
+    consumer.ensure_group().await.unwrap();
+    let mut redis = services.redis.get().await.unwrap();
+    enqueue(&mut redis, &services.keys, &job()).await.unwrap();
+    (consumer, services)
+}
+
+async fn dead_letters(env: &TestEnv) -> u64 {
+    redis::cmd("XLEN")
+        .arg(format!("{}jobs:summaries:dead", env.settings.key_prefix))
+        .query_async(&mut env.redis().await)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_bad_request_from_the_model_api_dead_letters_after_one_call() {
+    let env = TestEnv::new().await;
+    let stub = HttpStub::start(Reply::json(
+        400,
+        serde_json::json!({"error": {"message": "context length exceeded"}}),
+    ))
+    .await;
+    let (mut consumer, services) = worker(&env, &stub.url("/v1")).await;
+    assert_eq!(consumer.run_once().await.unwrap(), 1);
+    assert_eq!(stub.requests().len(), 1);
+    assert_eq!(dead_letters(&env).await, 1);
+    let mut redis = services.redis.get().await.unwrap();
+    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+    assert_eq!(env.count("summaries").await, 0);
+}
+
+#[tokio::test]
+async fn an_unreachable_model_api_leaves_the_job_pending_for_redelivery() {
+    let env = TestEnv::new().await;
+    let url = closed_port_url("/v1").await;
+    let (mut consumer, services) = worker(&env, &url).await;
+    assert_eq!(consumer.run_once().await.unwrap(), 1);
+    assert_eq!(dead_letters(&env).await, 0);
+    let mut redis = services.redis.get().await.unwrap();
+    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 1);
+}

@@ -417,6 +417,19 @@ mod tests {
         );
     }
 
+    /// The documented example file must stay loadable and equal to the built-in defaults.
+    #[test]
+    fn documented_config_file_matches_the_defaults() {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/summaryd.toml");
+        let from_file: Settings = Figment::from(Toml::file_exact(path))
+            .extract()
+            .expect("config/summaryd.toml parses");
+        assert_eq!(
+            serde_json::to_value(&from_file).unwrap(),
+            serde_json::to_value(Settings::default()).unwrap()
+        );
+    }
+
     #[test]
     fn debug_output_never_shows_the_api_key() {
         let mut s = Settings::default();

@@ -28,6 +28,17 @@ pub fn init_series(metrics: &Metrics) {
     for outcome in ["done", "duplicate", "retry", "dead_lettered"] {
         metrics.jobs.with_label_values(&[outcome]);
     }
+    // `status_<code>` results appear when they happen; the rest is a fixed set.
+    for result in [
+        "ok",
+        "timeout",
+        "connect",
+        "malformed",
+        "invalid_input",
+        "other",
+    ] {
+        metrics.llm_requests.with_label_values(&[result]);
+    }
 }
 
 #[utoipa::path(

@@ -1,10 +1,9 @@
 //! `GET /metrics` and the middleware that counts requests by route template.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use actix_web::dev::{ServiceRequest, ServiceResponse};
+use actix_web::dev::ServiceResponse;
 use actix_web::{HttpResponse, web};
 
 use super::state::ApiState;
@@ -27,6 +26,17 @@ pub fn init_series(metrics: &Metrics) {
     }
     for outcome in ["done", "duplicate", "retry", "dead_lettered"] {
         metrics.jobs.with_label_values(&[outcome]);
+    }
+    // `status_<code>` results appear when they happen; the rest is a fixed set.
+    for result in [
+        "ok",
+        "timeout",
+        "connect",
+        "malformed",
+        "invalid_input",
+        "other",
+    ] {
+        metrics.llm_requests.with_label_values(&[result]);
     }
 }
 
@@ -97,7 +107,7 @@ async fn outbox_unsent(services: &Services) -> Result<i64, Box<dyn std::error::E
 
 /// Count a finished request under its route template (`/v1/summaries/{job_id}`), never the
 /// raw path, so job ids do not become label values.
-pub fn record_request<B>(metrics: &Arc<Metrics>, res: &ServiceResponse<B>) {
+pub fn record_request<B>(metrics: &Metrics, res: &ServiceResponse<B>) {
     let route = res
         .request()
         .match_pattern()
@@ -109,15 +119,10 @@ pub fn record_request<B>(metrics: &Arc<Metrics>, res: &ServiceResponse<B>) {
 }
 
 /// Route template of a request that failed before producing a response.
-pub fn record_failed(metrics: &Arc<Metrics>, req_pattern: Option<String>, status: u16) {
+pub fn record_failed(metrics: &Metrics, req_pattern: Option<String>, status: u16) {
     let route = req_pattern.unwrap_or_else(|| UNMATCHED_ROUTE.to_owned());
     metrics
         .http_requests
         .with_label_values(&[route.as_str(), &status.to_string()])
         .inc();
-}
-
-/// The pattern a request will be routed to, computed before the call consumes it.
-pub fn pattern_of(req: &ServiceRequest) -> Option<String> {
-    req.match_pattern()
 }

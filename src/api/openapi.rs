@@ -52,3 +52,18 @@ pub async fn openapi_json() -> Result<HttpResponse, ApiError> {
         Err(e) => Err(ApiError::Unavailable(format!("OpenAPI document: {e}"))),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_schema_is_closed_and_requires_both_fields() {
+        let doc: serde_json::Value = serde_json::from_str(DOCUMENT.as_ref().unwrap()).unwrap();
+        let schema = &doc["components"]["schemas"]["CreateSummary"];
+        assert_eq!(schema["additionalProperties"], false, "{schema}");
+        assert_eq!(schema["required"], serde_json::json!(["text", "notify"]));
+        let body = &doc["paths"]["/v1/summaries"]["post"]["requestBody"]["content"];
+        assert!(body["application/json"].is_object(), "{body}");
+    }
+}

@@ -134,8 +134,9 @@ pub async fn serve_until_shutdown(server: Server, shutdown: Shutdown) -> std::io
     tokio::select! {
         result = &mut server => result,
         () = shutdown.wait() => {
-            handle.stop(true).await;
-            server.await
+            // The server future executes the stop command, so keep polling it meanwhile.
+            let ((), result) = tokio::join!(handle.stop(true), server);
+            result
         }
     }
 }

@@ -50,6 +50,10 @@ pub enum ApiError {
     Validation { field: String, message: String },
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
+    /// Within the byte limit, but longer than the model's context budget: it could never
+    /// be summarised, so it must not reach the queue.
+    #[error("text longer than {max_chars} characters")]
+    TextTooLong { max_chars: usize },
     #[error("unsupported content type {got:?}")]
     UnsupportedMediaType { got: Option<String> },
     #[error("could not read the request body: {0}")]
@@ -88,6 +92,7 @@ impl ApiError {
             Self::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
             Self::Validation { .. } => ("validation", "Request body does not match the schema"),
             Self::PayloadTooLarge { .. } => ("payload-too-large", "Request body too large"),
+            Self::TextTooLong { .. } => ("text-too-long", "Text too long for the model"),
             Self::UnsupportedMediaType { .. } => {
                 ("unsupported-media-type", "Unsupported media type")
             }
@@ -120,6 +125,9 @@ impl ApiError {
             Self::PayloadTooLarge { limit } => {
                 format!("The body must be at most {limit} bytes; shorten the text.")
             }
+            Self::TextTooLong { max_chars } => format!(
+                "text: at most {max_chars} characters fit the model's context; shorten or split the text."
+            ),
             Self::UnsupportedMediaType { got } => format!(
                 "Send the body as Content-Type: application/json (got {}).",
                 got.as_deref().unwrap_or("no Content-Type")
@@ -151,6 +159,7 @@ impl ApiError {
             detail: self.detail(),
             field: match self {
                 Self::Validation { field, .. } => Some(field.clone()),
+                Self::TextTooLong { .. } => Some("text".into()),
                 _ => None,
             },
             header: match self {
@@ -168,7 +177,9 @@ impl ResponseError for ApiError {
                 StatusCode::BAD_REQUEST
             }
             Self::Validation { .. } | Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::PayloadTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            Self::PayloadTooLarge { .. } | Self::TextTooLong { .. } => {
+                StatusCode::PAYLOAD_TOO_LARGE
+            }
             Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InProgress => StatusCode::CONFLICT,
             Self::RedisUnavailable(_)

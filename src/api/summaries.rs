@@ -103,6 +103,12 @@ pub async fn create(
     let limit = state.services.settings.api.max_body_bytes;
     let bytes = body::read_limited(&req, payload, limit).await?;
     let request = body::parse_summary_request(&bytes)?;
+    let llm = &state.services.settings.llm;
+    if crate::llm::check_input(llm, &request.text).is_err() {
+        return Err(ApiError::TextTooLong {
+            max_chars: llm.max_input_chars,
+        });
+    }
 
     let scoped = ScopedKey::summaries(&tenant.0, &key);
     let job_id = scoped.job_id();

@@ -306,6 +306,42 @@ async fn every_bad_input_is_a_problem_naming_what_to_fix_and_enqueues_nothing() 
 }
 
 #[actix_web::test]
+async fn text_over_the_model_context_is_413_naming_text_and_never_queued() {
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    settings.llm.max_input_chars = 20;
+    let services = services_with(&env, settings);
+    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    // 21 characters but far below the byte limit: only the context budget refuses it.
+    let body = r#"{"text":"ééééééééééééééééééééé","notify":"a@b.co"}"#;
+    let res = test::call_service(
+        &app,
+        post("acme", "context-guard-key-01", body).to_request(),
+    )
+    .await;
+    let p = assert_problem(res, 413).await;
+    assert_eq!(p["field"], "text", "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("20 characters"),
+        "{p}"
+    );
+    assert_eq!(
+        stream_len(&env).await,
+        0,
+        "a job that can never succeed is not queued"
+    );
+    // Exactly at the budget is accepted.
+    let body = r#"{"text":"éééééééééééééééééééé","notify":"a@b.co"}"#;
+    let res = test::call_service(
+        &app,
+        post("acme", "context-guard-key-02", body).to_request(),
+    )
+    .await;
+    assert_eq!(res.status().as_u16(), 202);
+    assert_eq!(stream_len(&env).await, 1);
+}
+
+#[actix_web::test]
 async fn redis_unavailable_is_503_with_retry_after_never_500() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();

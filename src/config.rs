@@ -360,6 +360,11 @@ impl Settings {
         if self.key_prefix.chars().any(|c| c.is_whitespace()) {
             return bad("SUMMARYD_KEY_PREFIX", "must not contain whitespace");
         }
+        if let Some(path) = &self.auth.tokens_file
+            && let Err(e) = crate::auth::TokenStore::load(path)
+        {
+            return Err(ConfigError::Invalid(e.to_string()));
+        }
         match self.mail.provider {
             MailProvider::Smtp if self.mail.smtp_url.is_none() => {
                 return bad(

@@ -4,7 +4,7 @@
 //! path can fall back to actix's text/plain bodies or to a 500.
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
+use actix_web::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -75,6 +75,10 @@ pub enum ApiError {
     NotFound(String),
     #[error("method not allowed")]
     MethodNotAllowed { allow: &'static str },
+    #[error("unauthenticated: {0}")]
+    Unauthorized(&'static str),
+    #[error("rate limited for {retry_after_s} s")]
+    RateLimited { retry_after_s: u64 },
 }
 
 impl ApiError {
@@ -111,6 +115,8 @@ impl ApiError {
             Self::NotReady(_) => ("not-ready", "Not ready"),
             Self::NotFound(_) => ("not-found", "Not found"),
             Self::MethodNotAllowed { .. } => ("method-not-allowed", "Method not allowed"),
+            Self::Unauthorized(_) => ("unauthorized", "Authentication required"),
+            Self::RateLimited { .. } => ("rate-limited", "Too many requests"),
         }
     }
 
@@ -147,6 +153,12 @@ impl ApiError {
             Self::NotReady(why) => format!("Not ready to serve traffic: {why}."),
             Self::NotFound(what) => what.clone(),
             Self::MethodNotAllowed { allow } => format!("Use {allow} on this path."),
+            Self::Unauthorized(why) => {
+                format!("{why}: send Authorization: Bearer <your tenant token>.")
+            }
+            Self::RateLimited { retry_after_s } => format!(
+                "This tenant's request rate is exhausted; retry in {retry_after_s} s (same Idempotency-Key for a POST)."
+            ),
         }
     }
 
@@ -188,6 +200,8 @@ impl ResponseError for ApiError {
             | Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -205,6 +219,12 @@ impl ResponseError for ApiError {
             }
             Self::MethodNotAllowed { allow } => {
                 builder.insert_header((ALLOW, *allow));
+            }
+            Self::Unauthorized(_) => {
+                builder.insert_header((WWW_AUTHENTICATE, "Bearer"));
+            }
+            Self::RateLimited { retry_after_s } => {
+                builder.insert_header((RETRY_AFTER, retry_after_s.to_string()));
             }
             _ if status == StatusCode::SERVICE_UNAVAILABLE => {
                 builder.insert_header((RETRY_AFTER, UNAVAILABLE_RETRY_AFTER_S));

@@ -1,14 +1,16 @@
-//! Who is calling. Today (no tokens file) the tenant is the `X-Tenant-Id` header; token
-//! authentication (contract §4) will replace the body of `from_request` without touching
-//! the handlers, which only ever see a parsed `Tenant`.
+//! Who is calling (contract §4). Without a tokens file the tenant is the `X-Tenant-Id`
+//! header (unauthenticated; start-up warns); with one, the tenant comes from the bearer
+//! token and `X-Tenant-Id` is ignored. Handlers only ever see a parsed `Tenant`.
 
 use std::future::{Ready, ready};
 
 use actix_web::dev::Payload;
-use actix_web::http::header::HeaderMap;
-use actix_web::{FromRequest, HttpRequest};
+use actix_web::http::header::{AUTHORIZATION, HeaderMap};
+use actix_web::{FromRequest, HttpRequest, web};
 
 use super::problem::ApiError;
+use super::state::ApiState;
+use crate::auth::{Denied, TokenStore};
 use crate::domain::TenantId;
 
 pub const TENANT_HEADER: &str = "X-Tenant-Id";
@@ -32,6 +34,30 @@ impl Tenant {
             .map(Tenant)
             .map_err(|e| invalid(e.message))
     }
+
+    /// Token mode: `Authorization: Bearer <token>` names the tenant.
+    pub fn from_token(headers: &HeaderMap, store: &TokenStore) -> Result<Self, ApiError> {
+        let value = headers
+            .get(AUTHORIZATION)
+            .ok_or(ApiError::Unauthorized("no Authorization header"))?
+            .to_str()
+            .map_err(|_| ApiError::Unauthorized("malformed Authorization header"))?;
+        let token = value
+            .strip_prefix("Bearer ")
+            .or_else(|| value.strip_prefix("bearer "))
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .ok_or(ApiError::Unauthorized(
+                "the Authorization scheme must be Bearer",
+            ))?;
+        match store.authenticate(token) {
+            Ok(tenant) => Ok(Tenant(tenant)),
+            Err(Denied::Unauthenticated) => Err(ApiError::Unauthorized("unknown token")),
+            Err(Denied::RateLimited(wait)) => Err(ApiError::RateLimited {
+                retry_after_s: wait.as_secs().max(1),
+            }),
+        }
+    }
 }
 
 impl FromRequest for Tenant {
@@ -39,6 +65,12 @@ impl FromRequest for Tenant {
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(Self::from_headers(req.headers()))
+        let store = req
+            .app_data::<web::Data<ApiState>>()
+            .and_then(|state| state.auth.clone());
+        ready(match store {
+            Some(store) => Self::from_token(req.headers(), &store),
+            None => Self::from_headers(req.headers()),
+        })
     }
 }

@@ -5,6 +5,7 @@ mod common;
 mod admin;
 mod api;
 mod app;
+mod auth;
 mod idempotency;
 mod model_retries;
 mod providers;

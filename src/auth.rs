@@ -1,0 +1,242 @@
+//! Tenant authentication with bearer tokens (contract §4).
+//!
+//! The tokens file holds SHA-256 hashes, never tokens, so a leaked file or config map does
+//! not let anyone in. A presented token is hashed and compared in constant time against every
+//! tenant's hash, so timing reveals neither which tenant matched nor how much of a hash did.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+use crate::domain::TenantId;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AuthFileError {
+    #[error("SUMMARYD_AUTH_TOKENS_FILE {path}: {reason}")]
+    Invalid { path: String, reason: String },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TokensFile {
+    tenants: BTreeMap<String, TenantEntry>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TenantEntry {
+    token_sha256: String,
+    /// Sustained requests per second this tenant may make to this replica.
+    rate_per_s: Option<f64>,
+    /// Requests it may make in a burst above the sustained rate.
+    burst: Option<u32>,
+}
+
+struct Entry {
+    tenant: TenantId,
+    hash: [u8; 32],
+    limiter: Option<Mutex<TokenBucket>>,
+}
+
+/// The loaded tokens file.
+pub struct TokenStore {
+    entries: Vec<Entry>,
+}
+
+/// Why a request was not let in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Denied {
+    /// No or unknown token.
+    Unauthenticated,
+    /// Over the tenant's rate; try again after this long.
+    RateLimited(Duration),
+}
+
+impl TokenStore {
+    pub fn load(path: &Path) -> Result<Self, AuthFileError> {
+        let invalid = |reason: String| AuthFileError::Invalid {
+            path: path.display().to_string(),
+            reason,
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+        Self::parse(&text).map_err(invalid)
+    }
+
+    /// Refuses every token: what a process uses when its tokens file became unreadable after
+    /// start-up, so a broken file can never fall back to unauthenticated access.
+    pub fn deny_all() -> Self {
+        Self {
+            entries: Vec::new(),
+        }
+    }
+
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let file: TokensFile = toml::from_str(text).map_err(|e| e.to_string())?;
+        if file.tenants.is_empty() {
+            return Err("no [tenants.NAME] tables: every request would be refused".into());
+        }
+        let mut entries = Vec::with_capacity(file.tenants.len());
+        for (name, entry) in file.tenants {
+            let tenant =
+                TenantId::parse(&name).map_err(|e| format!("tenant {name:?}: {}", e.message))?;
+            let mut hash = [0u8; 32];
+            hex::decode_to_slice(entry.token_sha256.trim(), &mut hash).map_err(|_| {
+                format!("tenants.{name}.token_sha256 must be 64 hex characters (the SHA-256 of the token)")
+            })?;
+            let limiter = match (entry.rate_per_s, entry.burst) {
+                (None, None) => None,
+                (rate, burst) => {
+                    let rate = rate.unwrap_or(f64::INFINITY);
+                    if rate.is_nan() || rate <= 0.0 {
+                        return Err(format!("tenants.{name}.rate_per_s must be positive"));
+                    }
+                    // Without a burst, allow one second's worth (at least one request).
+                    let burst = burst.map(f64::from).unwrap_or(rate.ceil().max(1.0));
+                    if burst < 1.0 {
+                        return Err(format!("tenants.{name}.burst must be at least 1"));
+                    }
+                    Some(Mutex::new(TokenBucket::new(rate, burst)))
+                }
+            };
+            entries.push(Entry {
+                tenant,
+                hash,
+                limiter,
+            });
+        }
+        Ok(Self { entries })
+    }
+
+    /// The tenant owning `token`, if any, after its rate limit.
+    pub fn authenticate(&self, token: &str) -> Result<TenantId, Denied> {
+        let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        // Compare against every entry without stopping early.
+        let mut found: Option<&Entry> = None;
+        for entry in &self.entries {
+            if bool::from(entry.hash.ct_eq(&presented)) {
+                found = Some(entry);
+            }
+        }
+        let entry = found.ok_or(Denied::Unauthenticated)?;
+        if let Some(limiter) = &entry.limiter {
+            let mut bucket = limiter.lock().unwrap_or_else(|p| p.into_inner());
+            bucket.take(Instant::now()).map_err(Denied::RateLimited)?;
+        }
+        Ok(entry.tenant.clone())
+    }
+}
+
+/// Classic token bucket: `burst` tokens, refilled at `rate` per second.
+struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    updated: Instant,
+}
+
+impl TokenBucket {
+    fn new(rate: f64, burst: f64) -> Self {
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            updated: Instant::now(),
+        }
+    }
+
+    /// Take one token, or say how long until one is available.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
+        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
+        self.updated = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            return Ok(());
+        }
+        let wait = (1.0 - self.tokens) / self.rate;
+        Err(Duration::from_secs_f64(wait.min(3600.0)))
+    }
+}
+
+/// The hex SHA-256 of a token, as the tokens file stores it.
+pub fn token_sha256(token: &str) -> String {
+    hex::encode(Sha256::digest(token.as_bytes()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn store(extra: &str) -> TokenStore {
+        TokenStore::parse(&format!(
+            "[tenants.acme]\ntoken_sha256 = \"{}\"\n{extra}\n[tenants.globex]\ntoken_sha256 = \"{}\"\n",
+            token_sha256("acme-token"),
+            token_sha256("globex-token")
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_token_maps_to_its_tenant_and_unknown_tokens_are_refused() {
+        let s = store("");
+        assert_eq!(s.authenticate("acme-token").unwrap().as_str(), "acme");
+        assert_eq!(s.authenticate("globex-token").unwrap().as_str(), "globex");
+        assert_eq!(s.authenticate("acme-token "), Err(Denied::Unauthenticated));
+        assert_eq!(s.authenticate(""), Err(Denied::Unauthenticated));
+    }
+
+    #[test]
+    fn bad_files_are_rejected_with_the_reason() {
+        assert!(TokenStore::parse("").err().unwrap().contains("tenants"));
+        let err = TokenStore::parse("[tenants.acme]\ntoken_sha256 = \"abc\"\n")
+            .err()
+            .unwrap();
+        assert!(err.contains("64 hex"), "{err}");
+        let err = TokenStore::parse(&format!(
+            "[tenants.\"a:b\"]\ntoken_sha256 = \"{}\"\n",
+            token_sha256("x")
+        ))
+        .err()
+        .unwrap();
+        assert!(err.contains("a:b"), "{err}");
+        let err = TokenStore::parse(&format!(
+            "[tenants.acme]\ntoken_sha256 = \"{}\"\ntoken = \"plain\"\n",
+            token_sha256("x")
+        ))
+        .err()
+        .unwrap();
+        assert!(err.contains("token"), "{err}");
+    }
+
+    #[test]
+    fn the_bucket_allows_a_burst_then_the_rate() {
+        let mut b = TokenBucket::new(2.0, 3.0);
+        let t0 = b.updated;
+        assert!(b.take(t0).is_ok() && b.take(t0).is_ok() && b.take(t0).is_ok());
+        let wait = b.take(t0).unwrap_err();
+        assert!(
+            wait > Duration::from_millis(400) && wait <= Duration::from_millis(500),
+            "{wait:?}"
+        );
+        assert!(b.take(t0 + Duration::from_millis(500)).is_ok());
+    }
+
+    #[test]
+    fn rate_limits_apply_per_tenant() {
+        let s = store("rate_per_s = 0.001\nburst = 1");
+        assert!(s.authenticate("acme-token").is_ok());
+        assert!(matches!(
+            s.authenticate("acme-token"),
+            Err(Denied::RateLimited(_))
+        ));
+        assert!(
+            s.authenticate("globex-token").is_ok(),
+            "another tenant is not limited"
+        );
+    }
+}

@@ -11,6 +11,7 @@ pub mod config;
 pub mod context;
 pub mod db;
 pub mod domain;
+pub mod http_client;
 pub mod keys;
 pub mod llm;
 pub mod mail;

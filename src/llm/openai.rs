@@ -4,7 +4,7 @@
 //! One HTTP request per call and no retries: `crate::retry` owns the wall-clock cap per call,
 //! classification and backoff. This module only turns what happened into an [`LlmError`].
 
-use std::error::Error as _;
+use crate::http_client::{describe, excerpt};
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -24,8 +24,6 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A summary response is a few KiB. The cap stops a broken or hostile server from filling
 /// memory before the per-call timeout fires.
 const MAX_RESPONSE_BYTES: usize = 4 * 1024 * 1024;
-/// Enough of an error body to see what the API complained about, short enough for a log line.
-const ERROR_EXCERPT_CHARS: usize = 300;
 
 /// The API key. Its `Debug` never shows the value.
 #[derive(Clone)]
@@ -198,22 +196,6 @@ fn transport_error(err: reqwest::Error) -> LlmError {
     }
 }
 
-/// The error and its causes ("error sending request: connection refused"), without the URL.
-fn describe(err: reqwest::Error) -> String {
-    let err = err.without_url();
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
-}
-
 /// Read up to `MAX_RESPONSE_BYTES`; `complete` is false when the body was longer.
 async fn read_capped(mut response: reqwest::Response) -> Result<(Vec<u8>, bool), reqwest::Error> {
     let mut body = Vec::new();
@@ -227,7 +209,7 @@ async fn read_capped(mut response: reqwest::Response) -> Result<(Vec<u8>, bool),
 }
 
 /// `error.message` of an OpenAI-style error body, else the body text; whitespace collapsed
-/// and cut to `ERROR_EXCERPT_CHARS`.
+/// and cut to `http_client::ERROR_EXCERPT_CHARS`.
 fn error_excerpt(body: &[u8]) -> String {
     let parsed: Option<Value> = serde_json::from_slice(body).ok();
     let from_json = parsed.as_ref().and_then(|v| {
@@ -238,14 +220,7 @@ fn error_excerpt(body: &[u8]) -> String {
             .map(str::to_owned)
     });
     let text = from_json.unwrap_or_else(|| String::from_utf8_lossy(body).into_owned());
-    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if collapsed.is_empty() {
-        return "(empty body)".into();
-    }
-    match collapsed.char_indices().nth(ERROR_EXCERPT_CHARS) {
-        Some((cut, _)) => format!("{}…", &collapsed[..cut]),
-        None => collapsed,
-    }
+    excerpt(&text)
 }
 
 /// `choices[0].message.content`, or `Malformed` saying exactly what is missing.
@@ -301,7 +276,10 @@ mod tests {
         assert_eq!(error_excerpt(body), "Rate limit reached");
         let long = "x".repeat(1000);
         let excerpt = error_excerpt(long.as_bytes());
-        assert_eq!(excerpt.chars().count(), ERROR_EXCERPT_CHARS + 1);
+        assert_eq!(
+            excerpt.chars().count(),
+            crate::http_client::ERROR_EXCERPT_CHARS + 1
+        );
         assert_eq!(error_excerpt(b"  "), "(empty body)");
     }
 

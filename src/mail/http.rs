@@ -3,7 +3,7 @@
 //! `POST {"from","to","subject","text"}` with `Idempotency-Key: <dedupe_key>`: a resend of
 //! the same outbox row carries the same key, so a provider that honours it sends one email.
 
-use std::error::Error as _;
+use crate::http_client::describe;
 use std::fmt;
 use std::time::Duration;
 
@@ -16,8 +16,6 @@ use crate::config::MailSettings;
 /// TCP + TLS to an email API takes well under a second; 5 s means it is down, and the row
 /// is retried after its backoff rather than holding its lease.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Enough of an error body to see what the provider rejected, short enough for `outbox stuck`.
-const ERROR_EXCERPT_CHARS: usize = 300;
 /// Error bodies are read only for the excerpt; more than this is never useful.
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 
@@ -107,31 +105,7 @@ async fn excerpt(mut response: reqwest::Response) -> String {
             break;
         }
     }
-    let text = String::from_utf8_lossy(&body);
-    let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
-    if collapsed.is_empty() {
-        return "(empty body)".into();
-    }
-    match collapsed.char_indices().nth(ERROR_EXCERPT_CHARS) {
-        Some((cut, _)) => format!("{}…", &collapsed[..cut]),
-        None => collapsed,
-    }
-}
-
-/// The error and its causes, without the URL (whose query may hold a token).
-fn describe(err: reqwest::Error) -> String {
-    let err = err.without_url();
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        if !text.contains(&cause_text) {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        source = cause.source();
-    }
-    text
+    crate::http_client::excerpt(&String::from_utf8_lossy(&body))
 }
 
 #[cfg(test)]

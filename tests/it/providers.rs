@@ -1,8 +1,7 @@
 //! The real providers against real servers on loopback: an OpenAI-compatible model stub, an
 //! email API stub and an SMTP sink, each started inside the test.
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
@@ -11,6 +10,7 @@ use summaryd::llm::{self, Llm, LlmError, OpenAiClient};
 use summaryd::mail::{self, HttpMailer, MailError, Mailer, OutgoingEmail, SmtpMailer};
 
 use crate::common::http_stub::{HttpStub, Reply, closed_port_url};
+use crate::common::log_capture::Captured;
 use crate::common::smtp_sink::SmtpSink;
 
 const KEY: &str = "sk-test-4f1c9a7e2b";
@@ -271,23 +271,9 @@ async fn dripping_response_is_cut_by_the_callers_timeout_and_the_connection_is_r
     );
 }
 
-/// Collects formatted log output.
-#[derive(Clone, Default)]
-struct Capture(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn api_key_never_appears_in_debug_errors_or_logs() {
-    let logs = Capture::default();
+    let logs = Captured::default();
     let writer = logs.clone();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(tracing::Level::TRACE)
@@ -327,7 +313,7 @@ async fn api_key_never_appears_in_debug_errors_or_logs() {
         stub.requests()[0].header("authorization"),
         Some(format!("Bearer {KEY}").as_str())
     );
-    let logged = String::from_utf8(logs.0.lock().unwrap().clone()).unwrap();
+    let logged = logs.text();
     assert!(
         logged.contains("model call failed"),
         "the capture works: {logged}"

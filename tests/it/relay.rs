@@ -3,8 +3,7 @@
 //! dedupe key; leases keep concurrent and crashed relays from double-sending.
 
 use std::collections::HashSet;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
@@ -21,6 +20,7 @@ use summaryd::shutdown::Shutdown;
 use summaryd::stream::{JobMessage, JobPayload};
 
 use crate::common::fakes::MailStep;
+use crate::common::log_capture::Captured;
 use crate::common::{FakeLlm, FakeMailer, TestEnv};
 
 const NOTIFY: &str = "team@example.com";
@@ -555,20 +555,6 @@ async fn the_email_names_the_job_and_carries_the_summary() {
     assert!(email.text.contains(&job.to_string()), "{}", email.text);
 }
 
-/// Collects what a tracing subscriber writes.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn the_log_mailer_writes_the_whole_email_to_the_log() {
     let captured = Captured::default();
@@ -590,7 +576,7 @@ async fn the_log_mailer_writes_the_whole_email_to_the_log() {
         LogMailer.send(&email, &key(job)).await
     };
     assert!(result.is_ok());
-    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let log = captured.text();
     for needle in [
         NOTIFY,
         SUMMARY_READY_SUBJECT,

@@ -4,6 +4,7 @@
 
 pub mod fakes;
 pub mod http_stub;
+pub mod log_capture;
 pub mod smtp_sink;
 
 use std::path::Path;

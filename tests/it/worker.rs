@@ -18,6 +18,7 @@ use summaryd::db::summaries::summary_ready_dedupe_key;
 use summaryd::domain::JobId;
 use summaryd::keys::GROUP;
 use summaryd::llm::LlmError;
+use summaryd::relay::relay_once;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::consumer::ensure_group;
 use summaryd::stream::{JobMessage, JobPayload, enqueue, job_state};
@@ -32,6 +33,7 @@ const NEVER_IDLE_MS: u64 = 600_000;
 struct World {
     env: TestEnv,
     llm: Arc<FakeLlm>,
+    mailer: Arc<FakeMailer>,
     services: Services,
     redis: MultiplexedConnection,
 }
@@ -49,15 +51,28 @@ impl World {
         settings.llm.max_backoff_ms = 5;
         adjust(&mut settings);
         let llm = Arc::new(llm);
-        let services = env.services_with(settings, llm.clone(), Arc::new(FakeMailer::new()));
+        let mailer = Arc::new(FakeMailer::new());
+        let services = env.services_with(settings, llm.clone(), mailer.clone());
         let mut redis = env.redis().await;
         ensure_group(&mut redis, &services.keys).await.unwrap();
         Self {
             env,
             llm,
+            mailer,
             services,
             redis,
         }
+    }
+
+    /// Two relay passes, as the design's crash test runs them.
+    async fn relay_twice(&self) {
+        relay_once(&self.services).await.unwrap();
+        relay_once(&self.services).await.unwrap();
+    }
+
+    /// Dedupe keys of every email the fake provider accepted.
+    fn emails(&self) -> Vec<String> {
+        self.mailer.sent().into_iter().map(|(_, key)| key).collect()
     }
 
     fn consumer(&self, name: &str, claim_idle_ms: u64) -> Consumer {
@@ -228,6 +243,12 @@ async fn crash_between_commit_and_xack_runs_the_model_once() {
         None,
         "state dropped with the ack"
     );
+    w.relay_twice().await;
+    assert_eq!(
+        w.emails(),
+        vec![summary_ready_dedupe_key(msg.job_id)],
+        "one email"
+    );
 }
 
 #[tokio::test]
@@ -250,6 +271,12 @@ async fn same_job_enqueued_twice_makes_one_summary_and_one_outbox_row() {
         vec![summary_ready_dedupe_key(msg.job_id)]
     );
     assert_eq!(w.pending().await, 0);
+    w.relay_twice().await;
+    assert_eq!(
+        w.emails(),
+        vec![summary_ready_dedupe_key(msg.job_id)],
+        "one email"
+    );
 }
 
 #[tokio::test]
@@ -270,6 +297,12 @@ async fn slow_worker_and_reclaimer_racing_write_one_outbox_row() {
         w.env.count("outbox").await,
         1,
         "only the winner wrote the email intent"
+    );
+    w.relay_twice().await;
+    assert_eq!(
+        w.emails(),
+        vec![summary_ready_dedupe_key(msg.job_id)],
+        "one email"
     );
 }
 

@@ -289,8 +289,9 @@ impl Settings {
             }
             figment = figment.merge(Toml::file_exact(path));
         }
+        let known = known_paths();
         let env = env
-            .filter(|k| !NOT_SETTINGS.contains(&k.as_str().to_ascii_lowercase().as_str()))
+            .filter(move |k| known.contains(&env_key_to_path(k.as_str())))
             .map(|k| env_key_to_path(k.as_str()).into());
         figment = figment.merge(env);
         if std::env::var_os("SUMMARYD_LLM_API_KEY").is_none()
@@ -302,6 +303,23 @@ impl Settings {
         let settings: Settings = figment.extract().map_err(describe_figment_error)?;
         settings.validate()?;
         Ok(settings)
+    }
+
+    /// `SUMMARYD_*` variables that name no setting, to be warned about. They are ignored
+    /// rather than fatal because orchestrators inject such names: Kubernetes service links
+    /// give every pod `SUMMARYD_API_PORT`, `SUMMARYD_API_SERVICE_HOST`, … for a Service
+    /// named `summaryd-api`. Keys in the config file stay strict.
+    pub fn ignored_env_vars() -> Vec<String> {
+        let known = known_paths();
+        let mut ignored: Vec<String> = std::env::vars_os()
+            .filter_map(|(k, _)| k.into_string().ok())
+            .filter_map(|k| k.strip_prefix("SUMMARYD_").map(str::to_owned))
+            .filter(|k| !NOT_SETTINGS.contains(&k.to_ascii_lowercase().as_str()))
+            .filter(|k| !known.contains(&env_key_to_path(k)))
+            .map(|k| format!("SUMMARYD_{k}"))
+            .collect();
+        ignored.sort();
+        ignored
     }
 
     /// Cross-field and range checks serde cannot express.
@@ -384,6 +402,25 @@ impl Settings {
     }
 }
 
+/// Every setting's path (`listen`, `llm.base_url`, …), derived from the settings type itself
+/// so the env filter can never drift from the fields.
+fn known_paths() -> std::collections::HashSet<String> {
+    let mut paths = std::collections::HashSet::new();
+    if let Ok(serde_json::Value::Object(top)) = serde_json::to_value(Settings::default()) {
+        for (key, value) in top {
+            match value {
+                serde_json::Value::Object(section) => {
+                    paths.extend(section.keys().map(|k| format!("{key}.{k}")));
+                }
+                _ => {
+                    paths.insert(key);
+                }
+            }
+        }
+    }
+    paths
+}
+
 /// Turn `worker.consumers` in a figment error into the env name operators know.
 fn describe_figment_error(err: figment::Error) -> ConfigError {
     let mut messages = Vec::new();
@@ -464,6 +501,16 @@ mod tests {
             };
             let s = Settings::load(Some(Path::new("s.toml")), &flags).map_err(|e| e.to_string())?;
             assert_eq!(s.worker.consumers, 7, "flag beats env");
+
+            // Names a Kubernetes Service called summaryd-api injects are not settings.
+            jail.set_env("SUMMARYD_API_SERVICE_HOST", "10.0.0.1");
+            jail.set_env("SUMMARYD_PORT", "tcp://10.0.0.2:80");
+            let s = Settings::load(None, &FlagOverrides::default()).map_err(|e| e.to_string())?;
+            assert_eq!(s.worker.consumers, 5);
+            assert_eq!(
+                Settings::ignored_env_vars(),
+                vec!["SUMMARYD_API_SERVICE_HOST".to_string(), "SUMMARYD_PORT".to_string()]
+            );
 
             jail.set_env("SUMMARYD_WORKER_CONSUMERS", "many");
             let err = Settings::load(None, &FlagOverrides::default())

@@ -55,6 +55,9 @@ async fn serve(config: Option<&std::path::Path>, args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     summaryd::telemetry::init(settings.log.format);
+    for name in Settings::ignored_env_vars() {
+        warn!(variable = %name, "environment variable names no setting; ignored");
+    }
     if settings.auth.tokens_file.is_none() {
         warn!(
             "SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated"

@@ -25,7 +25,9 @@ async fn killed_worker_jobs_are_reclaimed_by_another_process_and_done_once() {
     .await;
     let api = world.spawn("api", "api", &[]).await;
     let _relay = world.spawn("relay", "relay", &[]).await;
-    let mut worker_a = world.spawn("worker-a", "worker", &["--consumers", "3"]).await;
+    let mut worker_a = world
+        .spawn("worker-a", "worker", &["--consumers", "3"])
+        .await;
     let client = ApiClient::new(api.base_url());
 
     let run = crate::run_id();
@@ -36,7 +38,10 @@ async fn killed_worker_jobs_are_reclaimed_by_another_process_and_done_once() {
     }
     // Worker A's three consumers each hold one job in a model call; three are unread.
     assert!(
-        eventually(Duration::from_secs(15), || async { world.model.in_flight() == 3 }).await,
+        eventually(Duration::from_secs(15), || async {
+            world.model.in_flight() == 3
+        })
+        .await,
         "worker A never held three jobs; in flight: {}",
         world.model.in_flight()
     );
@@ -51,7 +56,9 @@ async fn killed_worker_jobs_are_reclaimed_by_another_process_and_done_once() {
         "the dead worker's deliveries stay pending"
     );
 
-    let _worker_b = world.spawn("worker-b", "worker", &["--consumers", "3"]).await;
+    let _worker_b = world
+        .spawn("worker-b", "worker", &["--consumers", "3"])
+        .await;
     let report = world.assert_exactly_once(&accepted, &client).await;
 
     // The held jobs were paid for twice (A's lost call, then B's after XAUTOCLAIM); the

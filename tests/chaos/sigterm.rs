@@ -40,7 +40,10 @@ async fn sigterm_finishes_jobs_in_hand_stops_reading_and_exits_0() {
         accepted.push(client.submit(&key, &key).await);
     }
     assert!(
-        eventually(Duration::from_secs(15), || async { world.model.in_flight() == 2 }).await,
+        eventually(Duration::from_secs(15), || async {
+            world.model.in_flight() == 2
+        })
+        .await,
         "the worker never held two jobs"
     );
     let in_hand: BTreeSet<String> = world.model.calls().keys().cloned().collect();
@@ -53,7 +56,10 @@ async fn sigterm_finishes_jobs_in_hand_stops_reading_and_exits_0() {
         .await
         .expect("worker exits within the grace period after SIGTERM");
     assert!(status.success(), "exit status {status}");
-    println!("worker exited {status} {:?} after SIGTERM", signalled.elapsed());
+    println!(
+        "worker exited {status} {:?} after SIGTERM",
+        signalled.elapsed()
+    );
 
     // The two jobs in hand were finished before exit (committed and acknowledged), and no
     // new job was taken after the signal.
@@ -74,7 +80,9 @@ async fn sigterm_finishes_jobs_in_hand_stops_reading_and_exits_0() {
     assert_eq!(world.model.calls().len(), 2, "no job started after SIGTERM");
     assert_eq!(world.stream_pending().await, 0, "nothing left pending");
 
-    let _next = world.spawn("worker-2", "worker", &["--consumers", "2"]).await;
+    let _next = world
+        .spawn("worker-2", "worker", &["--consumers", "2"])
+        .await;
     let report = world.assert_exactly_once(&accepted, &client).await;
     assert_eq!(report.model_calls, 5, "each job paid for once");
     println!("SIGTERM (finish in hand): {report}");
@@ -102,7 +110,10 @@ async fn sigterm_with_a_hung_model_exits_0_on_time_and_the_job_is_reclaimed() {
     let key = format!("hang-{}-000", crate::run_id());
     let accepted = vec![client.submit(&key, &key).await];
     assert!(
-        eventually(Duration::from_secs(15), || async { world.model.total_calls() == 1 }).await,
+        eventually(Duration::from_secs(15), || async {
+            world.model.total_calls() == 1
+        })
+        .await,
         "the worker never called the model"
     );
 
@@ -119,11 +130,20 @@ async fn sigterm_with_a_hung_model_exits_0_on_time_and_the_job_is_reclaimed() {
         "it waited for the job in hand before giving up ({took:?})"
     );
     assert_eq!(world.count("SELECT count(*) FROM summaries").await, 0);
-    assert_eq!(world.stream_pending().await, 1, "the abandoned job is still pending");
+    assert_eq!(
+        world.stream_pending().await,
+        1,
+        "the abandoned job is still pending"
+    );
 
     world.model.set_behavior(ModelBehavior::fast());
-    let _next = world.spawn("worker-2", "worker", &["--consumers", "1"]).await;
+    let _next = world
+        .spawn("worker-2", "worker", &["--consumers", "1"])
+        .await;
     let report = world.assert_exactly_once(&accepted, &client).await;
-    assert_eq!(report.model_calls, 2, "the hung call, then the reclaimed one");
+    assert_eq!(
+        report.model_calls, 2,
+        "the hung call, then the reclaimed one"
+    );
     println!("SIGTERM (hung model): exited after {took:?}; {report}");
 }

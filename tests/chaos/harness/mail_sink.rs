@@ -66,10 +66,6 @@ impl MailSink {
         format!("http://{}/send", self.server.addr)
     }
 
-    pub fn set_behavior(&self, behavior: MailBehavior) {
-        *self.state.behavior.lock().unwrap() = Some(behavior);
-    }
-
     /// Every accepted send, in arrival order.
     pub fn sent(&self) -> Vec<Sent> {
         self.state.sent.lock().unwrap().clone()

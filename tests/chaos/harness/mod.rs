@@ -5,6 +5,7 @@
 pub mod client;
 pub mod db;
 pub mod http;
+pub mod load;
 pub mod mail_sink;
 pub mod model_server;
 pub mod process;
@@ -85,9 +86,7 @@ impl World {
         } else {
             None
         };
-        let redis_url = redis
-            .as_ref()
-            .map_or_else(redis_base_url, RedisServer::url);
+        let redis_url = redis.as_ref().map_or_else(redis_base_url, RedisServer::url);
         let db_name = format!("summaryd_chaos_{id}");
         let database_url = format!("{}/{db_name}", db::pg_base_url());
         let key_prefix = format!("chaos:{id}:");

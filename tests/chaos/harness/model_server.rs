@@ -126,7 +126,10 @@ async fn answer(state: &State, req: Request) -> Response {
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let content = body["messages"][0]["content"].as_str().unwrap_or_default();
     let Some(marker) = marker_of(content) else {
-        return Response::json(400, &json!({"error": {"message": "no [[marker]] in prompt"}}));
+        return Response::json(
+            400,
+            &json!({"error": {"message": "no [[marker]] in prompt"}}),
+        );
     };
     *state
         .calls

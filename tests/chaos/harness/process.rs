@@ -42,7 +42,14 @@ impl Proc {
         let out = File::create(&log).expect("create log file");
         let err = out.try_clone().expect("clone log file");
         let child = Command::new(binary())
-            .args(["serve", "--roles", roles, "--no-migrate", "--listen", "127.0.0.1:0"])
+            .args([
+                "serve",
+                "--roles",
+                roles,
+                "--no-migrate",
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .args(extra_args)
             .env_clear()
             .envs(env.iter().map(|(k, v)| (k, v)))
@@ -130,11 +137,6 @@ impl Proc {
         }
     }
 
-    /// Whether the log contains `needle` (e.g. a message the process logs while draining).
-    pub fn log_contains(&self, needle: &str) -> bool {
-        std::fs::read_to_string(&self.log).is_ok_and(|s| s.contains(needle))
-    }
-
     /// The last lines of the process's output.
     pub fn tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
@@ -177,6 +179,30 @@ fn started_port(log: &Path) -> Option<u16> {
             let v: serde_json::Value = serde_json::from_str(&l).ok()?;
             u16::try_from(v.get("port")?.as_u64()?).ok()
         })
+}
+
+/// SIGTERM every process at once and require each to exit 0 within `within` (the drain
+/// grace plus teardown): a process that hangs on shutdown, or exits non-zero, fails here.
+pub async fn stop_all(procs: &mut [&mut Proc], within: Duration) {
+    for p in procs.iter() {
+        p.sigterm();
+    }
+    for p in procs.iter_mut() {
+        let status = p.wait_exit(within).await;
+        let Some(status) = status else {
+            panic!(
+                "{} still running {within:?} after SIGTERM:\n{}",
+                p.name,
+                p.tail()
+            );
+        };
+        assert!(
+            status.success(),
+            "{} exited with {status} after SIGTERM:\n{}",
+            p.name,
+            p.tail()
+        );
+    }
 }
 
 /// Run a one-shot subcommand (e.g. `migrate`) to completion.

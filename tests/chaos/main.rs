@@ -8,6 +8,7 @@
 mod harness;
 
 mod chaos;
+mod kill_api;
 mod kill_worker;
 mod pg_drop;
 mod redis_restart;

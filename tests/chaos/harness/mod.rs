@@ -146,9 +146,21 @@ impl World {
         world
     }
 
-    /// Start `summaryd serve --roles <roles> --no-migrate` in this world.
+    /// Start `summaryd serve --roles <roles> --no-migrate` in this world on a port of its
+    /// choosing (read back from its "summaryd started" log line).
     pub async fn spawn(&self, name: &str, roles: &str, extra_args: &[&str]) -> Proc {
-        Proc::start(name, roles, extra_args, &self.env, &self.dir).await
+        self.spawn_on(name, roles, "127.0.0.1:0", extra_args).await
+    }
+
+    /// The same on a fixed address, for a process restarted where its clients expect it.
+    pub async fn spawn_on(
+        &self,
+        name: &str,
+        roles: &str,
+        listen: &str,
+        extra_args: &[&str],
+    ) -> Proc {
+        Proc::start(name, roles, listen, extra_args, &self.env, &self.dir).await
     }
 
     pub async fn pg(&self) -> tokio_postgres::Client {

@@ -28,12 +28,13 @@ pub struct Proc {
 }
 
 impl Proc {
-    /// `summaryd serve --roles <roles> --no-migrate --listen 127.0.0.1:0 <extra args>` with
+    /// `summaryd serve --roles <roles> --no-migrate --listen <listen> <extra args>` with
     /// exactly `env` (the parent's environment is cleared so no stray `SUMMARYD_*` leaks in).
     /// Returns once the process logged "summaryd started" (and its port).
     pub async fn start(
         name: &str,
         roles: &str,
+        listen: &str,
         extra_args: &[&str],
         env: &[(String, String)],
         log_dir: &Path,
@@ -48,7 +49,7 @@ impl Proc {
                 roles,
                 "--no-migrate",
                 "--listen",
-                "127.0.0.1:0",
+                listen,
             ])
             .args(extra_args)
             .env_clear()

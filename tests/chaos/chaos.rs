@@ -1,0 +1,116 @@
+//! Issue 4.3: one api, three worker and two relay processes; a client submits hundreds of
+//! jobs while a random worker or relay is SIGKILLed and restarted every 1–2 s.
+//!
+//! `CHAOS_SOAK_S=<seconds>` lengthens the kill phase (and the job count with it) for a
+//! soak run; unset, the phase is 30 s and 500 jobs (see docs/testing.md).
+
+use std::time::{Duration, Instant};
+
+use crate::harness::client::ApiClient;
+use crate::harness::load::Load;
+use crate::harness::mail_sink::MailBehavior;
+use crate::harness::model_server::ModelBehavior;
+use crate::harness::process::{Proc, stop_all};
+use crate::harness::{World, WorldOptions};
+
+const DEFAULT_KILL_PHASE_S: u64 = 30;
+const MIN_JOBS: usize = 500;
+/// Soak runs keep the default run's rate of about 17 new jobs per second.
+const JOBS_PER_S: usize = 17;
+const WORKERS: usize = 3;
+const RELAYS: usize = 2;
+/// The world's 5 s drain grace plus process teardown on a loaded machine.
+const STOP_WITHIN: Duration = Duration::from_secs(8);
+
+fn kill_phase() -> Duration {
+    let secs = std::env::var("CHAOS_SOAK_S")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(DEFAULT_KILL_PHASE_S);
+    Duration::from_secs(secs)
+}
+
+async fn spawn_role(world: &World, role: &str, index: usize) -> Proc {
+    let name = format!("{role}-{index}");
+    match role {
+        "worker" => world.spawn(&name, "worker", &["--consumers", "3"]).await,
+        _ => world.spawn(&name, "relay", &["--relays", "2"]).await,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothing() {
+    let started = Instant::now();
+    let world = World::new(
+        "chaos",
+        WorldOptions {
+            // A realistic, flaky model and mail provider: some 500s and 429s, some 503s.
+            model: ModelBehavior {
+                latency_ms: 10..80,
+                error_rate: 0.03,
+                throttle_rate: 0.02,
+                hang: false,
+            },
+            mail: MailBehavior {
+                latency_ms: 0..20,
+                error_rate: 0.03,
+            },
+            env: vec![("SUMMARYD_WORKER_CLAIM_IDLE_MS", "1500".into())],
+            ..Default::default()
+        },
+    )
+    .await;
+    let mut api = world.spawn("api", "api", &[]).await;
+    let mut workers = Vec::new();
+    for i in 0..WORKERS {
+        workers.push(spawn_role(&world, "worker", i).await);
+    }
+    let mut relays = Vec::new();
+    for i in 0..RELAYS {
+        relays.push(spawn_role(&world, "relay", i).await);
+    }
+    let client = ApiClient::new(api.base_url());
+
+    let phase = kill_phase();
+    let jobs = MIN_JOBS.max(JOBS_PER_S * phase.as_secs() as usize);
+    // Submissions end a little before the kills do, so the last jobs meet kills too.
+    let load = Load::start(
+        &client,
+        &format!("chaos-{}", crate::run_id()),
+        jobs,
+        phase.mul_f64(0.9),
+        10,
+    );
+
+    let phase_end = Instant::now() + phase;
+    let (mut worker_kills, mut relay_kills) = (0, 0);
+    while Instant::now() < phase_end {
+        tokio::time::sleep(Duration::from_millis(rand::random_range(1_000..2_000))).await;
+        let victim = rand::random_range(0..WORKERS + RELAYS);
+        if victim < WORKERS {
+            workers[victim].kill9();
+            worker_kills += 1;
+            workers[victim] = spawn_role(&world, "worker", victim).await;
+        } else {
+            let i = victim - WORKERS;
+            relays[i].kill9();
+            relay_kills += 1;
+            relays[i] = spawn_role(&world, "relay", i).await;
+        }
+    }
+    let accepted = load.finish().await;
+    let report = world.assert_exactly_once(&accepted, &client).await;
+    // Restarted processes drain and exit cleanly too (the API with the client's idle
+    // keep-alive connections still open).
+    let mut all: Vec<&mut Proc> = workers.iter_mut().chain(relays.iter_mut()).collect();
+    all.push(&mut api);
+    stop_all(&mut all, STOP_WITHIN).await;
+    assert_eq!(report.jobs, jobs);
+    assert!(report.model_calls >= jobs && report.sends >= report.distinct_sends);
+    println!(
+        "chaos: {worker_kills} worker + {relay_kills} relay SIGKILLs over {phase:?}; {report}; \
+         resends {}; wall {:?}",
+        report.sends - report.distinct_sends,
+        started.elapsed()
+    );
+}

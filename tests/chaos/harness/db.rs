@@ -1,0 +1,84 @@
+//! Postgres for one test: its own database (created by `summaryd migrate`), queries for
+//! assertions, the session killer, and cleanup.
+
+use tokio_postgres::NoTls;
+
+pub fn pg_base_url() -> String {
+    std::env::var("TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
+}
+
+pub async fn connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    tokio::spawn(conn);
+    client
+}
+
+/// Terminate every session on `db_name` (the service's pooled connections) except ours.
+/// Returns how many were terminated.
+pub async fn terminate_sessions(db_name: &str) -> usize {
+    let admin = connect(&format!("{}/postgres", pg_base_url())).await;
+    let rows = admin
+        .query(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+              WHERE datname = $1 AND pid <> pg_backend_pid()",
+            &[&db_name],
+        )
+        .await
+        .expect("pg_terminate_backend");
+    rows.iter().filter(|r| r.get::<_, bool>(0)).count()
+}
+
+/// Drop the database from a thread with its own runtime (Drop cannot await).
+pub fn drop_database_blocking(db_name: String) {
+    let _ = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            if let Ok((client, conn)) =
+                tokio_postgres::connect(&format!("{}/postgres", pg_base_url()), NoTls).await
+            {
+                tokio::spawn(conn);
+                let _ = client
+                    .batch_execute(&format!(
+                        "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
+                    ))
+                    .await;
+            }
+        });
+    })
+    .join();
+}
+
+/// Delete every key under `prefix` on a shared Redis, from a thread with its own runtime.
+pub fn delete_redis_prefix_blocking(redis_url: String, prefix: String) {
+    let _ = std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            if let Ok(client) = redis::Client::open(redis_url)
+                && let Ok(mut conn) = client.get_multiplexed_async_connection().await
+            {
+                let keys: Vec<String> = redis::cmd("KEYS")
+                    .arg(format!("{prefix}*"))
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap_or_default();
+                if !keys.is_empty() {
+                    let _: redis::RedisResult<()> =
+                        redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
+                }
+            }
+        });
+    })
+    .join();
+}

@@ -1,0 +1,69 @@
+//! A paced stream of job submissions running beside the faults: `jobs` POSTs spread over
+//! `over`, from a few concurrent client tasks, each retrying with its own key until
+//! accepted. Every `replay_every`-th job is submitted a second time after acceptance, and
+//! must come back with the same job id.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use super::client::{Accepted, ApiClient};
+
+/// Concurrent client tasks: enough that a slow answer never stalls the schedule.
+const CLIENTS: usize = 16;
+
+pub struct Load {
+    tasks: JoinSet<Vec<Accepted>>,
+}
+
+impl Load {
+    pub fn start(
+        client: &ApiClient,
+        prefix: &str,
+        jobs: usize,
+        over: Duration,
+        replay_every: usize,
+    ) -> Load {
+        let next = Arc::new(AtomicUsize::new(0));
+        let interval = over / u32::try_from(jobs.max(1)).expect("job count");
+        let start = tokio::time::Instant::now();
+        let mut tasks = JoinSet::new();
+        for _ in 0..CLIENTS {
+            let (client, next, prefix) = (client.clone(), next.clone(), prefix.to_owned());
+            tasks.spawn(async move {
+                let mut accepted = Vec::new();
+                loop {
+                    let i = next.fetch_add(1, Ordering::SeqCst);
+                    if i >= jobs {
+                        return accepted;
+                    }
+                    tokio::time::sleep_until(start + interval * u32::try_from(i).unwrap()).await;
+                    let key = format!("{prefix}-{i:05}");
+                    let first = client.submit(&key, &key).await;
+                    if replay_every > 0 && i % replay_every == 0 {
+                        let again = client.submit(&key, &key).await;
+                        assert_eq!(again.job_id, first.job_id, "replay of {key}");
+                        accepted.push(again);
+                    }
+                    accepted.push(first);
+                }
+            });
+        }
+        Load { tasks }
+    }
+
+    /// Wait for every submission to be accepted (a panic in a client task fails the test).
+    pub async fn finish(mut self) -> Vec<Accepted> {
+        let mut all = Vec::new();
+        while let Some(result) = self.tasks.join_next().await {
+            match result {
+                Ok(accepted) => all.extend(accepted),
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => panic!("client task: {e}"),
+            }
+        }
+        all
+    }
+}

@@ -1,0 +1,411 @@
+//! The chaos harness: one isolated world per test (its own Postgres database, Redis key
+//! prefix or private Redis, fake model API, mail sink and log directory), real `summaryd`
+//! processes started in it, and the exactly-once check every test ends with.
+
+pub mod client;
+pub mod db;
+pub mod http;
+pub mod load;
+pub mod mail_sink;
+pub mod model_server;
+pub mod process;
+pub mod redis_server;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use summaryd::keys::{GROUP, RedisKeys};
+
+use client::{Accepted, ApiClient};
+use mail_sink::{MailBehavior, MailSink};
+use model_server::{ModelBehavior, ModelServer, summary_for};
+use process::Proc;
+use redis_server::RedisServer;
+
+/// After the last fault, everything accepted must be summarised and mailed within this
+/// long; the slowest path is a job held by a killed worker (claim idle) whose email is
+/// held by a killed relay (lease), plus the workers' Redis error backoff (≤ 10 s).
+const QUIESCENCE: Duration = Duration::from_secs(90);
+
+/// A port nothing listens on right now (bind port 0, note it, release it).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+pub fn redis_base_url() -> String {
+    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+pub struct WorldOptions {
+    pub model: ModelBehavior,
+    pub mail: MailBehavior,
+    /// Run a private, restartable `redis-server` instead of using the shared one.
+    pub private_redis: bool,
+    /// Extra or overriding `SUMMARYD_*` settings for every process of this world.
+    pub env: Vec<(&'static str, String)>,
+}
+
+impl Default for WorldOptions {
+    fn default() -> Self {
+        Self {
+            model: ModelBehavior::fast(),
+            mail: MailBehavior::ok(),
+            private_redis: false,
+            env: Vec::new(),
+        }
+    }
+}
+
+pub struct World {
+    pub name: String,
+    pub db_name: String,
+    pub database_url: String,
+    pub redis_url: String,
+    pub key_prefix: String,
+    pub dir: PathBuf,
+    pub model: ModelServer,
+    pub mail: MailSink,
+    pub redis: Option<RedisServer>,
+    env: Vec<(String, String)>,
+}
+
+impl World {
+    /// Build the world and migrate its database with `summaryd migrate` (the one process
+    /// that migrates; every `serve` runs with `--no-migrate`).
+    pub async fn new(name: &str, options: WorldOptions) -> World {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let dir = std::env::temp_dir().join(format!("summaryd-chaos-{name}-{id}"));
+        std::fs::create_dir_all(&dir).expect("test dir");
+        let redis = if options.private_redis {
+            Some(RedisServer::start(&dir).await)
+        } else {
+            None
+        };
+        let redis_url = redis.as_ref().map_or_else(redis_base_url, RedisServer::url);
+        let db_name = format!("summaryd_chaos_{id}");
+        let database_url = format!("{}/{db_name}", db::pg_base_url());
+        let key_prefix = format!("chaos:{id}:");
+        let model = ModelServer::start(options.model).await;
+        let mail = MailSink::start(options.mail).await;
+        let mut env: BTreeMap<String, String> = [
+            ("SUMMARYD_DATABASE_URL", database_url.clone()),
+            ("SUMMARYD_REDIS_URL", redis_url.clone()),
+            ("SUMMARYD_KEY_PREFIX", key_prefix.clone()),
+            ("SUMMARYD_LOG_FORMAT", "json".into()),
+            ("SUMMARYD_LLM_PROVIDER", "openai".into()),
+            ("SUMMARYD_LLM_BASE_URL", model.base_url()),
+            ("SUMMARYD_LLM_API_KEY", "sk-chaos".into()),
+            // Short everything: the faults, not the waits, are what the tests are about.
+            ("SUMMARYD_LLM_CALL_TIMEOUT_MS", "5000".into()),
+            ("SUMMARYD_LLM_BACKOFF_MS", "20".into()),
+            ("SUMMARYD_LLM_MAX_BACKOFF_MS", "200".into()),
+            ("SUMMARYD_MAIL_PROVIDER", "http".into()),
+            ("SUMMARYD_MAIL_HTTP_URL", mail.url()),
+            ("SUMMARYD_MAIL_TIMEOUT_MS", "1000".into()),
+            // Must exceed the slowest model call a test scripts, or live work is reclaimed.
+            ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "2000".into()),
+            ("SUMMARYD_WORKER_BLOCK_MS", "200".into()),
+            ("SUMMARYD_RELAY_POLL_MS", "50".into()),
+            ("SUMMARYD_RELAY_LEASE_MS", "3000".into()),
+            ("SUMMARYD_RELAY_BACKOFF_MS", "20".into()),
+            ("SUMMARYD_RELAY_MAX_BACKOFF_MS", "300".into()),
+            // A marker stranded by an outage blocks its key (409) this long.
+            ("SUMMARYD_IDEMPOTENCY_LOCK_TTL_S", "5".into()),
+            ("SUMMARYD_SHUTDOWN_GRACE_MS", "5000".into()),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+        for (k, v) in options.env {
+            env.insert(k.to_owned(), v);
+        }
+        let world = World {
+            name: name.to_owned(),
+            db_name,
+            database_url,
+            redis_url,
+            key_prefix,
+            dir,
+            model,
+            mail,
+            redis,
+            env: env.into_iter().collect(),
+        };
+        let out = process::run_to_completion(&["migrate"], &world.env);
+        assert!(
+            out.status.success(),
+            "summaryd migrate failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        world
+    }
+
+    /// Start `summaryd serve --roles <roles> --no-migrate` in this world on a port of its
+    /// choosing (read back from its "summaryd started" log line).
+    pub async fn spawn(&self, name: &str, roles: &str, extra_args: &[&str]) -> Proc {
+        self.spawn_on(name, roles, "127.0.0.1:0", extra_args).await
+    }
+
+    /// The same on a fixed address, for a process restarted where its clients expect it.
+    pub async fn spawn_on(
+        &self,
+        name: &str,
+        roles: &str,
+        listen: &str,
+        extra_args: &[&str],
+    ) -> Proc {
+        Proc::start(name, roles, listen, extra_args, &self.env, &self.dir).await
+    }
+
+    pub async fn pg(&self) -> tokio_postgres::Client {
+        db::connect(&self.database_url).await
+    }
+
+    pub async fn count(&self, sql: &str) -> i64 {
+        self.pg()
+            .await
+            .query_one(sql, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .get(0)
+    }
+
+    pub async fn redis_conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.redis_url.as_str())
+            .expect("redis url")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect redis")
+    }
+
+    fn keys(&self) -> RedisKeys {
+        RedisKeys::new(self.key_prefix.clone())
+    }
+
+    /// Entries delivered to some consumer and not acknowledged (0 if the group is missing).
+    pub async fn stream_pending(&self) -> u64 {
+        let mut conn = self.redis_conn().await;
+        let reply: redis::RedisResult<redis::streams::StreamPendingReply> = redis::cmd("XPENDING")
+            .arg(self.keys().stream())
+            .arg(GROUP)
+            .query_async(&mut conn)
+            .await;
+        reply.map_or(0, |r| r.count() as u64)
+    }
+
+    pub async fn dead_letters(&self) -> u64 {
+        let mut conn = self.redis_conn().await;
+        redis::cmd("XLEN")
+            .arg(self.keys().dead_letters())
+            .query_async(&mut conn)
+            .await
+            .expect("XLEN")
+    }
+
+    /// Everything the quiescence check looks at, in one line for logs.
+    async fn progress(&self) -> Progress {
+        Progress {
+            summaries: self.count("SELECT count(*) FROM summaries").await,
+            outbox: self.count("SELECT count(*) FROM outbox").await,
+            sent: self
+                .count("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
+                .await,
+            sink_distinct: self.mail.distinct_keys(),
+            pending: self.stream_pending().await,
+        }
+    }
+
+    /// Wait until every accepted job is summarised, mailed and acknowledged, then check
+    /// the exactly-once effects exactly. Returns the numbers for the test's report.
+    pub async fn assert_exactly_once(&self, accepted: &[Accepted], client: &ApiClient) -> Report {
+        // Same key → same job id, always (replays included).
+        let mut by_key: BTreeMap<&str, &str> = BTreeMap::new();
+        for a in accepted {
+            let first = by_key.entry(&a.key).or_insert(&a.job_id);
+            assert_eq!(*first, a.job_id, "key {} got two job ids", a.key);
+        }
+        let job_ids: BTreeSet<String> = by_key.values().map(|s| (*s).to_owned()).collect();
+        assert_eq!(job_ids.len(), by_key.len(), "two keys share a job id");
+        let n = job_ids.len();
+
+        let deadline = tokio::time::Instant::now() + QUIESCENCE;
+        loop {
+            let p = self.progress().await;
+            if p.summaries as usize == n
+                && p.outbox as usize == n
+                && p.sent as usize == n
+                && p.sink_distinct == n
+                && p.pending == 0
+            {
+                break;
+            }
+            assert!(
+                p.summaries as usize <= n && p.outbox as usize <= n && p.sink_distinct <= n,
+                "more effects than accepted jobs ({n}): {p:?}"
+            );
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "[{}] not quiescent within {QUIESCENCE:?}: accepted {n}, {p:?}, dead letters {}",
+                self.name,
+                self.dead_letters().await
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+
+        let pg = self.pg().await;
+        let summary_ids: BTreeSet<String> = pg
+            .query("SELECT job_id::text FROM summaries", &[])
+            .await
+            .expect("summaries")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(summary_ids, job_ids, "summaries rows = accepted job ids");
+        let expected_keys: BTreeSet<String> = job_ids
+            .iter()
+            .map(|id| format!("summary_ready:{id}"))
+            .collect();
+        let outbox_keys: BTreeSet<String> = pg
+            .query("SELECT dedupe_key FROM outbox", &[])
+            .await
+            .expect("outbox")
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        assert_eq!(outbox_keys, expected_keys, "one outbox row per job");
+
+        let by_sink_key = self.mail.by_key();
+        let sink_keys: BTreeSet<String> = by_sink_key.keys().cloned().collect();
+        assert_eq!(
+            sink_keys, expected_keys,
+            "distinct Idempotency-Keys at the sink = accepted job ids"
+        );
+        let key_of_job: BTreeMap<&str, &str> = by_key.iter().map(|(k, j)| (*j, *k)).collect();
+        for (key, bodies) in &by_sink_key {
+            // A resend must be the same email under the same key, never a different one.
+            assert!(
+                bodies.windows(2).all(|w| w[0] == w[1]),
+                "sends under {key} differ: {bodies:?}"
+            );
+            let job_id = key.trim_start_matches("summary_ready:");
+            let text = bodies[0]["text"].as_str().unwrap_or_default();
+            let marker = key_of_job[job_id];
+            assert!(
+                text.contains(job_id) && text.contains(&summary_for(marker)),
+                "email for {job_id} does not carry its own summary: {text}"
+            );
+        }
+        assert_eq!(self.dead_letters().await, 0, "nothing dead-lettered");
+
+        for id in &job_ids {
+            let (status, body) = get_with_patience(client, id).await;
+            assert_eq!(status, 200, "GET {id}: {body}");
+            assert_eq!(body["status"], "done", "GET {id}: {body}");
+        }
+
+        let calls = self.model.calls();
+        Report {
+            jobs: n,
+            posts: accepted.iter().map(|a| a.attempts).sum(),
+            sends: self.mail.sent().len(),
+            distinct_sends: by_sink_key.len(),
+            rejected_sends: self.mail.rejected(),
+            model_calls: calls.values().sum(),
+            client_outcomes: client.outcomes(),
+        }
+    }
+}
+
+/// GET retried briefly on 503 / transport errors (a pool reconnecting after a fault).
+async fn get_with_patience(client: &ApiClient, job_id: &str) -> (u16, serde_json::Value) {
+    let mut last = (0, serde_json::Value::Null);
+    for _ in 0..25 {
+        last = client.get(job_id).await;
+        if !matches!(last.0, 0 | 503) {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    last
+}
+
+#[derive(Debug)]
+struct Progress {
+    summaries: i64,
+    outbox: i64,
+    sent: i64,
+    sink_distinct: usize,
+    pending: u64,
+}
+
+/// The numbers a test prints (run with `--nocapture` to see them).
+#[derive(Debug)]
+pub struct Report {
+    pub jobs: usize,
+    /// POSTs the client made for them (retries and deliberate replays included).
+    pub posts: usize,
+    /// Accepted sends at the mail sink, resends included.
+    pub sends: usize,
+    pub distinct_sends: usize,
+    /// Sends the sink refused with an injected 503.
+    pub rejected_sends: usize,
+    pub model_calls: usize,
+    pub client_outcomes: BTreeMap<String, usize>,
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "jobs {} | posts {} | sends {} vs distinct {} (injected 503s {}) | model calls {} | client answers {:?}",
+            self.jobs,
+            self.posts,
+            self.sends,
+            self.distinct_sends,
+            self.rejected_sends,
+            self.model_calls,
+            self.client_outcomes
+        )
+    }
+}
+
+/// Poll `check` until true, for at most `limit`.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        // Processes are dropped (killed) before the world: tests declare the world first.
+        if let Some(redis) = self.redis.as_mut() {
+            redis.kill9();
+        } else {
+            db::delete_redis_prefix_blocking(self.redis_url.clone(), self.key_prefix.clone());
+        }
+        db::drop_database_blocking(self.db_name.clone());
+        if std::thread::panicking() {
+            eprintln!("[{}] logs kept in {}", self.name, self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! A fake OpenAI-compatible model API (`POST /v1/chat/completions`) with scriptable
+//! latency, failure statuses and hangs. It counts calls per job: every job's text carries a
+//! marker `[[...]]` and the answer is derived from it, so every delivery of the same job
+//! produces the same summary (and the same email body).
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::http::{Handler, Request, Response, Server};
+
+/// How the model answers; changeable while processes run.
+#[derive(Debug, Clone)]
+pub struct ModelBehavior {
+    /// Each call sleeps a uniform draw from this range (ms) before answering.
+    pub latency_ms: Range<u64>,
+    /// Share of calls answered 500 (retried by the worker).
+    pub error_rate: f64,
+    /// Share of calls answered 429 with `retry-after-ms` (retried after that delay).
+    pub throttle_rate: f64,
+    /// Never answer (the worker's call timeout or a shutdown has to end the call).
+    pub hang: bool,
+}
+
+impl ModelBehavior {
+    pub fn fast() -> Self {
+        Self {
+            latency_ms: 5..30,
+            error_rate: 0.0,
+            throttle_rate: 0.0,
+            hang: false,
+        }
+    }
+
+    pub fn slow(ms: u64) -> Self {
+        Self {
+            latency_ms: ms..ms + 1,
+            ..Self::fast()
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    behavior: Mutex<Option<ModelBehavior>>,
+    /// Calls per job marker (every call, failed ones included).
+    calls: Mutex<HashMap<String, usize>>,
+    in_flight: AtomicUsize,
+}
+
+pub struct ModelServer {
+    server: Server,
+    state: Arc<State>,
+}
+
+/// The marker a job's text carries, so the model server can tell jobs apart.
+pub fn marked_text(marker: &str) -> String {
+    format!(
+        "Account review [[{marker}]]. Renewal agreed for next year. Pricing to follow next week. \
+         The customer asked for a security review before signing."
+    )
+}
+
+/// The summary the fake model returns for a marker.
+pub fn summary_for(marker: &str) -> String {
+    format!("Summary of {marker}: renewal agreed, pricing next week.")
+}
+
+impl ModelServer {
+    pub async fn start(behavior: ModelBehavior) -> ModelServer {
+        let state = Arc::new(State::default());
+        *state.behavior.lock().unwrap() = Some(behavior);
+        let handler_state = state.clone();
+        let handler: Handler = Arc::new(move |req| {
+            let state = handler_state.clone();
+            Box::pin(async move { answer(&state, req).await })
+        });
+        ModelServer {
+            server: Server::start(handler).await,
+            state,
+        }
+    }
+
+    /// `SUMMARYD_LLM_BASE_URL` for this server.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/v1", self.server.addr)
+    }
+
+    pub fn set_behavior(&self, behavior: ModelBehavior) {
+        *self.state.behavior.lock().unwrap() = Some(behavior);
+    }
+
+    /// Calls per marker so far.
+    pub fn calls(&self) -> HashMap<String, usize> {
+        self.state.calls.lock().unwrap().clone()
+    }
+
+    pub fn total_calls(&self) -> usize {
+        self.state.calls.lock().unwrap().values().sum()
+    }
+
+    /// Calls sleeping out their latency right now (hung calls are not counted: they are
+    /// handed to the connection, which holds them until the client hangs up).
+    pub fn in_flight(&self) -> usize {
+        self.state.in_flight.load(Ordering::SeqCst)
+    }
+}
+
+/// Decrements the in-flight gauge however the handler ends (answer, hang, client gone).
+struct InFlight<'a>(&'a AtomicUsize);
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn answer(state: &State, req: Request) -> Response {
+    if req.method != "POST" || req.path != "/v1/chat/completions" {
+        return Response::json(404, &json!({"error": {"message": "no such route"}}));
+    }
+    let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+    let content = body["messages"][0]["content"].as_str().unwrap_or_default();
+    let Some(marker) = marker_of(content) else {
+        return Response::json(
+            400,
+            &json!({"error": {"message": "no [[marker]] in prompt"}}),
+        );
+    };
+    *state
+        .calls
+        .lock()
+        .unwrap()
+        .entry(marker.clone())
+        .or_default() += 1;
+    state.in_flight.fetch_add(1, Ordering::SeqCst);
+    let _gauge = InFlight(&state.in_flight);
+    let behavior = state.behavior.lock().unwrap().clone().expect("behavior");
+    if behavior.hang {
+        return Response::Hang;
+    }
+    let latency = if behavior.latency_ms.is_empty() {
+        0
+    } else {
+        rand::random_range(behavior.latency_ms.clone())
+    };
+    tokio::time::sleep(Duration::from_millis(latency)).await;
+    let draw: f64 = rand::random();
+    if draw < behavior.error_rate {
+        return Response::json(500, &json!({"error": {"message": "injected failure"}}));
+    }
+    if draw < behavior.error_rate + behavior.throttle_rate {
+        let mut reply = Response::json(429, &json!({"error": {"message": "slow down"}}));
+        if let Response::Reply { headers, .. } = &mut reply {
+            headers.push(("retry-after-ms".into(), "50".into()));
+        }
+        return reply;
+    }
+    Response::json(
+        200,
+        &json!({
+            "id": "chatcmpl-chaos",
+            "object": "chat.completion",
+            "choices": [{
+                "index": 0,
+                "message": {"role": "assistant", "content": summary_for(&marker)},
+                "finish_reason": "stop"
+            }]
+        }),
+    )
+}
+
+fn marker_of(content: &str) -> Option<String> {
+    let start = content.find("[[")? + 2;
+    let len = content[start..].find("]]")?;
+    Some(content[start..start + len].to_owned())
+}

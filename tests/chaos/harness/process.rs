@@ -1,0 +1,217 @@
+//! Real `summaryd` processes: started from the binary cargo built for this test target,
+//! their output captured to a file, killed (SIGKILL) on drop so no test leaves orphans,
+//! and the tail of their log printed when a test fails.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::Duration;
+
+/// `serve` writes "summaryd started" once its listener is bound and its roles run; a
+/// process that has not done so by then is broken (the slowest step is connecting pools,
+/// which is lazy, so this is generous even on a loaded 2-core CI machine).
+const START_TIMEOUT: Duration = Duration::from_secs(20);
+/// Log lines shown per process when a test fails.
+const TAIL_LINES: usize = 30;
+
+pub fn binary() -> &'static str {
+    env!("CARGO_BIN_EXE_summaryd")
+}
+
+pub struct Proc {
+    pub name: String,
+    pub port: u16,
+    child: Child,
+    log: PathBuf,
+    exited: Option<ExitStatus>,
+}
+
+impl Proc {
+    /// `summaryd serve --roles <roles> --no-migrate --listen <listen> <extra args>` with
+    /// exactly `env` (the parent's environment is cleared so no stray `SUMMARYD_*` leaks in).
+    /// Returns once the process logged "summaryd started" (and its port).
+    pub async fn start(
+        name: &str,
+        roles: &str,
+        listen: &str,
+        extra_args: &[&str],
+        env: &[(String, String)],
+        log_dir: &Path,
+    ) -> Proc {
+        let log = unique_log_path(log_dir, name);
+        let out = File::create(&log).expect("create log file");
+        let err = out.try_clone().expect("clone log file");
+        let child = Command::new(binary())
+            .args([
+                "serve",
+                "--roles",
+                roles,
+                "--no-migrate",
+                "--listen",
+                listen,
+            ])
+            .args(extra_args)
+            .env_clear()
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out))
+            .stderr(Stdio::from(err))
+            .spawn()
+            .expect("spawn summaryd");
+        let mut proc = Proc {
+            name: name.to_owned(),
+            port: 0,
+            child,
+            log,
+            exited: None,
+        };
+        proc.port = proc.wait_started().await;
+        proc
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    async fn wait_started(&mut self) -> u16 {
+        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(port) = started_port(&self.log) {
+                return port;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.exited = Some(status);
+                panic!(
+                    "{} exited during start with {status}:\n{}",
+                    self.name,
+                    self.tail()
+                );
+            }
+            if tokio::time::Instant::now() >= deadline {
+                panic!(
+                    "{} did not log 'summaryd started' within {START_TIMEOUT:?}:\n{}",
+                    self.name,
+                    self.tail()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL and reap: the process gets no chance to clean anything up.
+    pub fn kill9(&mut self) {
+        if self.exited.is_none() {
+            let _ = self.child.kill();
+            self.exited = self.child.wait().ok();
+        }
+    }
+
+    /// SIGTERM: the orchestrator's polite stop.
+    pub fn sigterm(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {} failed", self.pid());
+    }
+
+    /// Wait for the process to exit by itself; `None` if it is still running after `within`.
+    pub async fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.exited {
+                return Some(status);
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                self.exited = Some(status);
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The last lines of the process's output.
+    pub fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let from = lines.len().saturating_sub(TAIL_LINES);
+        lines[from..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+        if std::thread::panicking() {
+            eprintln!(
+                "----- {} (pid {}, log {}) -----\n{}",
+                self.name,
+                self.child.id(),
+                self.log.display(),
+                self.tail()
+            );
+        }
+    }
+}
+
+fn unique_log_path(dir: &Path, name: &str) -> PathBuf {
+    (0..)
+        .map(|n| dir.join(format!("{name}.{n}.log")))
+        .find(|p| !p.exists())
+        .expect("a free log name")
+}
+
+/// The port from the JSON line `{"message":"summaryd started", "port": N, ...}`.
+fn started_port(log: &Path) -> Option<u16> {
+    let file = File::open(log).ok()?;
+    BufReader::new(file)
+        .lines()
+        .map_while(Result::ok)
+        .filter(|l| l.contains("summaryd started"))
+        .find_map(|l| {
+            let v: serde_json::Value = serde_json::from_str(&l).ok()?;
+            u16::try_from(v.get("port")?.as_u64()?).ok()
+        })
+}
+
+/// SIGTERM every process at once and require each to exit 0 within `within` (the drain
+/// grace plus teardown): a process that hangs on shutdown, or exits non-zero, fails here.
+pub async fn stop_all(procs: &mut [&mut Proc], within: Duration) {
+    for p in procs.iter() {
+        p.sigterm();
+    }
+    for p in procs.iter_mut() {
+        let status = p.wait_exit(within).await;
+        let Some(status) = status else {
+            panic!(
+                "{} still running {within:?} after SIGTERM:\n{}",
+                p.name,
+                p.tail()
+            );
+        };
+        assert!(
+            status.success(),
+            "{} exited with {status} after SIGTERM:\n{}",
+            p.name,
+            p.tail()
+        );
+    }
+}
+
+/// Run a one-shot subcommand (e.g. `migrate`) to completion.
+pub fn run_to_completion(args: &[&str], env: &[(String, String)]) -> std::process::Output {
+    Command::new(binary())
+        .args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .expect("run summaryd")
+}

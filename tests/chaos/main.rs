@@ -1,0 +1,20 @@
+//! Crash and chaos tests against the real `summaryd` binary: several processes, kill -9,
+//! SIGTERM, dropped Postgres sessions and a restarted Redis. See docs/testing.md.
+//!
+//! Each test builds its own world (database, key prefix or private Redis, fake model API,
+//! mail sink) and ends with the same exactly-once check: summaries rows = accepted job ids
+//! = distinct Idempotency-Keys at the mail sink, and every GET says done.
+
+mod harness;
+
+mod chaos;
+mod kill_api;
+mod kill_worker;
+mod pg_drop;
+mod redis_restart;
+mod sigterm;
+
+/// A fresh run id for idempotency keys, so keys never repeat across runs or tests.
+pub fn run_id() -> String {
+    uuid::Uuid::new_v4().simple().to_string()[..12].to_owned()
+}

@@ -3,7 +3,7 @@
 # in the same run on the same machine; prints a table, writes it to bench/results/latest.md
 # and draws bench/results/intake.png and bench/results/e2e.png.
 #
-#   bench/run.sh                                  # ~6 min after the build
+#   bench/run.sh                                  # ~7 min after the build
 #   BENCH_CONNECTIONS="32 64" BENCH_CONSUMERS="8 64" bench/run.sh   # a quick subset
 #
 # Settings (environment):
@@ -287,13 +287,12 @@ for c in $CONNECTIONS; do
     # memory does not grow through the sweep (the private instance holds nothing else).
     rcli FLUSHDB >/dev/null
 done
-stop_service_api_pid=$pid
-stop_pid "$stop_service_api_pid" 15
+stop_pid "$pid" 15
 pid=""
 
 # Redis commands per POST at 32 connections (or the first count swept): the command mix.
 mix_c=32
-[[ -f "$workdir/commandstats-$mix_c.txt" ]] || mix_c=$(set -- $CONNECTIONS && echo "$1")
+[[ -f "$workdir/commandstats-$mix_c.txt" ]] || mix_c=${CONNECTIONS%% *}
 mix_requests=$(field "$workdir/unique-$mix_c.txt" requests)
 command_mix=$(tr -d '\r' <"$workdir/commandstats-$mix_c.txt" | awk -F'[:=,]' -v n="$mix_requests" '
     /^cmdstat_/ && n > 0 {
@@ -436,6 +435,7 @@ set terminal pngcairo size 1100,420 font "sans,10"
 set datafile commentschars "#"
 set grid
 set key top left
+set key bottom right
 set output "$OUT/e2e.png"
 set title "End to end: jobs/s vs consumers C (model latency ${LATENCY_MS} ms)"
 set logscale xy 2

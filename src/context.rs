@@ -44,6 +44,12 @@ const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const REDIS_RESPONSE_MARGIN: Duration = Duration::from_secs(5);
 /// A request waits at most this long for a pooled connection.
 const REDIS_POOL_WAIT: Duration = Duration::from_secs(2);
+/// Every Postgres use is one or two short statements on a connection taken and returned at
+/// once (no connection is held across a model call or a send), so a few dozen connections
+/// carry thousands of jobs/s. More would only queue inside Postgres and eat into its
+/// `max_connections` (100 by default), which every process of a deployment shares; past the
+/// cap, a consumer waits for a free connection (the pool's wait timeout bounds it).
+const PG_POOL_MAX: usize = 32;
 /// The shared connection carries only commands that answer in well under a millisecond
 /// (GET, EVALSHA of short scripts, HGETALL); a reply slower than this means Redis is hung,
 /// and the request should become a 503 rather than wait for the client to give up.
@@ -103,7 +109,7 @@ impl Services {
         // Each consumer holds a connection while blocked in XREADGROUP; the rest serve
         // the relay's metrics, readiness checks and GET's fallbacks.
         let redis_pool_size = blocking_consumers + 32;
-        let pg_pool_size = blocking_consumers + settings.relay.tasks + 16;
+        let pg_pool_size = (blocking_consumers + settings.relay.tasks + 16).min(PG_POOL_MAX);
         let response_timeout =
             Duration::from_millis(settings.worker.block_ms) + REDIS_RESPONSE_MARGIN;
         let conn_config = AsyncConnectionConfig::new()

@@ -1,9 +1,11 @@
 //! End-to-end throughput: N jobs through worker (model of latency L, C consumers) and relay,
 //! from the first enqueue until every summary is committed and every email sent.
 //!
-//! Reports jobs/s against the ideal C / L. Run with `bench/e2e.sh` or
+//! Reports jobs/s against the ideal C / L. `bench/all.sh` runs it for several C; alone:
 //! `cargo bench --bench e2e_jobs` (env: BENCH_JOBS, BENCH_LATENCY_MS, BENCH_CONSUMERS,
 //! BENCH_PG_URL, BENCH_REDIS_URL). Uses its own database and key prefix, removed afterwards.
+//! The last line (`BENCH ...`) is for the script; `peak_rss_kib` is this process's VmHWM,
+//! i.e. worker + relay roles with C consumers, under this load.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +40,15 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// VmHWM (peak resident set) of this process, from /proc.
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
 }
 
 #[tokio::main]
@@ -95,7 +106,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     drop(redis);
     let pg = services.pg.get().await?;
-    let limit = Duration::from_secs(600);
+    // Bounds a run that cannot finish (e.g. Postgres refusing connections); the sweep in
+    // bench/all.sh takes seconds per point.
+    let limit = Duration::from_secs(300);
     loop {
         let sent: i64 = pg
             .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL", &[])
@@ -111,6 +124,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .query_one("SELECT count(*) FROM summaries", &[])
         .await?
         .get(0);
+    let sent: i64 = pg
+        .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL", &[])
+        .await?
+        .get(0);
     drop(pg);
     shutdown.trigger();
     let _ = running.await;
@@ -122,6 +139,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "elapsed_s={:.2} jobs_per_s={rate:.1} ideal_c_over_l={ideal:.1} ratio={:.3}",
         elapsed.as_secs_f64(),
         rate / ideal
+    );
+    println!(
+        "BENCH jobs={jobs} consumers={consumers} latency_ms={latency_ms} summaries={summaries} \
+         sent={sent} elapsed_s={:.3} jobs_per_s={rate:.1} ideal={ideal:.1} ratio={:.3} \
+         peak_rss_kib={}",
+        elapsed.as_secs_f64(),
+        rate / ideal,
+        peak_rss_kib().unwrap_or(0)
     );
 
     // Clean up: the bench database and keys.

@@ -1,31 +1,55 @@
 #!/usr/bin/env bash
-# HTTP intake benchmark: wrk against `summaryd serve --roles api`, next to a same-run
-# redis-benchmark of the same Redis as the ceiling. See bench/README.md for how to read it.
+# Every benchmark of bench/README.md in one run, each figure next to its reference measured
+# in the same run on the same machine; prints a table, writes it to bench/results/latest.md
+# and draws bench/results/intake.png and bench/results/e2e.png.
 #
-#   bench/run.sh
-#   BENCH_DURATION_S=30 BENCH_CONNECTIONS=64 bench/run.sh
+#   bench/run.sh                                  # ~7 min after the build
+#   BENCH_CONNECTIONS="32 64" BENCH_CONSUMERS="8 64" bench/run.sh   # a quick subset
 #
 # Settings (environment):
-#   BENCH_DURATION_S     seconds per wrk run (default 10)
-#   BENCH_CONNECTIONS    wrk connections and redis-benchmark clients (default 32)
-#   BENCH_THREADS        wrk threads (default 2, one per core of the reference machine)
-#   BENCH_SUMMARYD_BIN   use this binary instead of building target/release/summaryd
+#   BENCH_DURATION_S         seconds per wrk run (default 10)
+#   BENCH_CONNECTIONS        wrk connections to sweep (default "8 16 32 64 128")
+#   BENCH_THREADS            wrk threads (default 2, one per core of the reference machine)
+#   BENCH_REDIS_REQUESTS     requests per redis-benchmark reference run (default 150000)
+#   BENCH_CONSUMERS          consumers C to sweep end to end (default "1 2 4 8 16 32 64 128 256";
+#                            " " skips the end-to-end part and pgbench)
+#   BENCH_LATENCY_MS         fake model latency L (default 200)
+#   BENCH_JOBS_PER_CONSUMER  N = this × C jobs per point (default 25: ~5 s per point at 200 ms)
+#   BENCH_PGBENCH_S          seconds per pgbench run (default 5)
+#   BENCH_SUMMARYD_BIN       use this binary instead of building target/release/summaryd
+#   BENCH_OUT                where results go (default bench/results)
 #
-# Everything runs on loopback. The service gets its own database (summaryd_bench) and its
-# own random Redis key prefix; both are removed at the end, as is redis-benchmark's key.
+# Everything runs on loopback. Redis is a private redis-server started here on a free port
+# (same version and persistence settings as the shared one: none), so the service and
+# redis-benchmark use the same Redis and nothing else loads it; it is stopped at the end.
+# Postgres is the shared one; every database created here is dropped at the end.
 set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo_root"
 
 DURATION_S=${BENCH_DURATION_S:-10}
-CONNECTIONS=${BENCH_CONNECTIONS:-32}
+CONNECTIONS=${BENCH_CONNECTIONS:-"8 16 32 64 128"}
 THREADS=${BENCH_THREADS:-2}
+REDIS_REQUESTS=${BENCH_REDIS_REQUESTS:-150000}
+CONSUMERS=${BENCH_CONSUMERS-"1 2 4 8 16 32 64 128 256"}
+LATENCY_MS=${BENCH_LATENCY_MS:-200}
+JOBS_PER_CONSUMER=${BENCH_JOBS_PER_CONSUMER:-25}
+PGBENCH_S=${BENCH_PGBENCH_S:-5}
+OUT=${BENCH_OUT:-bench/results}
 PG_PORT=${SUMMARYD_DEPS_PG_PORT:-5432}
-REDIS_PORT=${SUMMARYD_DEPS_REDIS_PORT:-6379}
+PG_BASE="postgres://postgres@127.0.0.1:$PG_PORT"
 BENCH_DB=summaryd_bench
-# redis-benchmark writes the literal key "key:__rand_int__"; a logical database of its own
-# keeps it away from anything in database 0 (same server, same speed).
-REDIS_BENCH_DB=9
+PGBENCH_DB=summaryd_bench_pgbench
+# The service uses logical database 0 of the private Redis, redis-benchmark database 1, so
+# each side can be emptied between runs without touching the other.
+REF_DB=1
+# Round trips one POST makes to Redis: one EVALSHA of src/stream/enqueue_once.lua, for a new
+# key and for a replay alike (see src/api/idempotency.rs). The command mix measured below
+# (INFO commandstats) shows it.
+ROUND_TRIPS_PER_POST=1
+# The worker commits on at most this many Postgres connections (the pool cap in
+# src/context.rs), so pgbench's ceiling for C consumers is measured at min(C, this) clients.
+PG_POOL_CAP=32
 
 log() { printf 'bench: %s\n' "$*" >&2; }
 die() {
@@ -37,6 +61,9 @@ die() {
 . scripts/deps.sh
 command -v wrk >/dev/null 2>&1 || _deps_apt_install wrk
 command -v redis-benchmark >/dev/null 2>&1 || _deps_apt_install redis-tools
+command -v redis-server >/dev/null 2>&1 || _deps_apt_install redis-server
+command -v pgbench >/dev/null 2>&1 || _deps_apt_install postgresql-client
+command -v gnuplot >/dev/null 2>&1 || _deps_apt_install gnuplot-nox
 
 if [[ -n "${BENCH_SUMMARYD_BIN:-}" ]]; then
     bin=$BENCH_SUMMARYD_BIN
@@ -46,11 +73,18 @@ else
     bin=target/release/summaryd
 fi
 [[ -x "$bin" ]] || die "$bin is not an executable"
+if [[ -n "${CONSUMERS// /}" ]]; then
+    log "cargo bench --no-run (end-to-end benchmark binary)"
+    cargo bench --locked --bench e2e_jobs --no-run >/dev/null 2>&1 ||
+        die "could not build the e2e benchmark: cargo bench --bench e2e_jobs --no-run"
+fi
 
 nonce=$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
 prefix="bench:${nonce}:"
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/summaryd-bench.XXXXXX")
 pid=""
+redis_pid=""
+mkdir -p "$OUT"
 
 # GET http://127.0.0.1:$1$2 and print the status code; bash's /dev/tcp, so no curl needed.
 # shellcheck disable=SC2016 # $0..$2 expand in the child bash, on purpose
@@ -61,45 +95,44 @@ http_status() {
         IFS=" " read -r _ code _ <&3 && printf "%s" "$code"' "$1" "$2" 2>/dev/null
 }
 
-# First loopback port in a fixed range that nothing listens on (bounded: 200 tries).
+# First loopback port in [$1, $1 + 200) that nothing listens on (bounded: 200 tries).
 free_port() {
     local p
-    for ((p = 18080; p < 18280; p++)); do
+    for ((p = $1; p < $1 + 200; p++)); do
         if ! _deps_tcp_open 127.0.0.1 "$p"; then
             echo "$p"
             return 0
         fi
     done
-    die "no free port in 18080-18279"
+    die "no free port in $1-$(($1 + 199))"
 }
 
-stop_service() {
-    [[ -n "$pid" ]] || return 0
-    if kill -0 "$pid" 2>/dev/null; then
-        kill -TERM "$pid" 2>/dev/null || true
-        # The service drains for SUMMARYD_SHUTDOWN_GRACE_MS (5 s below); give it 15 s in all.
-        local deadline=$((SECONDS + 15))
-        while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
-        if kill -0 "$pid" 2>/dev/null; then
-            log "summaryd (pid $pid) did not stop within 15 s; killing it"
-            kill -KILL "$pid" 2>/dev/null || true
+# Stop the process $1 with SIGTERM, SIGKILL after $2 seconds.
+stop_pid() {
+    local p=$1 grace=$2
+    [[ -n "$p" ]] || return 0
+    if kill -0 "$p" 2>/dev/null; then
+        kill -TERM "$p" 2>/dev/null || true
+        local deadline=$((SECONDS + grace))
+        while kill -0 "$p" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.2; done
+        if kill -0 "$p" 2>/dev/null; then
+            log "pid $p did not stop within $grace s; killing it"
+            kill -KILL "$p" 2>/dev/null || true
         fi
     fi
-    wait "$pid" 2>/dev/null || true
-    pid=""
+    wait "$p" 2>/dev/null || true
 }
+
+psql_admin() { psql -X -q -w -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres "$@"; }
 
 cleanup() {
     local rc=$?
-    stop_service
-    # Every key the service wrote carries our prefix: idempotency records, stream, job state.
-    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" --scan --pattern "${prefix}*" |
-        xargs -r -n 500 redis-cli -h 127.0.0.1 -p "$REDIS_PORT" DEL >/dev/null || true
-    redis-cli -h 127.0.0.1 -p "$REDIS_PORT" -n "$REDIS_BENCH_DB" DEL 'key:__rand_int__' >/dev/null || true
-    if command -v psql >/dev/null 2>&1; then
-        psql -X -q -w -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres \
-            -c "DROP DATABASE IF EXISTS $BENCH_DB" >/dev/null 2>&1 || true
-    fi
+    # The service drains for SUMMARYD_SHUTDOWN_GRACE_MS (5 s below); 15 s in all.
+    stop_pid "$pid" 15
+    # Everything in it was written here; no save, no AOF: nothing is left on disk.
+    stop_pid "$redis_pid" 10
+    psql_admin -c "DROP DATABASE IF EXISTS $BENCH_DB WITH (FORCE)" >/dev/null 2>&1 || true
+    psql_admin -c "DROP DATABASE IF EXISTS $PGBENCH_DB WITH (FORCE)" >/dev/null 2>&1 || true
     if [[ $rc -eq 0 ]]; then
         rm -rf "$workdir"
     else
@@ -110,84 +143,311 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# --- baseline: the Redis every POST talks to, measured now, under the same machine load --
-log "redis-benchmark (ceiling)"
-# --csv instead of -q: the same test, but it also reports p99 and prints no progress lines.
-timeout 300 redis-benchmark -h 127.0.0.1 -p "$REDIS_PORT" --dbnum "$REDIS_BENCH_DB" \
-    --csv -n 100000 -c "$CONNECTIONS" -t set,get >"$workdir/redis.txt" 2>&1
-# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms",...
-redis_field() { # $1 = SET|GET, $2 = rps|p50|p99
-    awk -F, -v cmd="\"$1\"" -v want="$2" '$1 == cmd {
-        col = (want == "rps") ? 2 : (want == "p50") ? 5 : 7
-        gsub(/"/, "", $col); print $col; exit }' "$workdir/redis.txt"
-}
-set_rps=$(redis_field SET rps)
-get_rps=$(redis_field GET rps)
-[[ -n "$set_rps" && -n "$get_rps" ]] || die "could not read redis-benchmark output: $(cat "$workdir/redis.txt")"
-
-# --- start the service ----------------------------------------------------------------
-port=$(free_port)
-url="http://127.0.0.1:$port"
-log "starting $bin serve --roles api on 127.0.0.1:$port (key prefix $prefix, database $BENCH_DB)"
-SUMMARYD_LISTEN="127.0.0.1:$port" \
-    SUMMARYD_KEY_PREFIX="$prefix" \
-    SUMMARYD_REDIS_URL="redis://127.0.0.1:$REDIS_PORT" \
-    SUMMARYD_DATABASE_URL="postgres://postgres@127.0.0.1:$PG_PORT/$BENCH_DB" \
-    SUMMARYD_SHUTDOWN_GRACE_MS=5000 \
-    SUMMARYD_LOG_FORMAT=json \
-    "$bin" serve --roles api >"$workdir/summaryd.log" 2>&1 &
-pid=$!
-
-# Migrations on a new database take a second or two; 60 s bounds a service that hangs.
-deadline=$((SECONDS + 60))
-until [[ "$(http_status "$port" /readyz || true)" == "200" ]]; do
-    if ! kill -0 "$pid" 2>/dev/null; then
-        tail -n 20 "$workdir/summaryd.log" >&2 || true
-        pid=""
-        die "summaryd exited before it became ready (log above)"
-    fi
-    ((SECONDS < deadline)) || die "summaryd not ready within 60 s; see $workdir/summaryd.log"
-    sleep 0.2
+# --- private Redis ----------------------------------------------------------------------
+rport=$(free_port 16400)
+log "redis-server on 127.0.0.1:$rport (private to this run)"
+redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
+    --dir "$workdir" --logfile "$workdir/redis.log" --databases 2 &
+redis_pid=$!
+rcli() { redis-cli -h 127.0.0.1 -p "$rport" "$@"; }
+deadline=$((SECONDS + 20))
+until [[ "$(rcli PING 2>/dev/null || true)" == "PONG" ]]; do
+    ((SECONDS < deadline)) || die "private redis-server did not answer within 20 s"
+    sleep 0.1
 done
+redis_url="redis://127.0.0.1:$rport"
+lua_sha=$(rcli -n "$REF_DB" SCRIPT LOAD "$(cat src/stream/enqueue_once.lua)")
+[[ ${#lua_sha} -eq 40 ]] || die "SCRIPT LOAD failed: $lua_sha"
 
-# --- load -----------------------------------------------------------------------------
-# wrk stops by itself after -d; `timeout` only guards against a wedged client.
-run_wrk() { # $1 = script, $2 = duration s, $3 = nonce, $4 = output file
-    timeout $(($2 + 60)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"$2s" --timeout 5s --latency \
-        -s "$1" "$url" -- "$3" >"$4"
+# --- the POST's Redis work, alone: redis-benchmark of the very script one POST runs ------
+# Arguments shaped like the wrk request's (same text, same record), so Redis does the same
+# work per call as for a POST. __rand_int__ gives every call its own key (new-key path).
+text='Quarterly review: revenue grew 12 percent, churn fell to 3 percent. The team shipped the new billing flow and plans a pricing change next quarter. Risks: two enterprise renewals are late and support load is rising.'
+job='00000000-0000-5000-8000-000000000000'
+stamp='2025-01-01T00:00:00.000000Z'
+record="{\"state\":\"done\",\"fp\":\"$(printf %064d 0)\",\"status\":202,\"body\":{\"job_id\":\"$job\",\"status\":\"queued\"}}"
+payload="{\"text\":\"$text\",\"notify\":\"bench@example.com\"}"
+# $1 = clients, $2 = idempotency key, $3 = output file
+redis_reference() {
+    rcli -n "$REF_DB" FLUSHDB >/dev/null
+    timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
+        -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 \
+        EVALSHA "$lua_sha" 3 "$2" ref:stream 'ref:job:__rand_int__' \
+        "$record" 86400 bench "$stamp" queued \
+        job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$3" 2>&1
+    rcli -n "$REF_DB" FLUSHDB >/dev/null
 }
-log "warm-up (2 s)"
-run_wrk bench/post_unique_keys.lua 2 "warm${nonce}" "$workdir/warmup.txt"
-log "unique keys: ${THREADS} threads, ${CONNECTIONS} connections, ${DURATION_S} s"
-run_wrk bench/post_unique_keys.lua "$DURATION_S" "$nonce" "$workdir/unique.txt"
-log "replay: ${THREADS} threads, ${CONNECTIONS} connections, ${DURATION_S} s"
-run_wrk bench/post_replay.lua "$DURATION_S" "$nonce" "$workdir/replay.txt"
+# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+# The test name is the command line, JSON commas included: count the columns from the end.
+ref_field() { # $1 = file, $2 = rps|p50|p99
+    awk -F, -v want="$2" 'NR == 2 {
+        col = (want == "rps") ? NF - 6 : (want == "p50") ? NF - 3 : NF - 1
+        gsub(/"/, "", $col); print $col; exit }' "$1"
+}
 
-stop_service
+# --- start the service (role api) ----------------------------------------------------------
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
+start_service() { # $1 = roles, $2 = log file
+    port=$(free_port 18080)
+    url="http://127.0.0.1:$port"
+    SUMMARYD_LISTEN="127.0.0.1:$port" \
+        SUMMARYD_KEY_PREFIX="$prefix" \
+        SUMMARYD_REDIS_URL="$redis_url" \
+        SUMMARYD_DATABASE_URL="$PG_BASE/$BENCH_DB" \
+        SUMMARYD_SHUTDOWN_GRACE_MS=5000 \
+        SUMMARYD_LOG_FORMAT=json \
+        SUMMARYD_MAIL_PROVIDER=log \
+        "$bin" serve --roles "$1" >"$2" 2>&1 &
+    pid=$!
+    # Migrations on a new database take a second or two; 60 s bounds a service that hangs.
+    local deadline=$((SECONDS + 60))
+    until [[ "$(http_status "$port" /readyz || true)" == "200" ]]; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            tail -n 20 "$2" >&2 || true
+            pid=""
+            die "summaryd exited before it became ready (log above)"
+        fi
+        ((SECONDS < deadline)) || die "summaryd not ready within 60 s; see $2"
+        sleep 0.2
+    done
+}
 
-# --- report ---------------------------------------------------------------------------
+# Idle memory of the whole service (every role, nothing to do), then the api role for load.
+log "idle RSS: summaryd serve (all roles)"
+start_service api,worker,relay "$workdir/summaryd-all.log"
+sleep 3 # let the consumers and the relay make their first (empty) passes
+rss_idle_all=$(rss_kib "$pid")
+stop_pid "$pid" 15
+pid=""
+rcli FLUSHDB >/dev/null
+
+log "starting summaryd serve --roles api (key prefix $prefix, database $BENCH_DB)"
+start_service api "$workdir/summaryd.log"
+sleep 1
+rss_idle_api=$(rss_kib "$pid")
+rss_load_max=0
+
+# --- intake load ------------------------------------------------------------------------------
+# wrk stops by itself after -d; `timeout` only guards against a wedged client. While it runs,
+# the service's VmRSS is sampled every 0.2 s (bounded by wrk's own end).
+run_wrk() { # $1 = script, $2 = duration s, $3 = nonce, $4 = output file, $5 = connections
+    local sampler rss_file="$workdir/rss.$RANDOM"
+    (
+        max=0
+        while kill -0 "$pid" 2>/dev/null; do
+            r=$(rss_kib "$pid")
+            ((r > max)) && max=$r && echo "$max" >"$rss_file"
+            sleep 0.2
+        done
+    ) &
+    sampler=$!
+    timeout $(($2 + 60)) wrk -t"$THREADS" -c"$5" -d"$2s" --timeout 5s --latency \
+        -s "$1" "$url" -- "$3" >"$4"
+    kill "$sampler" 2>/dev/null || true
+    wait "$sampler" 2>/dev/null || true
+    local r
+    r=$(cat "$rss_file" 2>/dev/null || echo 0)
+    ((r > rss_load_max)) && rss_load_max=$r
+    rm -f "$rss_file"
+}
 field() { # $1 = wrk output file, $2 = key in the BENCH line
     sed -n 's/^BENCH //p' "$1" | tr ' ' '\n' | sed -n "s/^$2=//p"
 }
-for f in unique replay; do
-    [[ -n "$(field "$workdir/$f.txt" req_per_s)" ]] || die "no BENCH line from wrk ($f): $(cat "$workdir/$f.txt")"
-done
 
-printf '\n%-34s %12s %9s %9s %9s\n' scenario req/s "p50 ms" "p99 ms" non-2xx
-for f in unique replay; do
-    case $f in
-        unique) name="POST /v1/summaries, unique keys" ;;
-        replay) name="POST /v1/summaries, replayed key" ;;
-    esac
-    printf '%-34s %12s %9s %9s %9s\n' "$name" "$(field "$workdir/$f.txt" req_per_s)" \
-        "$(field "$workdir/$f.txt" p50_ms)" "$(field "$workdir/$f.txt" p99_ms)" \
-        "$(field "$workdir/$f.txt" non2xx)"
+log "warm-up (2 s)"
+run_wrk bench/post_unique_keys.lua 2 "warm${nonce}" "$workdir/warmup.txt" 32
+for c in $CONNECTIONS; do
+    log "connections $c: redis-benchmark of the POST script (new keys, then replay)"
+    redis_reference "$c" 'ref:idem:__rand_int__' "$workdir/ref-unique-$c.csv"
+    # The replay reference: one key that exists, so the script only reads it, as for a replay.
+    rcli -n "$REF_DB" EVALSHA "$lua_sha" 3 ref:idem:fixed ref:stream ref:job:fixed "$record" 86400 \
+        bench "$stamp" queued job_id "$job" >/dev/null
+    timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
+        -c "$c" -n "$REDIS_REQUESTS" \
+        EVALSHA "$lua_sha" 3 ref:idem:fixed ref:stream ref:job:fixed \
+        "$record" 86400 bench "$stamp" queued \
+        job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$workdir/ref-replay-$c.csv" 2>&1
+    rcli -n "$REF_DB" FLUSHDB >/dev/null
+    for f in unique replay; do
+        [[ -n "$(ref_field "$workdir/ref-$f-$c.csv" rps)" ]] ||
+            die "could not read redis-benchmark output: $(cat "$workdir/ref-$f-$c.csv")"
+    done
+
+    log "connections $c: wrk unique keys, ${DURATION_S} s"
+    rcli CONFIG RESETSTAT >/dev/null
+    run_wrk bench/post_unique_keys.lua "$DURATION_S" "$nonce-$c" "$workdir/unique-$c.txt" "$c"
+    rcli INFO commandstats >"$workdir/commandstats-$c.txt"
+    log "connections $c: wrk replayed key, ${DURATION_S} s"
+    run_wrk bench/post_replay.lua "$DURATION_S" "$nonce-$c" "$workdir/replay-$c.txt" "$c"
+    for f in unique replay; do
+        [[ -n "$(field "$workdir/$f-$c.txt" req_per_s)" ]] ||
+            die "no BENCH line from wrk ($f, $c connections): $(cat "$workdir/$f-$c.txt")"
+    done
+    # Nothing consumes the stream here; empty the service's database between runs so Redis
+    # memory does not grow through the sweep (the private instance holds nothing else).
+    rcli FLUSHDB >/dev/null
 done
-printf '%-34s %12s %9s %9s %9s\n' "redis SET (ceiling)" "$set_rps" "$(redis_field SET p50)" "$(redis_field SET p99)" -
-printf '%-34s %12s %9s %9s %9s\n' "redis GET (ceiling)" "$get_rps" "$(redis_field GET p50)" "$(redis_field GET p99)" -
-awk -v u="$(field "$workdir/unique.txt" req_per_s)" -v r="$(field "$workdir/replay.txt" req_per_s)" \
-    -v s="$set_rps" -v g="$get_rps" \
-    'BEGIN { printf "\nratio unique/SET = %.3f   replay/GET = %.3f\n", u / s, r / g }'
-printf '(%d wrk threads, %d connections, %d s per run; socket errors: unique %s, replay %s)\n' \
-    "$THREADS" "$CONNECTIONS" "$DURATION_S" \
-    "$(field "$workdir/unique.txt" socket_errors)" "$(field "$workdir/replay.txt" socket_errors)"
+stop_pid "$pid" 15
+pid=""
+
+# Redis commands per POST at 32 connections (or the first count swept): the command mix.
+mix_c=32
+[[ -f "$workdir/commandstats-$mix_c.txt" ]] || mix_c=${CONNECTIONS%% *}
+mix_requests=$(field "$workdir/unique-$mix_c.txt" requests)
+command_mix=$(tr -d '\r' <"$workdir/commandstats-$mix_c.txt" | awk -F'[:=,]' -v n="$mix_requests" '
+    /^cmdstat_/ && n > 0 {
+        name = substr($1, 9)
+        if (name == "config" || name == "info") next
+        printf "%s%s=%.2f", sep, toupper(name), $3 / n; sep = " "
+    }')
+
+# --- Postgres commit ceiling: pgbench with the handler's transaction ----------------------
+log "pgbench: the worker's commit transaction, database $PGBENCH_DB"
+psql_admin -c "DROP DATABASE IF EXISTS $PGBENCH_DB WITH (FORCE)" >/dev/null
+psql_admin -c "CREATE DATABASE $PGBENCH_DB" >/dev/null
+while IFS= read -r migration; do
+    psql -X -q -w -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$PG_PORT" -U postgres -d "$PGBENCH_DB" \
+        -f "$migration" >/dev/null
+done < <(find migrations -name 'V*__*.sql' | sort -V)
+declare -A pg_tps=()
+for c in $CONSUMERS; do
+    clients=$((c < PG_POOL_CAP ? c : PG_POOL_CAP))
+    [[ -n "${pg_tps[$clients]:-}" ]] && continue
+    timeout $((PGBENCH_S + 60)) pgbench -n -M prepared -f bench/commit_txn.sql \
+        -h 127.0.0.1 -p "$PG_PORT" -U postgres -c "$clients" -j $((clients < 2 ? 1 : 2)) \
+        -T "$PGBENCH_S" "$PGBENCH_DB" >"$workdir/pgbench-$clients.txt" 2>&1 ||
+        die "pgbench failed: $(tail -n 5 "$workdir/pgbench-$clients.txt")"
+    pg_tps[$clients]=$(awk '/^tps = / { print $3; exit }' "$workdir/pgbench-$clients.txt")
+    log "pgbench $clients clients: ${pg_tps[$clients]} tps"
+done
+psql_admin -c "DROP DATABASE IF EXISTS $PGBENCH_DB WITH (FORCE)" >/dev/null
+
+# --- end to end: N jobs, model latency L, C consumers -----------------------------------------
+for c in $CONSUMERS; do
+    jobs=$((c * JOBS_PER_CONSUMER))
+    ((jobs < 20)) && jobs=20
+    log "end to end: $jobs jobs, L = $LATENCY_MS ms, C = $c"
+    BENCH_JOBS=$jobs BENCH_CONSUMERS=$c BENCH_LATENCY_MS=$LATENCY_MS \
+        BENCH_PG_URL="$PG_BASE" BENCH_REDIS_URL="$redis_url" \
+        timeout 400 cargo bench --locked --bench e2e_jobs >"$workdir/e2e-$c.txt" 2>&1 ||
+        die "end-to-end run failed (C = $c): $(tail -n 5 "$workdir/e2e-$c.txt")"
+    grep -q '^BENCH ' "$workdir/e2e-$c.txt" || die "no BENCH line (C = $c): $(tail -n 5 "$workdir/e2e-$c.txt")"
+done
+e2e_field() { # $1 = consumers, $2 = key
+    sed -n 's/^BENCH //p' "$workdir/e2e-$1.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"
+}
+
+# --- report ---------------------------------------------------------------------------------
+mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", (b > 0) ? a / b : 0 }'; }
+report="$workdir/latest.md"
+{
+    echo "# summaryd benchmarks"
+    echo
+    echo "$(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(nproc) cores ($(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo)), redis $(rcli INFO server | tr -d '\r' | sed -n 's/^redis_version://p'), $(psql_admin -Atc 'SHOW server_version' | cut -d' ' -f1 | sed 's/^/postgres /'). wrk, summaryd, Redis and Postgres share the machine."
+    echo
+    echo "## POST /v1/summaries (wrk, ${THREADS} threads, ${DURATION_S} s per run)"
+    echo
+    echo "Ceiling = redis-benchmark ops/s of the very script one POST runs (src/stream/enqueue_once.lua, same arguments, same connections, same Redis) ÷ ${ROUND_TRIPS_PER_POST} round trip(s) per POST."
+    echo
+    echo "| connections | scenario | req/s | p50 ms | p99 ms | non-2xx | ceiling ops/s | ceiling p99 ms | ratio |"
+    echo "|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    for c in $CONNECTIONS; do
+        for f in unique replay; do
+            rps=$(field "$workdir/$f-$c.txt" req_per_s)
+            ref=$(ref_field "$workdir/ref-$f-$c.csv" rps)
+            ceiling=$(awk -v r="$ref" -v n="$ROUND_TRIPS_PER_POST" 'BEGIN { printf "%.0f", r / n }')
+            name=$([[ $f == unique ]] && echo "new key" || echo "replay")
+            printf '| %s | %s | %.0f | %s | %s | %s | %s | %s | **%s** |\n' "$c" "$name" "$rps" \
+                "$(field "$workdir/$f-$c.txt" p50_ms)" "$(field "$workdir/$f-$c.txt" p99_ms)" \
+                "$(field "$workdir/$f-$c.txt" non2xx)" "$ceiling" "$(ref_field "$workdir/ref-$f-$c.csv" p99)" \
+                "$(ratio "$rps" "$ceiling")"
+        done
+    done
+    echo
+    echo "Redis commands per new-key POST ($mix_c connections, INFO commandstats ÷ requests; commands a script runs count too): $command_mix"
+    echo
+    echo "## End to end (fake model L = ${LATENCY_MS} ms, worker + relay in one process, N = ${JOBS_PER_CONSUMER}·C jobs)"
+    echo
+    echo "Commit ceiling = pgbench tps of the worker's transaction (bench/commit_txn.sql) at min(C, ${PG_POOL_CAP}) clients, same Postgres."
+    echo
+    echo "| C | jobs | jobs/s | ideal C/L | ratio to C/L | commit ceiling tps | ratio to min(C/L, ceiling) | peak RSS MiB |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    for c in $CONSUMERS; do
+        clients=$((c < PG_POOL_CAP ? c : PG_POOL_CAP))
+        rate=$(e2e_field "$c" jobs_per_s)
+        ideal=$(e2e_field "$c" ideal)
+        ceiling=${pg_tps[$clients]}
+        bound=$(awk -v a="$ideal" -v b="$ceiling" 'BEGIN { print (a < b) ? a : b }')
+        printf '| %s | %s | %s | %s | **%s** | %.0f | %s | %s |\n' "$c" "$(e2e_field "$c" jobs)" "$rate" \
+            "$ideal" "$(ratio "$rate" "$ideal")" "$ceiling" "$(ratio "$rate" "$bound")" \
+            "$(mib "$(e2e_field "$c" peak_rss_kib)")"
+    done
+    echo
+    echo "## Memory (VmRSS from /proc)"
+    echo
+    echo "| process | idle MiB | under load MiB |"
+    echo "|---|---:|---:|"
+    echo "| summaryd serve (all roles) | $(mib "$rss_idle_all") | see peak RSS per C above (same roles, in process) |"
+    echo "| summaryd serve --roles api | $(mib "$rss_idle_api") | $(mib "$rss_load_max") (max sampled over the whole intake sweep) |"
+} >"$report"
+
+# --- charts ---------------------------------------------------------------------------------
+{
+    echo "# connections new_rps new_p99 replay_rps replay_p99 ceiling_new ceiling_replay"
+    for c in $CONNECTIONS; do
+        echo "$c $(field "$workdir/unique-$c.txt" req_per_s) $(field "$workdir/unique-$c.txt" p99_ms)" \
+            "$(field "$workdir/replay-$c.txt" req_per_s) $(field "$workdir/replay-$c.txt" p99_ms)" \
+            "$(ref_field "$workdir/ref-unique-$c.csv" rps) $(ref_field "$workdir/ref-replay-$c.csv" rps)"
+    done
+} >"$workdir/intake.dat"
+{
+    echo "# consumers jobs_per_s ideal commit_ceiling"
+    for c in $CONSUMERS; do
+        clients=$((c < PG_POOL_CAP ? c : PG_POOL_CAP))
+        echo "$c $(e2e_field "$c" jobs_per_s) $(e2e_field "$c" ideal) ${pg_tps[$clients]}"
+    done
+} >"$workdir/e2e.dat"
+gnuplot <<EOF || die "gnuplot failed"
+set terminal pngcairo size 1100,420 font "sans,10"
+set datafile commentschars "#"
+set output "$OUT/intake.png"
+set multiplot layout 1,2 title "POST /v1/summaries: summaryd vs the same-run Redis ceiling (${THREADS}-thread wrk, ${DURATION_S} s per point)"
+set logscale x 2
+set xlabel "connections"
+set key top left
+set grid
+set ylabel "req/s"
+set yrange [0:*]
+plot "$workdir/intake.dat" using 1:2 with linespoints lw 2 title "new key", \
+     "$workdir/intake.dat" using 1:4 with linespoints lw 2 title "replay", \
+     "$workdir/intake.dat" using 1:(\$6/$ROUND_TRIPS_PER_POST) with lines dt 2 title "ceiling, new key", \
+     "$workdir/intake.dat" using 1:(\$7/$ROUND_TRIPS_PER_POST) with lines dt 3 title "ceiling, replay"
+set ylabel "p99 latency (ms)"
+plot "$workdir/intake.dat" using 1:3 with linespoints lw 2 title "new key p99", \
+     "$workdir/intake.dat" using 1:5 with linespoints lw 2 title "replay p99", \
+     5 with lines dt 2 title "target 5 ms"
+unset multiplot
+EOF
+if [[ -n "${CONSUMERS// /}" ]]; then
+    gnuplot <<EOF || die "gnuplot failed"
+set terminal pngcairo size 1100,420 font "sans,10"
+set datafile commentschars "#"
+set grid
+set key top left
+set key bottom right
+set output "$OUT/e2e.png"
+set title "End to end: jobs/s vs consumers C (model latency ${LATENCY_MS} ms)"
+set logscale xy 2
+set xlabel "consumers C"
+set ylabel "jobs/s"
+set yrange [*:*]
+plot "$workdir/e2e.dat" using 1:2 with linespoints lw 2 title "measured", \
+     "$workdir/e2e.dat" using 1:3 with lines dt 2 title "ideal C/L", \
+     "$workdir/e2e.dat" using 1:4 with linespoints dt 3 title "Postgres commit ceiling (pgbench)"
+EOF
+fi
+
+cp "$report" "$OUT/latest.md"
+cat "$report"
+printf '\nbench: table in %s, charts %s/intake.png and %s/e2e.png\n' "$OUT/latest.md" "$OUT" "$OUT" >&2

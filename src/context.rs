@@ -4,6 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_redis::redis::AsyncConnectionConfig;
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio::sync::OnceCell;
 
 use crate::config::Settings;
 use crate::keys::RedisKeys;
@@ -15,7 +17,11 @@ use crate::metrics::Metrics;
 pub struct Services {
     pub settings: Arc<Settings>,
     pub keys: RedisKeys,
+    /// Dedicated connections, for commands that block (XREADGROUP BLOCK) or hold a
+    /// connection across several steps (worker, relay gauges, admin commands).
     pub redis: deadpool_redis::Pool,
+    /// One multiplexed connection for the API's short, non-blocking commands.
+    pub redis_shared: SharedRedis,
     pub pg: deadpool_postgres::Pool,
     pub llm: Arc<dyn Llm>,
     pub mailer: Arc<dyn Mailer>,
@@ -38,6 +44,59 @@ const REDIS_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const REDIS_RESPONSE_MARGIN: Duration = Duration::from_secs(5);
 /// A request waits at most this long for a pooled connection.
 const REDIS_POOL_WAIT: Duration = Duration::from_secs(2);
+/// Every Postgres use is one or two short statements on a connection taken and returned at
+/// once (no connection is held across a model call or a send), so a few dozen connections
+/// carry thousands of jobs/s. More would only queue inside Postgres and eat into its
+/// `max_connections` (100 by default), which every process of a deployment shares; past the
+/// cap, a consumer waits for a free connection (the pool's wait timeout bounds it).
+const PG_POOL_MAX: usize = 32;
+/// The shared connection carries only commands that answer in well under a millisecond
+/// (GET, EVALSHA of short scripts, HGETALL); a reply slower than this means Redis is hung,
+/// and the request should become a 503 rather than wait for the client to give up.
+const SHARED_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One Redis connection shared by every API request of the process.
+///
+/// Why not the pool: deadpool-redis pings on every checkout to verify the connection, so a
+/// request that takes a pooled connection pays an extra round trip per checkout. A
+/// multiplexed connection needs no checkout: concurrent requests are pipelined on one
+/// socket, which also lets Redis answer many of them per read. Blocking commands must never
+/// go through it (they would stall every request behind them); they use `Services::redis`.
+///
+/// Built on first use (so `Services::new` needs no runtime and never connects), then kept.
+/// [`ConnectionManager`] replaces the connection when it drops (e.g. Redis restarts).
+/// With zero connection retries, a request while Redis is down fails after one connect
+/// attempt (refused at once, or `REDIS_CONNECT_TIMEOUT`), and the next request tries again.
+#[derive(Clone)]
+pub struct SharedRedis {
+    client: redis::Client,
+    manager: Arc<OnceCell<ConnectionManager>>,
+}
+
+impl SharedRedis {
+    pub fn new(url: &str) -> redis::RedisResult<Self> {
+        Ok(Self {
+            client: redis::Client::open(url)?,
+            manager: Arc::new(OnceCell::new()),
+        })
+    }
+
+    /// A handle on the shared connection; clone-cheap, use it for one request.
+    pub async fn get(&self) -> redis::RedisResult<ConnectionManager> {
+        self.manager
+            .get_or_try_init(|| async {
+                let config = ConnectionManagerConfig::new()
+                    .set_number_of_retries(0)
+                    .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
+                    .set_response_timeout(Some(SHARED_RESPONSE_TIMEOUT));
+                // Lazy: connects on the first command, so a Redis that is down at that
+                // moment is one failed request, not a failed initialisation.
+                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
+            })
+            .await
+            .cloned()
+    }
+}
 
 impl Services {
     /// Build pools (lazily connecting) and wire the given providers.
@@ -48,9 +107,9 @@ impl Services {
     ) -> Result<Self, ServicesError> {
         let blocking_consumers = settings.worker.consumers;
         // Each consumer holds a connection while blocked in XREADGROUP; the rest serve
-        // the API and the relay's metrics.
+        // the relay's metrics, readiness checks and GET's fallbacks.
         let redis_pool_size = blocking_consumers + 32;
-        let pg_pool_size = blocking_consumers + settings.relay.tasks + 16;
+        let pg_pool_size = (blocking_consumers + settings.relay.tasks + 16).min(PG_POOL_MAX);
         let response_timeout =
             Duration::from_millis(settings.worker.block_ms) + REDIS_RESPONSE_MARGIN;
         let conn_config = AsyncConnectionConfig::new()
@@ -66,11 +125,14 @@ impl Services {
             .create_timeout(Some(REDIS_CONNECT_TIMEOUT))
             .build()
             .map_err(|e| ServicesError::Redis(e.to_string()))?;
+        let redis_shared = SharedRedis::new(settings.redis_url.as_str())
+            .map_err(|e| ServicesError::Redis(e.to_string()))?;
         let pg = crate::db::pool(&settings.database_url, pg_pool_size)?;
         Ok(Self {
             keys: RedisKeys::new(settings.key_prefix.clone()),
             settings: Arc::new(settings),
             redis,
+            redis_shared,
             pg,
             llm,
             mailer,

@@ -21,7 +21,8 @@ pub struct ApiState {
 impl ApiState {
     pub fn new(services: Services, roles: Roles, shutdown: Shutdown) -> Self {
         let idempotency = IdempotencyStore::new(
-            services.redis.clone(),
+            services.redis_shared.clone(),
+            services.keys.clone(),
             services.metrics.clone(),
             &services.settings.idempotency,
         );

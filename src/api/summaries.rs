@@ -14,11 +14,10 @@ use super::idempotency::{Outcome, StoredResponse};
 use super::problem::{ApiError, Problem};
 use super::state::ApiState;
 use super::tenant::Tenant;
-use crate::context::Services;
 use crate::db;
-use crate::domain::{IdempotencyKey, JobId, TenantId, ValidSummaryRequest};
+use crate::domain::{IdempotencyKey, JobId};
 use crate::keys::ScopedKey;
-use crate::stream::{self, JobMessage, JobPayload, job_state};
+use crate::stream::{JobMessage, JobPayload, job_state};
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
@@ -86,7 +85,7 @@ pub struct JobView {
         (status = 401, description = "Token mode (a tokens file is configured): missing or unknown bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Token mode: the tenant's request rate is exhausted", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
-        (status = 409, description = "The first request with this key is still in progress", body = Problem, content_type = "application/problem+json",
+        (status = 409, description = "An in-progress marker of an older version holds the key (rolling upgrade only: this version accepts a key in one atomic step, with no observable in-progress state)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds; 1"))),
         (status = 413, description = "Body over the limit (default 256 KiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Content-Type is not application/json", body = Problem, content_type = "application/problem+json"),
@@ -116,11 +115,21 @@ pub async fn create(
     let scoped = ScopedKey::summaries(&tenant.0, &key);
     let job_id = scoped.job_id();
     let redis_key = state.services.keys.idempotency(&scoped);
+    let fingerprint = request.fingerprint();
+    let msg = JobMessage {
+        job_id,
+        tenant: tenant.0.to_string(),
+        payload: JobPayload {
+            text: request.text,
+            notify: request.notify.to_string(),
+        },
+        created_at: Utc::now(),
+    };
+    // The 202 is known before anything is written (the job id comes from the key), so it
+    // is stored in the same atomic step that enqueues the job: see `api::idempotency`.
     let outcome = state
         .idempotency
-        .run(&redis_key, &request.fingerprint(), || {
-            enqueue_job(&state.services, job_id, &tenant.0, &request)
-        })
+        .enqueue_once(&redis_key, &fingerprint, &msg, accepted(job_id)?)
         .await?;
     respond(&outcome, job_id)
 }
@@ -140,24 +149,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     IdempotencyKey::parse(raw).map_err(|e| invalid(e.message))
 }
 
-/// The handler behind the idempotency key: put the job on the stream.
-async fn enqueue_job(
-    services: &Services,
-    job_id: JobId,
-    tenant: &TenantId,
-    request: &ValidSummaryRequest,
-) -> Result<StoredResponse, ApiError> {
-    let msg = JobMessage {
-        job_id,
-        tenant: tenant.to_string(),
-        payload: JobPayload {
-            text: request.text.clone(),
-            notify: request.notify.to_string(),
-        },
-        created_at: Utc::now(),
-    };
-    let mut conn = services.redis.get().await?;
-    stream::enqueue(&mut conn, &services.keys, &msg).await?;
+/// The answer to a new job, stored for its replays.
+fn accepted(job_id: JobId) -> Result<StoredResponse, ApiError> {
     let body = serde_json::to_value(Accepted {
         job_id: job_id.as_uuid(),
         status: JobStatus::Queued,
@@ -232,7 +225,7 @@ pub async fn get(
             completed_at: Some(row.completed_at),
         }));
     }
-    let mut conn = services.redis.get().await?;
+    let mut conn = services.redis_shared.get().await?;
     match job_state::get(&mut conn, &services.keys, job_id).await? {
         Some(s) if s.tenant == tenant.0.as_str() => Ok(HttpResponse::Ok().json(JobView {
             job_id: job_id.as_uuid(),

@@ -1,3 +1,6 @@
+use std::sync::LazyLock;
+
+use redis::Script;
 use redis::aio::ConnectionLike;
 
 use super::job_state;
@@ -30,4 +33,55 @@ pub async fn enqueue<C: ConnectionLike + Send>(
         .query_async(conn)
         .await?;
     Ok(id)
+}
+
+/// The Lua text lives in its own file so `bench/all.sh` can load the very same script into
+/// `redis-benchmark` as the round-trip ceiling of a POST.
+pub const ENQUEUE_ONCE_LUA: &str = include_str!("enqueue_once.lua");
+
+/// `Script` sends EVALSHA and falls back to EVAL (loading it) on NOSCRIPT, e.g. after a
+/// Redis restart emptied the script cache.
+static ENQUEUE_ONCE: LazyLock<Script> = LazyLock::new(|| Script::new(ENQUEUE_ONCE_LUA));
+
+/// What [`enqueue_once`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnqueueOnce {
+    /// The key was new: the job is on the stream (this entry id), its state is `queued`,
+    /// and `record` is stored under the key.
+    Enqueued { entry_id: String },
+    /// The key already had a record (returned as stored); nothing was written.
+    Existing { record: String },
+}
+
+/// Unless `record_key` exists: enqueue `msg` like [`enqueue`] and store `record` under
+/// `record_key` for `record_ttl_s`, all in one atomic script. If it exists, return its
+/// content and write nothing.
+pub async fn enqueue_once<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    msg: &JobMessage,
+    record_key: &str,
+    record: &str,
+    record_ttl_s: u64,
+) -> redis::RedisResult<EnqueueOnce> {
+    let fields = msg.to_fields();
+    let mut invocation = ENQUEUE_ONCE.prepare_invoke();
+    invocation
+        .key(record_key)
+        .key(keys.stream())
+        .key(keys.job(msg.job_id))
+        .arg(record)
+        .arg(record_ttl_s)
+        .arg(&msg.tenant)
+        .arg(&fields[3].1)
+        .arg(job_state::QUEUED);
+    for (name, value) in &fields {
+        invocation.arg(*name).arg(value);
+    }
+    let (created, text): (i64, String) = invocation.invoke_async(conn).await?;
+    Ok(if created == 1 {
+        EnqueueOnce::Enqueued { entry_id: text }
+    } else {
+        EnqueueOnce::Existing { record: text }
+    })
 }

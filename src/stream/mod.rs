@@ -10,5 +10,5 @@ pub mod message;
 
 pub use consumer::Delivery;
 pub use dead_letter::dead_letter;
-pub use enqueue::enqueue;
+pub use enqueue::{ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
 pub use message::{JobMessage, JobPayload, MalformedMessage};

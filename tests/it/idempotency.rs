@@ -1,29 +1,32 @@
-//! Idempotency-Key: one job per scoped key, replays answer from the store, conflicts and
-//! mismatches never run the handler, and the compare-and-set guard keeps a late request
-//! from overwriting or deleting a newer one's record. Effects are counted on Redis itself.
+//! Idempotency-Key: one job per scoped key, replays answer from the store, mismatches never
+//! enqueue, and accepting a key is one atomic Redis step: the job, its state and the final
+//! response appear together or not at all, so there is no in-progress state to observe.
+//! Effects are counted on Redis itself (stream entries, records, job state).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use actix_web::http::StatusCode;
 use actix_web::test;
 use futures_util::future::join_all;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
-use summaryd::api::{self, ApiError, IdempotencyStore, Outcome, StoreError, StoredResponse};
+use summaryd::api::{self, IdempotencyStore, Outcome, StoreError, StoredResponse};
+use summaryd::context::Services;
 use summaryd::domain::{IdempotencyKey, SummaryRequest, TenantId};
 use summaryd::keys::ScopedKey;
 use summaryd::roles::Roles;
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{self, JobMessage, JobPayload};
-use tokio::sync::Notify;
+use summaryd::stream::{JobMessage, JobPayload};
 
 use crate::api::support::*;
 use crate::common::TestEnv;
 
-fn store_of(services: &summaryd::context::Services) -> IdempotencyStore {
+const OTHER_BODY: &str = r#"{"text":"A different document.","notify":"ops@example.com"}"#;
+
+fn store_of(services: &Services) -> IdempotencyStore {
     IdempotencyStore::new(
-        services.redis.clone(),
+        services.redis_shared.clone(),
+        services.keys.clone(),
         services.metrics.clone(),
         &services.settings.idempotency,
     )
@@ -36,34 +39,40 @@ fn accepted(job: &str) -> StoredResponse {
     }
 }
 
+/// The job message the API builds for `body` under (tenant, key).
+fn job_message(tenant: &str, key: &str, body: &str) -> JobMessage {
+    let parsed: SummaryRequest = serde_json::from_str(body).unwrap();
+    let valid = parsed.validate().unwrap();
+    JobMessage {
+        job_id: scoped(tenant, key).job_id(),
+        tenant: tenant.to_owned(),
+        payload: JobPayload {
+            text: valid.text,
+            notify: valid.notify.to_string(),
+        },
+        created_at: chrono::Utc::now(),
+    }
+}
+
+fn scoped(tenant: &str, key: &str) -> ScopedKey {
+    ScopedKey::summaries(
+        &TenantId::parse(tenant).unwrap(),
+        &IdempotencyKey::parse(key).unwrap(),
+    )
+}
+
 async fn record(env: &TestEnv, key: &str) -> Option<Value> {
     let mut r = env.redis().await;
     let raw: Option<String> = r.get(key).await.unwrap();
     raw.map(|s| serde_json::from_str(&s).unwrap())
 }
 
-/// Wait until `key` exists and then until it has expired. Only the tests that exercise a
-/// lock TTL use this, with a 1 s TTL; the bound is a safety net, not an assertion.
-async fn wait_for_expiry(env: &TestEnv, key: &str) {
+/// The per-job state hash GET reads (empty when absent).
+async fn job_state(env: &TestEnv, job_id: &str) -> std::collections::HashMap<String, String> {
     let mut r = env.redis().await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut seen = false;
-    while Instant::now() < deadline {
-        let exists: bool = r.exists(key).await.unwrap();
-        if exists && !seen {
-            let ttl_ms: i64 = r.pttl(key).await.unwrap();
-            assert!(
-                (1..=1000).contains(&ttl_ms),
-                "marker has the lock TTL: {ttl_ms}"
-            );
-        }
-        seen |= exists;
-        if seen && !exists {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("{key} did not expire");
+    r.hgetall(format!("{}job:{job_id}", env.settings.key_prefix))
+        .await
+        .unwrap()
 }
 
 #[actix_web::test]
@@ -95,6 +104,10 @@ async fn new_key_enqueues_once_and_replay_returns_the_same_body_without_enqueuei
     let mut r = env.redis().await;
     let ttl: i64 = r.ttl(record_key(&services, "acme", key)).await.unwrap();
     assert!(ttl > 30 && ttl <= 86_400, "result TTL, not lock TTL: {ttl}");
+    // Written in the same step: the job's state, which GET reads until the summary exists.
+    let state = job_state(&env, &job_id).await;
+    assert_eq!(state.get("status").map(String::as_str), Some("queued"));
+    assert_eq!(state.get("tenant").map(String::as_str), Some("acme"));
 
     // Same body with other whitespace and field order: a replay, not a mismatch.
     let reordered = "{ \"notify\": \"ops@example.com\",\n  \"text\": \"Quarterly numbers are up. Churn is down.\" }";
@@ -144,74 +157,113 @@ async fn concurrent_requests_with_one_key_enqueue_exactly_once() {
     let responses = join_all(calls).await;
 
     let mut fresh = Vec::new();
-    let mut conflicts = 0;
     let mut replays = Vec::new();
     for res in responses {
         match (res.status().as_u16(), header(&res, "idempotent-replayed")) {
             (202, None) => fresh.push(json_body(res).await),
             (202, Some(_)) => replays.push(json_body(res).await),
-            (409, _) => {
-                assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
-                assert_problem(res, 409).await;
-                conflicts += 1;
-            }
-            (other, _) => panic!("unexpected status {other}"),
+            (other, _) => panic!("unexpected status {other}: there is no in-progress state"),
         }
     }
-    // Which duplicates arrive while the first is still running is up to the scheduler; the
-    // store-level test below pins that down. Here: one winner, and nobody else enqueues.
-    assert_eq!(fresh.len(), 1, "exactly one request ran the handler");
+    assert_eq!(fresh.len(), 1, "exactly one request enqueued");
+    assert_eq!(replays.len(), 9, "every other one is a replay, none a 409");
     assert!(
         replays.iter().all(|b| *b == fresh[0]),
         "replays answer the winner's body"
     );
-    assert_eq!(conflicts + replays.len(), 9);
     assert_eq!(stream_len(&env).await, 1, "one stream entry");
     assert_eq!(idempotency_count(&services, "new"), 1);
-    assert_eq!(idempotency_count(&services, "conflict") as usize, conflicts);
+    assert_eq!(idempotency_count(&services, "replayed"), 9);
+    assert_eq!(idempotency_count(&services, "conflict"), 0);
 }
 
+/// The same race, but as separate processes would run it: one connection per contender,
+/// on a multi-threaded runtime, all released at once. Redis runs the script of exactly
+/// one of them against an absent key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn contenders_on_separate_connections_enqueue_exactly_once() {
+    let env = TestEnv::new().await;
+    let key = "race-key-000000001";
+    let redis_key = record_key(&services(&env), "acme", key);
+    let fp = fingerprint(BODY);
+    let msg = job_message("acme", key, BODY);
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            // Separate Services: separate shared connections, like separate API processes.
+            let contender = services(&env);
+            let (start, redis_key, fp, msg) =
+                (start.clone(), redis_key.clone(), fp.clone(), msg.clone());
+            tokio::spawn(async move {
+                // Connect first, so the barrier releases requests, not connection attempts.
+                let mut conn = contender.redis_shared.get().await.unwrap();
+                let _: String = redis::cmd("PING").query_async(&mut conn).await.unwrap();
+                let store = store_of(&contender);
+                start.wait().await;
+                store
+                    .enqueue_once(&redis_key, &fp, &msg, accepted(&msg.job_id.to_string()))
+                    .await
+            })
+        })
+        .collect();
+    let mut fresh = 0;
+    let mut replayed = 0;
+    for task in tasks {
+        match task.await.unwrap().unwrap() {
+            Outcome::Fresh(r) => {
+                fresh += 1;
+                assert_eq!(r, accepted(&msg.job_id.to_string()));
+            }
+            Outcome::Replayed(r) => {
+                replayed += 1;
+                assert_eq!(r, accepted(&msg.job_id.to_string()));
+            }
+        }
+    }
+    assert_eq!((fresh, replayed), (1, 7));
+    let [entry] = stream_messages(&env).await.try_into().unwrap();
+    assert_eq!(
+        entry.job_id, msg.job_id,
+        "the raced job is on the stream once"
+    );
+    assert_eq!(
+        record(&env, &redis_key).await.unwrap()["body"]["job_id"],
+        msg.job_id.to_string()
+    );
+}
+
+/// Two different bodies race for one key: whichever Redis runs first owns the key; every
+/// request with that body gets its 202, every request with the other body gets 422, and the
+/// stream holds the winner's text only.
 #[actix_web::test]
-async fn duplicates_while_the_first_runs_get_in_progress_and_never_run_the_handler() {
+async fn racing_different_bodies_on_one_key_enqueue_once_and_the_other_body_gets_422() {
     let env = TestEnv::new().await;
     let services = services(&env);
-    let store = store_of(&services);
-    let key = format!("{}idem:test:concurrent", env.settings.key_prefix);
-    let handler_calls = AtomicUsize::new(0);
-    let finished = AtomicUsize::new(0);
-    let gate = Notify::new();
-
-    let runs = (0..10).map(|_| async {
-        let out = store
-            .run(&key, "fp", || async {
-                handler_calls.fetch_add(1, Ordering::SeqCst);
-                gate.notified().await; // hold the lock until every duplicate has answered
-                Ok::<_, StoreError>(accepted("j"))
-            })
-            .await;
-        finished.fetch_add(1, Ordering::SeqCst);
-        out
-    });
-    let release = async {
-        while finished.load(Ordering::SeqCst) < 9 {
-            tokio::task::yield_now().await;
+    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let key = "race-bodies-key-001";
+    let calls = (0..10).map(|i| {
+        let body = if i % 2 == 0 { BODY } else { OTHER_BODY };
+        let app = &app;
+        async move {
+            let res = test::call_service(app, post("acme", key, body).to_request()).await;
+            (body, res.status().as_u16())
         }
-        gate.notify_one();
-    };
-    let (results, ()) = tokio::join!(join_all(runs), release);
+    });
+    let results = join_all(calls).await;
 
-    assert_eq!(handler_calls.load(Ordering::SeqCst), 1);
-    let fresh = results
-        .iter()
-        .filter(|r| matches!(r, Ok(Outcome::Fresh(_))))
-        .count();
-    let in_progress = results
-        .iter()
-        .filter(|r| matches!(r, Err(StoreError::InProgress)))
-        .count();
-    assert_eq!((fresh, in_progress), (1, 9), "{results:?}");
-    assert_eq!(record(&env, &key).await.unwrap()["state"], "done");
-    assert_eq!(idempotency_count(&services, "conflict"), 9);
+    let [msg] = stream_messages(&env).await.try_into().unwrap();
+    let winner = if msg.payload.text.starts_with("Quarterly") {
+        BODY
+    } else {
+        OTHER_BODY
+    };
+    for (body, status) in results {
+        let expected = if body == winner { 202 } else { 422 };
+        assert_eq!(status, expected, "body {body}");
+    }
+    assert_eq!(idempotency_count(&services, "new"), 1);
+    assert_eq!(idempotency_count(&services, "replayed"), 4);
+    assert_eq!(idempotency_count(&services, "mismatch"), 5);
 }
 
 #[actix_web::test]
@@ -224,8 +276,7 @@ async fn same_key_with_a_different_body_is_422_and_enqueues_nothing() {
     assert_eq!(first.status(), StatusCode::ACCEPTED);
     let before = record(&env, &record_key(&services, "acme", key)).await;
 
-    let other = r#"{"text":"A different document.","notify":"ops@example.com"}"#;
-    let res = test::call_service(&app, post("acme", key, other).to_request()).await;
+    let res = test::call_service(&app, post("acme", key, OTHER_BODY).to_request()).await;
     let p = assert_problem(res, 422).await;
     assert!(
         p.get("job_id").is_none(),
@@ -237,206 +288,6 @@ async fn same_key_with_a_different_body_is_422_and_enqueues_nothing() {
         before
     );
     assert_eq!(idempotency_count(&services, "mismatch"), 1);
-}
-
-#[actix_web::test]
-async fn handler_errors_and_5xx_release_the_key_so_a_retry_runs() {
-    let env = TestEnv::new().await;
-    let services = services(&env);
-    let store = store_of(&services);
-    let key = format!("{}idem:test:release", env.settings.key_prefix);
-    let calls = AtomicUsize::new(0);
-
-    let out = store
-        .run(&key, "fp", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, StoreError>(StoredResponse {
-                status: 500,
-                body: json!({"oops": true}),
-            })
-        })
-        .await
-        .unwrap();
-    assert!(matches!(out, Outcome::Fresh(ref r) if r.status == 500));
-    assert_eq!(record(&env, &key).await, None, "a 5xx is not stored");
-
-    let err = store
-        .run(&key, "fp", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Err::<StoredResponse, _>(ApiError::RedisUnavailable("enqueue failed".into()))
-        })
-        .await
-        .unwrap_err();
-    assert!(matches!(err, ApiError::RedisUnavailable(_)));
-    assert_eq!(record(&env, &key).await, None, "an error releases the key");
-
-    let out = store
-        .run(&key, "fp", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, StoreError>(accepted("j"))
-        })
-        .await
-        .unwrap();
-    assert_eq!(out, Outcome::Fresh(accepted("j")));
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        3,
-        "each retry ran the handler"
-    );
-    let replay = store
-        .run(&key, "fp", || async {
-            calls.fetch_add(1, Ordering::SeqCst);
-            Ok::<_, StoreError>(accepted("other"))
-        })
-        .await
-        .unwrap();
-    assert_eq!(replay, Outcome::Replayed(accepted("j")));
-    assert_eq!(
-        calls.load(Ordering::SeqCst),
-        3,
-        "a finished key does not run the handler"
-    );
-}
-
-#[actix_web::test]
-async fn a_crashed_request_blocks_retries_until_its_lock_expires_then_the_retry_gets_the_same_job_id()
- {
-    let env = TestEnv::new().await;
-    let mut settings = env.settings.clone();
-    settings.idempotency.lock_ttl_s = 1; // the crash-recovery time, tiny for the test
-    let services = services_with(&env, settings);
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
-    let key = "crash-key-00000001";
-    let tenant = TenantId::parse("acme").unwrap();
-    let scoped = ScopedKey::summaries(&tenant, &IdempotencyKey::parse(key).unwrap());
-    let redis_key = services.keys.idempotency(&scoped);
-
-    // The first request enqueues, then its process dies before FINALISE: the run future is
-    // dropped, so nothing releases the marker.
-    let store = store_of(&services);
-    let enqueued = Notify::new();
-    let fp = fingerprint(BODY);
-    let doomed = store.run(&redis_key, &fp, || async {
-        let parsed: SummaryRequest = serde_json::from_str(BODY).unwrap();
-        let valid = parsed.validate().unwrap();
-        let msg = JobMessage {
-            job_id: scoped.job_id(),
-            tenant: tenant.to_string(),
-            payload: JobPayload {
-                text: valid.text,
-                notify: valid.notify.to_string(),
-            },
-            created_at: chrono::Utc::now(),
-        };
-        let mut conn = services.redis.get().await?;
-        stream::enqueue(&mut conn, &services.keys, &msg).await?;
-        enqueued.notify_one();
-        std::future::pending::<Result<StoredResponse, ApiError>>().await
-    });
-    tokio::select! {
-        _ = doomed => panic!("the doomed request never finishes"),
-        () = enqueued.notified() => {}
-    }
-    assert_eq!(stream_len(&env).await, 1);
-
-    let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
-    assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
-    assert_problem(res, 409).await;
-
-    wait_for_expiry(&env, &redis_key).await;
-    let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
-    assert_eq!(res.status(), StatusCode::ACCEPTED);
-    let job_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
-    assert_eq!(job_id, scoped.job_id().to_string());
-    // The retry enqueued again, under the same job id, so the worker collapses the two.
-    let ids: Vec<String> = stream_messages(&env)
-        .await
-        .iter()
-        .map(|m| m.job_id.to_string())
-        .collect();
-    assert_eq!(ids, vec![job_id.clone(), job_id]);
-}
-
-#[actix_web::test]
-async fn a_late_finalise_after_the_lock_was_lost_does_not_overwrite_the_newer_result() {
-    let env = TestEnv::new().await;
-    let mut settings = env.settings.clone();
-    settings.idempotency.lock_ttl_s = 1;
-    let services = services_with(&env, settings);
-    let store = store_of(&services);
-    let key = format!("{}idem:test:lock-lost", env.settings.key_prefix);
-    let a_may_finish = Notify::new();
-
-    // A holds the lock past its TTL; B takes the key and finalises; then A finishes.
-    let a = store.run(&key, "fp", || async {
-        a_may_finish.notified().await;
-        Ok::<_, StoreError>(accepted("from-a"))
-    });
-    let b = async {
-        wait_for_expiry(&env, &key).await;
-        let b = store
-            .run(&key, "fp", || async {
-                Ok::<_, StoreError>(accepted("from-b"))
-            })
-            .await;
-        a_may_finish.notify_one();
-        b
-    };
-    let (a, b) = tokio::join!(a, b);
-
-    assert_eq!(
-        a.unwrap(),
-        Outcome::Fresh(accepted("from-a")),
-        "A still answers"
-    );
-    assert_eq!(b.unwrap(), Outcome::Fresh(accepted("from-b")));
-    let stored = record(&env, &key).await.unwrap();
-    assert_eq!(
-        stored["body"]["job_id"], "from-b",
-        "A's finalise did not overwrite B"
-    );
-    let replay = store
-        .run(&key, "fp", || async {
-            Ok::<_, StoreError>(accepted("from-c"))
-        })
-        .await
-        .unwrap();
-    assert_eq!(replay, Outcome::Replayed(accepted("from-b")));
-}
-
-#[actix_web::test]
-async fn a_late_release_after_the_lock_was_lost_does_not_delete_the_newer_result() {
-    let env = TestEnv::new().await;
-    let mut settings = env.settings.clone();
-    settings.idempotency.lock_ttl_s = 1;
-    let services = services_with(&env, settings);
-    let store = store_of(&services);
-    let key = format!("{}idem:test:release-lost", env.settings.key_prefix);
-    let a_may_fail = Notify::new();
-
-    let a = store.run(&key, "fp", || async {
-        a_may_fail.notified().await;
-        Ok::<_, StoreError>(StoredResponse {
-            status: 503,
-            body: json!({}),
-        })
-    });
-    let b = async {
-        wait_for_expiry(&env, &key).await;
-        let b = store
-            .run(&key, "fp", || async {
-                Ok::<_, StoreError>(accepted("from-b"))
-            })
-            .await;
-        a_may_fail.notify_one();
-        b
-    };
-    let (_, b) = tokio::join!(a, b);
-    assert_eq!(b.unwrap(), Outcome::Fresh(accepted("from-b")));
-    let stored = record(&env, &key)
-        .await
-        .expect("B's record survives A's release");
-    assert_eq!(stored["body"]["job_id"], "from-b");
 }
 
 #[actix_web::test]
@@ -474,6 +325,139 @@ async fn keys_are_scoped_per_tenant() {
             ("globex".to_owned(), ids[1].clone())
         ]
     );
+}
+
+/// A script that fails in Redis (here: the stream key holds a string, so XADD fails) leaves
+/// nothing behind: no record, no job state, no entry. The client's retry then enqueues.
+#[actix_web::test]
+async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
+    let env = TestEnv::new().await;
+    let services = services(&env);
+    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let key = "failed-enqueue-key-1";
+    let stream_key = format!("{}jobs:summaries", env.settings.key_prefix);
+    let mut r = env.redis().await;
+    let () = r.set(&stream_key, "not a stream").await.unwrap();
+
+    let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
+    assert!(header(&res, "retry-after").is_some());
+    assert_problem(res, 503).await;
+    assert_eq!(
+        record(&env, &record_key(&services, "acme", key)).await,
+        None
+    );
+    assert!(job_state(&env, &job_id_for("acme", key)).await.is_empty());
+    assert_eq!(idempotency_count(&services, "new"), 0);
+
+    let () = r.del(&stream_key).await.unwrap();
+    let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+    assert!(
+        header(&res, "idempotent-replayed").is_none(),
+        "not a replay"
+    );
+    assert_eq!(json_body(res).await["job_id"], job_id_for("acme", key));
+    assert_eq!(stream_len(&env).await, 1);
+}
+
+/// Older versions wrote an in-progress marker while their handler ran. During a rolling
+/// upgrade this version may meet one: 409 for the same body, 422 for another, and nothing
+/// is enqueued or overwritten.
+#[actix_web::test]
+async fn an_in_progress_marker_of_an_older_version_is_409_and_never_overwritten() {
+    let env = TestEnv::new().await;
+    let services = services(&env);
+    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let key = "old-marker-key-0001";
+    let marker = json!({"state": "in_progress", "fp": fingerprint(BODY), "token": "t"});
+    let mut r = env.redis().await;
+    let () = r
+        .set_ex(record_key(&services, "acme", key), marker.to_string(), 30)
+        .await
+        .unwrap();
+
+    let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
+    assert_eq!(header(&res, "retry-after").as_deref(), Some("1"));
+    assert_problem(res, 409).await;
+    let res = test::call_service(&app, post("acme", key, OTHER_BODY).to_request()).await;
+    assert_problem(res, 422).await;
+
+    assert_eq!(stream_len(&env).await, 0);
+    assert_eq!(
+        record(&env, &record_key(&services, "acme", key)).await,
+        Some(marker)
+    );
+    assert_eq!(idempotency_count(&services, "conflict"), 1);
+    assert_eq!(idempotency_count(&services, "mismatch"), 1);
+}
+
+/// Redis drops the API's shared connection (as on a restart): a request may get 503 (and
+/// then nothing was enqueued), never 500, and the connection is replaced, so the client's
+/// retry with the same key succeeds.
+#[actix_web::test]
+async fn the_shared_connection_is_replaced_after_redis_drops_it() {
+    let env = TestEnv::new().await;
+    let services = services(&env);
+    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let res = test::call_service(&app, post("acme", "before-drop-key-01", BODY).to_request()).await;
+    assert_eq!(res.status(), StatusCode::ACCEPTED);
+
+    let mut shared = services.redis_shared.get().await.unwrap();
+    let id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut shared)
+        .await
+        .unwrap();
+    let mut r = env.redis().await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("ID")
+        .arg(id)
+        .query_async(&mut r)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+
+    // Bounded: the replacement connects on the next command after the failure.
+    let key = "after-drop-key-001";
+    let mut unavailable = 0;
+    let accepted_res = loop {
+        let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
+        if res.status() == StatusCode::ACCEPTED {
+            break res;
+        }
+        assert_problem(res, 503).await;
+        assert_eq!(stream_len(&env).await, 1, "a 503 enqueued nothing");
+        unavailable += 1;
+        assert!(unavailable < 20, "the connection was never replaced");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(header(&accepted_res, "idempotent-replayed").is_none());
+    assert_eq!(stream_len(&env).await, 2);
+    let mut again = services.redis_shared.get().await.unwrap();
+    let new_id: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(&mut again)
+        .await
+        .unwrap();
+    assert_ne!(new_id, id, "a new connection");
+}
+
+#[tokio::test]
+async fn redis_down_is_unavailable_at_once_and_writes_nothing() {
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    // Nothing listens on port 1: connection refused.
+    settings.redis_url = "redis://127.0.0.1:1".into();
+    let down = services_with(&env, settings);
+    let store = store_of(&down);
+    let msg = job_message("acme", "redis-down-key-001", BODY);
+    let err = store
+        .enqueue_once("any", "fp", &msg, accepted("j"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");
+    assert_eq!(stream_len(&env).await, 0);
 }
 
 /// The fingerprint the API computes for `body`.

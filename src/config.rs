@@ -144,6 +144,8 @@ pub struct RelaySettings {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct IdempotencySettings {
+    /// No effect: POST accepts a key in one atomic step (see `api::idempotency`), so there
+    /// is no in-progress marker. Kept because the contract names the variable.
     pub lock_ttl_s: u64,
     pub result_ttl_s: u64,
 }
@@ -509,7 +511,10 @@ mod tests {
             assert_eq!(s.worker.consumers, 5);
             assert_eq!(
                 Settings::ignored_env_vars(),
-                vec!["SUMMARYD_API_SERVICE_HOST".to_string(), "SUMMARYD_PORT".to_string()]
+                vec![
+                    "SUMMARYD_API_SERVICE_HOST".to_string(),
+                    "SUMMARYD_PORT".to_string()
+                ]
             );
 
             jail.set_env("SUMMARYD_WORKER_CONSUMERS", "many");

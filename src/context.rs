@@ -1,11 +1,13 @@
 //! The shared handles every role works with. Cheap to clone.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use deadpool_redis::redis::AsyncConnectionConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use tokio::sync::OnceCell;
 
 use crate::config::Settings;
 use crate::keys::RedisKeys;
@@ -55,7 +57,8 @@ const PG_POOL_MAX: usize = 32;
 /// and the request should become a 503 rather than wait for the client to give up.
 const SHARED_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// One Redis connection shared by every API request of the process.
+/// The Redis connection API requests use: one multiplexed connection per thread, shared by
+/// every request that thread serves.
 ///
 /// Why not the pool: deadpool-redis pings on every checkout to verify the connection, so a
 /// request that takes a pooled connection pays an extra round trip per checkout. A
@@ -63,38 +66,57 @@ const SHARED_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// socket, which also lets Redis answer many of them per read. Blocking commands must never
 /// go through it (they would stall every request behind them); they use `Services::redis`.
 ///
-/// Built on first use (so `Services::new` needs no runtime and never connects), then kept.
-/// [`ConnectionManager`] replaces the connection when it drops (e.g. Redis restarts).
-/// With zero connection retries, a request while Redis is down fails after one connect
-/// attempt (refused at once, or `REDIS_CONNECT_TIMEOUT`), and the next request tries again.
+/// Why per thread: each actix worker thread runs its own runtime, and a connection's I/O is
+/// driven by a task on the runtime that created it. One process-wide connection made every
+/// other worker thread hand each command to that one thread and wait to be woken (the
+/// profile showed the switching); a connection per thread keeps a request on its thread.
+///
+/// Built on first use on each thread (so `Services::new` needs no runtime and never
+/// connects), then kept. [`ConnectionManager`] replaces the connection when it drops (e.g.
+/// Redis restarts). With zero connection retries, a request while Redis is down fails after
+/// one connect attempt (refused at once, or `REDIS_CONNECT_TIMEOUT`), and the next request
+/// tries again.
 #[derive(Clone)]
 pub struct SharedRedis {
     client: redis::Client,
-    manager: Arc<OnceCell<ConnectionManager>>,
+    /// Distinguishes instances in the per-thread map (tests build many in one process).
+    id: u64,
 }
+
+thread_local! {
+    /// This thread's connection for each `SharedRedis` instance.
+    static THREAD_CONNECTIONS: RefCell<HashMap<u64, ConnectionManager>> = RefCell::new(HashMap::new());
+}
+
+static NEXT_SHARED_REDIS_ID: AtomicU64 = AtomicU64::new(0);
 
 impl SharedRedis {
     pub fn new(url: &str) -> redis::RedisResult<Self> {
         Ok(Self {
             client: redis::Client::open(url)?,
-            manager: Arc::new(OnceCell::new()),
+            id: NEXT_SHARED_REDIS_ID.fetch_add(1, Ordering::Relaxed),
         })
     }
 
-    /// A handle on the shared connection; clone-cheap, use it for one request.
+    /// A handle on this thread's connection; clone-cheap, use it for one request.
     pub async fn get(&self) -> redis::RedisResult<ConnectionManager> {
-        self.manager
-            .get_or_try_init(|| async {
-                let config = ConnectionManagerConfig::new()
-                    .set_number_of_retries(0)
-                    .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
-                    .set_response_timeout(Some(SHARED_RESPONSE_TIMEOUT));
-                // Lazy: connects on the first command, so a Redis that is down at that
-                // moment is one failed request, not a failed initialisation.
-                ConnectionManager::new_lazy_with_config(self.client.clone(), config)
-            })
-            .await
-            .cloned()
+        if let Some(conn) = THREAD_CONNECTIONS.with(|m| m.borrow().get(&self.id).cloned()) {
+            return Ok(conn);
+        }
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
+            .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
+            .set_response_timeout(Some(SHARED_RESPONSE_TIMEOUT));
+        // Lazy: connects on the first command, so a Redis that is down at that moment is
+        // one failed request, not a failed initialisation.
+        let conn = ConnectionManager::new_lazy_with_config(self.client.clone(), config)?;
+        // Two requests on this thread may both have got here; keep whichever came first.
+        Ok(THREAD_CONNECTIONS.with(|m| {
+            m.borrow_mut()
+                .entry(self.id)
+                .or_insert_with(|| conn.clone())
+                .clone()
+        }))
     }
 }
 

@@ -6,6 +6,8 @@
 //! = distinct Idempotency-Keys at the mail sink, and every GET says done.
 
 mod harness;
+#[path = "../shared/mod.rs"]
+mod shared;
 
 mod chaos;
 mod kill_api;

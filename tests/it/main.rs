@@ -1,6 +1,8 @@
 //! One integration-test binary (one link step) with a module per area.
 
 mod common;
+#[path = "../shared/mod.rs"]
+mod shared;
 
 mod admin;
 mod api;

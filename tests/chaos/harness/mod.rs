@@ -24,6 +24,8 @@ use model_server::{ModelBehavior, ModelServer, summary_for};
 use process::Proc;
 use redis_server::RedisServer;
 
+use crate::shared::cleanup;
+
 /// After the last fault, everything accepted must be summarised and mailed within this
 /// long; the slowest path is a job held by a killed worker (claim idle) whose email is
 /// held by a killed relay (lease), plus the workers' Redis error backoff (≤ 10 s).
@@ -399,9 +401,9 @@ impl Drop for World {
         if let Some(redis) = self.redis.as_mut() {
             redis.kill9();
         } else {
-            db::delete_redis_prefix_blocking(self.redis_url.clone(), self.key_prefix.clone());
+            cleanup::delete_redis_prefix_blocking(self.redis_url.clone(), self.key_prefix.clone());
         }
-        db::drop_database_blocking(self.db_name.clone());
+        cleanup::drop_database_blocking(db::pg_base_url(), self.db_name.clone());
         if std::thread::panicking() {
             eprintln!("[{}] logs kept in {}", self.name, self.dir.display());
         } else {

@@ -11,6 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 
+use crate::shared::http_request::read_request;
+
 /// What the server does with each request.
 #[derive(Debug, Clone)]
 pub enum Reply {
@@ -69,27 +71,8 @@ impl Reply {
     }
 }
 
-/// One request as the server saw it.
-#[derive(Debug, Clone)]
-pub struct Recorded {
-    pub method: String,
-    pub path: String,
-    pub headers: Vec<(String, String)>,
-    pub body: Vec<u8>,
-}
-
-impl Recorded {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).expect("request body is JSON")
-    }
-}
+/// One request as the stub saw it.
+pub type Recorded = crate::shared::http_request::Request;
 
 struct State {
     /// Played first, one per connection; then `reply` for every connection after.
@@ -185,7 +168,7 @@ async fn serve(mut stream: TcpStream, state: &State) {
     if matches!(reply, Reply::Hang) {
         return hang(stream).await;
     }
-    let Some(request) = read_request(&mut stream).await else {
+    let Some(request) = read_request(&mut stream, &mut Vec::new()).await else {
         return;
     };
     state.requests.lock().unwrap().push(request);
@@ -246,47 +229,4 @@ async fn drip(mut stream: TcpStream, every: Duration) {
             },
         }
     }
-}
-
-async fn read_request(stream: &mut TcpStream) -> Option<Recorded> {
-    let mut buf = Vec::new();
-    let mut chunk = [0u8; 4096];
-    let head_end = loop {
-        if let Some(pos) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break pos;
-        }
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    };
-    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
-    let mut lines = head.split("\r\n");
-    let mut request_line = lines.next()?.split(' ');
-    let method = request_line.next()?.to_owned();
-    let path = request_line.next()?.to_owned();
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
-        .collect();
-    let length: usize = headers
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case("content-length"))
-        .and_then(|(_, v)| v.parse().ok())
-        .unwrap_or(0);
-    let mut body = buf[head_end + 4..].to_vec();
-    while body.len() < length {
-        let n = stream.read(&mut chunk).await.ok()?;
-        if n == 0 {
-            return None;
-        }
-        body.extend_from_slice(&chunk[..n]);
-    }
-    Some(Recorded {
-        method,
-        path,
-        headers,
-        body,
-    })
 }

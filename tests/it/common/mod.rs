@@ -21,6 +21,8 @@ use tokio_postgres::error::SqlState;
 
 pub use fakes::{FakeLlm, FakeMailer};
 
+use crate::shared::cleanup;
+
 pub fn pg_base_url() -> String {
     std::env::var("TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
 }
@@ -119,43 +121,8 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        let db_name = self.db_name.clone();
-        let prefix = self.settings.key_prefix.clone();
-        // Drop runs inside the test's runtime; clean up from a thread with its own.
-        let _ = std::thread::spawn(move || {
-            let Ok(rt) = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            else {
-                return;
-            };
-            rt.block_on(async move {
-                if let Ok((client, conn)) =
-                    tokio_postgres::connect(&format!("{}/postgres", pg_base_url()), NoTls).await
-                {
-                    tokio::spawn(conn);
-                    let _ = client
-                        .batch_execute(&format!(
-                            "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
-                        ))
-                        .await;
-                }
-                if let Ok(client) = redis::Client::open(redis_url())
-                    && let Ok(mut conn) = client.get_multiplexed_async_connection().await
-                {
-                    let keys: Vec<String> = redis::cmd("KEYS")
-                        .arg(format!("{prefix}*"))
-                        .query_async(&mut conn)
-                        .await
-                        .unwrap_or_default();
-                    if !keys.is_empty() {
-                        let _: redis::RedisResult<()> =
-                            redis::cmd("DEL").arg(&keys).query_async(&mut conn).await;
-                    }
-                }
-            });
-        })
-        .join();
+        cleanup::drop_database_blocking(pg_base_url(), self.db_name.clone());
+        cleanup::delete_redis_prefix_blocking(redis_url(), self.settings.key_prefix.clone());
     }
 }
 

@@ -9,6 +9,10 @@ use crate::keys::RedisKeys;
 
 /// XADD the job and record it as queued, in one MULTI/EXEC: a job is never on the stream
 /// without its state, nor the other way round. Returns the stream entry id.
+///
+/// This is the plain enqueue, without an idempotency record: for producers that already
+/// hold a job id (the end-to-end benchmark, tests that stage redeliveries). The API uses
+/// `enqueue_once`, which does the same and stores the response in the same atomic step.
 pub async fn enqueue<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &RedisKeys,

@@ -58,6 +58,15 @@ async fn serve(config: Option<&std::path::Path>, args: ServeArgs) -> ExitCode {
     for name in Settings::ignored_env_vars() {
         warn!(variable = %name, "environment variable names no setting; ignored");
     }
+    if settings.worker.claim_idle_ms <= settings.job_budget_ms {
+        // Correct either way (the handler is idempotent), but a live worker still inside its
+        // budget would have its message claimed from under it and the model paid twice.
+        warn!(
+            claim_idle_ms = settings.worker.claim_idle_ms,
+            job_budget_ms = settings.job_budget_ms,
+            "SUMMARYD_WORKER_CLAIM_IDLE_MS should exceed SUMMARYD_JOB_BUDGET_MS (the slowest successful delivery)"
+        );
+    }
     if settings.auth.tokens_file.is_none() {
         warn!(
             "SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated"

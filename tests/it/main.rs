@@ -9,6 +9,7 @@ mod api;
 mod app;
 mod auth;
 mod idempotency;
+mod mail_relay;
 mod model_retries;
 mod providers;
 mod relay;

@@ -1,0 +1,125 @@
+//! The relay with the real HTTP mail provider against an email API stub on loopback: the
+//! provider's answers decide whether a row is resent, parked for a person, or done.
+
+use std::sync::Arc;
+
+use chrono::Utc;
+use summaryd::admin;
+use summaryd::config::MailProvider;
+use summaryd::db::summaries::{commit_with_outbox, summary_ready_dedupe_key};
+use summaryd::domain::JobId;
+use summaryd::relay::relay_once;
+use summaryd::stream::{JobMessage, JobPayload};
+
+use crate::common::http_stub::{HttpStub, Reply};
+use crate::common::{FakeLlm, TestEnv};
+
+fn job(n: u32) -> JobMessage {
+    JobMessage {
+        job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:mail-relay-{n}")),
+        tenant: "acme".into(),
+        payload: JobPayload {
+            text: "Renewal agreed.".into(),
+            notify: "am@example.com".into(),
+        },
+        created_at: Utc::now(),
+    }
+}
+
+/// Services whose mailer is the real `http` provider pointed at `sink`, with no backoff
+/// between a transient failure and the next pass.
+fn services(env: &TestEnv, sink: &HttpStub) -> summaryd::context::Services {
+    let mut settings = env.settings.clone();
+    settings.mail.provider = MailProvider::Http;
+    settings.mail.http_url = Some(sink.url("/v1/emails"));
+    settings.relay.backoff_ms = 0;
+    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    env.services_with(settings, Arc::new(FakeLlm::ok()), mailer)
+}
+
+#[tokio::test]
+async fn a_503_then_200_sends_once_on_the_second_pass_with_the_same_idempotency_key() {
+    let env = TestEnv::new().await;
+    let sink = HttpStub::start(Reply::json(200, serde_json::json!({"id": "m-1"}))).await;
+    sink.script(vec![Reply::text(503, "maintenance")]);
+    let services = services(&env, &sink);
+    let msg = job(1);
+    commit_with_outbox(&services.pg, &msg, "Renewal agreed; pricing next week.")
+        .await
+        .unwrap();
+
+    assert_eq!(relay_once(&services).await.unwrap(), 0, "503 is not a send");
+    assert_eq!(
+        env.count("outbox WHERE attempts = 1 AND sent_at IS NULL")
+            .await,
+        1
+    );
+    assert_eq!(relay_once(&services).await.unwrap(), 1);
+    assert_eq!(
+        relay_once(&services).await.unwrap(),
+        0,
+        "nothing left to send"
+    );
+
+    let requests = sink.requests();
+    assert_eq!(requests.len(), 2, "one failed attempt, one delivery");
+    let key = summary_ready_dedupe_key(msg.job_id);
+    for r in &requests {
+        assert_eq!(r.header("Idempotency-Key"), Some(key.as_str()));
+    }
+    assert_eq!(
+        requests[0].body, requests[1].body,
+        "the resend is the same email"
+    );
+    let email = requests[1].json();
+    assert_eq!(email["to"], "am@example.com");
+    assert!(
+        email["text"]
+            .as_str()
+            .unwrap()
+            .contains(&msg.job_id.to_string())
+    );
+    assert!(
+        email["text"]
+            .as_str()
+            .unwrap()
+            .contains("pricing next week")
+    );
+    assert_eq!(env.count("outbox WHERE sent_at IS NOT NULL").await, 1);
+}
+
+#[tokio::test]
+async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy_sink() {
+    let env = TestEnv::new().await;
+    let sink = HttpStub::start(Reply::json(200, serde_json::json!({"id": "m-2"}))).await;
+    sink.script(vec![Reply::json(
+        400,
+        serde_json::json!({"error": "recipient domain not verified"}),
+    )]);
+    let services = services(&env, &sink);
+    let msg = job(2);
+    commit_with_outbox(&services.pg, &msg, "Summary.")
+        .await
+        .unwrap();
+
+    assert_eq!(relay_once(&services).await.unwrap(), 0);
+    let mut stuck = Vec::new();
+    admin::outbox::stuck(&services, true, &mut stuck)
+        .await
+        .unwrap();
+    let stuck = String::from_utf8(stuck).unwrap();
+    let row: serde_json::Value = serde_json::from_str(stuck.trim()).unwrap();
+    assert_eq!(row["dedupe_key"], summary_ready_dedupe_key(msg.job_id));
+    assert!(row["last_error"].as_str().unwrap().contains("400"), "{row}");
+    // Parked: further passes do not call the provider.
+    assert_eq!(relay_once(&services).await.unwrap(), 0);
+    assert_eq!(sink.requests().len(), 1);
+
+    let n = admin::outbox::retry(&services, &[], true, &mut Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(relay_once(&services).await.unwrap(), 1);
+    assert_eq!(sink.requests().len(), 2);
+    assert_eq!(env.count("outbox WHERE sent_at IS NOT NULL").await, 1);
+}

@@ -90,8 +90,9 @@ impl Application {
         let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
         let server = crate::api::build_server(services.clone(), roles, shutdown.clone(), listener)
             .map_err(StartError::Http)?;
-        let http = server.handle();
-        let mut http_task = tokio::spawn(server);
+        // Stops accepting and drains in-flight requests by itself once shutdown is triggered.
+        let mut http_task =
+            tokio::spawn(crate::api::serve_until_shutdown(server, shutdown.clone()));
 
         let mut supervisor = Supervisor::new(shutdown.clone());
         if roles.has(Role::Worker) {
@@ -115,6 +116,8 @@ impl Application {
         info!(%roles, port, "summaryd started");
 
         let http_result = tokio::select! {
+            // A server that ended because shutdown began is not an unexpected stop.
+            biased;
             _ = shutdown.wait() => None,
             res = &mut http_task => Some(res),
         };
@@ -133,8 +136,13 @@ impl Application {
             grace_ms = grace.as_millis() as u64,
             "shutdown requested; draining"
         );
-        tokio::join!(http.stop(true), supervisor.drain(grace));
-        let _ = tokio::time::timeout(grace, http_task).await;
+        let (http_result, ()) = tokio::join!(
+            tokio::time::timeout(grace, http_task),
+            supervisor.drain(grace)
+        );
+        if let Ok(Ok(Err(e))) = http_result {
+            warn!(error = %e, "HTTP server failed while draining");
+        }
         info!("summaryd stopped");
         Ok(())
     }

@@ -104,8 +104,7 @@ fn app_with(
 }
 
 /// The HTTP server on `listener`. It does not watch signals (the supervisor owns them) and
-/// does not stop on `shutdown` by itself: the supervisor triggers `shutdown` (so /readyz
-/// turns 503) and then calls `server.handle().stop(true)`, or uses [`serve_until_shutdown`].
+/// does not stop on `shutdown` by itself: run it with [`serve_until_shutdown`].
 pub fn build_server(
     services: Services,
     roles: Roles,

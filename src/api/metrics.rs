@@ -8,7 +8,6 @@ use actix_web::{HttpResponse, web};
 
 use super::state::ApiState;
 use crate::context::Services;
-use crate::keys::GROUP;
 use crate::metrics::Metrics;
 
 /// A scrape must stay fast even with a dependency down (Prometheus' default scrape timeout
@@ -78,31 +77,19 @@ async fn bounded<E>(f: impl Future<Output = Result<i64, E>>) -> Option<i64> {
 
 async fn stream_pending(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
     let mut conn = services.redis.get().await?;
-    // XPENDING summary form: [count, min id, max id, consumers]; NOGROUP before the first
-    // worker created the group, which is an error we skip.
-    let reply: redis::streams::StreamPendingReply = redis::cmd("XPENDING")
-        .arg(services.keys.stream())
-        .arg(GROUP)
-        .query_async(&mut conn)
-        .await?;
-    Ok(i64::try_from(reply.count())?)
+    // NOGROUP before the first worker created the group is an error we skip.
+    let n = crate::stream::consumer::pending_count(&mut conn, &services.keys).await?;
+    Ok(i64::try_from(n)?)
 }
 
 async fn dead_letters(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
     let mut conn = services.redis.get().await?;
-    let n: i64 = redis::cmd("XLEN")
-        .arg(services.keys.dead_letters())
-        .query_async(&mut conn)
-        .await?;
+    let n: i64 = redis::AsyncCommands::xlen(&mut conn, services.keys.dead_letters()).await?;
     Ok(n)
 }
 
 async fn outbox_unsent(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
-    let client = services.pg.get().await?;
-    let row = client
-        .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NULL", &[])
-        .await?;
-    Ok(row.try_get(0)?)
+    Ok(crate::db::outbox::count_unsent(&services.pg).await?)
 }
 
 /// Count a finished request under its route template (`/v1/summaries/{job_id}`), never the

@@ -1,6 +1,6 @@
 //! The relay task: pass after pass until shutdown.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tracing::{Instrument, info, info_span, warn};
 
@@ -8,16 +8,12 @@ use super::RelayError;
 use super::backoff::jittered_backoff;
 use super::pass::relay_pass;
 use crate::context::Services;
-use crate::db::outbox;
 use crate::shutdown::Shutdown;
 
 /// Ceiling for the wait after database errors: Postgres restarting or failing over takes
 /// seconds to a minute; polling it faster helps nobody, and 30 s bounds how late the relay
 /// notices it is back.
 const DB_BACKOFF_MAX_MS: u64 = 30_000;
-/// The unsent gauge counts over the whole table; refreshing it more often than a typical
-/// Prometheus scrape interval (15 s) would only add load.
-const UNSENT_GAUGE_EVERY: Duration = Duration::from_secs(10);
 
 /// Drain the outbox until `shutdown`. `name` identifies this task in logs.
 ///
@@ -34,7 +30,6 @@ async fn drive(services: Services, shutdown: Shutdown) -> Result<(), RelayError>
     let relay = services.settings.relay.clone();
     let poll = Duration::from_millis(relay.poll_ms);
     let mut db_failures: i32 = 0;
-    let mut gauge_refreshed: Option<Instant> = None;
     info!("outbox relay started");
     while !shutdown.is_triggered() {
         let wait = match relay_pass(&services).await {
@@ -43,7 +38,6 @@ async fn drive(services: Services, shutdown: Shutdown) -> Result<(), RelayError>
                     info!("outbox relay reconnected to the database");
                 }
                 db_failures = 0;
-                refresh_unsent_gauge(&services, &mut gauge_refreshed).await;
                 let full = i64::try_from(report.claimed).unwrap_or(i64::MAX) >= relay.batch;
                 if full && report.retrying == 0 {
                     continue;
@@ -64,18 +58,4 @@ async fn drive(services: Services, shutdown: Shutdown) -> Result<(), RelayError>
     }
     info!("outbox relay stopped");
     Ok(())
-}
-
-async fn refresh_unsent_gauge(services: &Services, last: &mut Option<Instant>) {
-    if last.is_some_and(|at| at.elapsed() < UNSENT_GAUGE_EVERY) {
-        return;
-    }
-    match outbox::count_unsent(&services.pg).await {
-        Ok(n) => {
-            services.metrics.outbox_unsent.set(n);
-            *last = Some(Instant::now());
-        }
-        // Only a metric: the next pass reports the database problem if it persists.
-        Err(e) => warn!(error = %e, "could not count unsent outbox rows"),
-    }
 }

@@ -21,8 +21,8 @@ const BATCH: usize = 1;
 /// First and longest pause after Redis failed, so an outage is not a busy loop of errors.
 const MIN_ERROR_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
-/// How often each consumer removes dead consumers and refreshes the stream gauges: both
-/// are a couple of cheap commands, and dead consumers only cost a line in XINFO meanwhile.
+/// How often each consumer removes dead consumers: a couple of cheap commands, and dead
+/// consumers only cost a line in XINFO meanwhile.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
 
 #[derive(Debug, thiserror::Error)]
@@ -260,7 +260,8 @@ impl Consumer {
             .inc();
     }
 
-    /// Remove consumers that are gone and refresh the stream gauges.
+    /// Remove consumers that are gone. (The stream gauges are read when `/metrics` is
+    /// scraped, so nothing here polls them.)
     pub async fn maintain(&self) -> Result<(), WorkerError> {
         let keys = &self.services.keys;
         let mut conn = self.services.redis.get().await?;
@@ -270,15 +271,6 @@ impl Consumer {
         if !removed.is_empty() {
             tracing::info!(consumers = ?removed, "removed idle consumers with nothing pending");
         }
-        let pending = group::pending_count(&mut conn, keys).await?;
-        let dead: u64 = redis::AsyncCommands::xlen(&mut conn, keys.dead_letters()).await?;
-        let metrics = &self.services.metrics;
-        metrics
-            .stream_pending
-            .set(i64::try_from(pending).unwrap_or(i64::MAX));
-        metrics
-            .dead_letters
-            .set(i64::try_from(dead).unwrap_or(i64::MAX));
         Ok(())
     }
 }

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use chrono::Utc;
 use serde_json::Value;
 use summaryd::admin;
-use summaryd::app::Application;
 use summaryd::context::Services;
 use summaryd::domain::JobId;
 use summaryd::llm::LlmError;
@@ -18,8 +17,8 @@ use summaryd::shutdown::Shutdown;
 use summaryd::stream::{JobMessage, JobPayload, enqueue};
 use summaryd::worker::Consumer;
 
-use crate::common::fakes::{MailStep, Step};
-use crate::common::{FakeLlm, FakeMailer, TestEnv};
+use crate::shared::fakes::{MailStep, Step};
+use crate::shared::{FakeLlm, FakeMailer, TestEnv};
 
 fn bad_request() -> LlmError {
     LlmError::Status {
@@ -59,15 +58,7 @@ async fn get_status(base: &str, job_id: JobId) -> Value {
 }
 
 async fn api(env: &TestEnv) -> (String, Shutdown) {
-    let app = Application::build(
-        env.settings.clone(),
-        Roles::of(&[Role::Api]),
-        Arc::new(FakeLlm::ok()),
-        Arc::new(FakeMailer::new()),
-        false,
-    )
-    .await
-    .unwrap();
+    let app = env.services().application(Roles::of(&[Role::Api])).await;
     let base = format!("http://127.0.0.1:{}", app.port());
     let shutdown = Shutdown::new();
     tokio::spawn(app.run(shutdown.clone()));
@@ -83,7 +74,11 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
         Step::Ok(String::new()),
     ));
     let mailer = Arc::new(FakeMailer::new());
-    let services: Services = env.services(llm.clone(), mailer.clone());
+    let services: Services = env
+        .services()
+        .llm(llm.clone())
+        .mailer(mailer.clone())
+        .build();
     let (base, shutdown) = api(&env).await;
     let msg = job(1);
     let mut redis = services.redis.get().await.unwrap();
@@ -154,7 +149,11 @@ async fn replaying_a_job_that_already_finished_makes_no_second_summary_or_email(
         Step::Ok(String::new()),
     ));
     let mailer = Arc::new(FakeMailer::new());
-    let services = env.services(llm.clone(), mailer.clone());
+    let services = env
+        .services()
+        .llm(llm.clone())
+        .mailer(mailer.clone())
+        .build();
     let msg = job(2);
     let mut redis = services.redis.get().await.unwrap();
     // The same job enqueued twice (an API crash after XADD): one copy dead-letters, the
@@ -187,7 +186,7 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
         ))],
         MailStep::Deliver,
     ));
-    let services = env.services(Arc::new(FakeLlm::ok()), mailer.clone());
+    let services = env.services().mailer(mailer.clone()).build();
     let msg = job(3);
     summaryd::db::summaries::commit_with_outbox(&services.pg, &msg, "The summary.")
         .await

@@ -1,296 +1,120 @@
-//! The HTTP contract (CONTRACT.md §3) against real Redis and Postgres: bad input never
+//! The HTTP contract against real Redis and Postgres: bad input never
 //! enqueues, GET reports each state for its own tenant only, ops routes per role.
-
-use std::sync::Arc;
 
 use actix_web::http::StatusCode;
 use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
-use serde_json::{Value, json};
+use serde_json::json;
 use summaryd::api;
-use summaryd::context::Services;
 use summaryd::db;
-use summaryd::domain::{IdempotencyKey, TenantId};
-use summaryd::keys::{GROUP, ScopedKey};
+use summaryd::keys::GROUP;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{JobMessage, job_state};
+use summaryd::stream::job_state;
 
-use crate::common::{FakeLlm, FakeMailer, TestEnv};
+use crate::shared::TestEnv;
+use crate::shared::api_requests::*;
 
-/// Helpers shared with `idempotency.rs`.
-pub mod support {
-    use super::*;
+const TENANT: &str = "X-Tenant-Id";
+const KEY: &str = "Idempotency-Key";
+const CONTENT_TYPE: &str = "Content-Type";
 
-    pub const BODY: &str =
-        r#"{"text":"Quarterly numbers are up. Churn is down.","notify":"ops@example.com"}"#;
+/// What a bad request's problem must name for the client to fix: a body field (also named
+/// in `detail`), a header, or neither (the body as a whole).
+#[derive(Debug, Clone, Copy)]
+enum Names {
+    Field(&'static str),
+    Header(&'static str),
+    Neither,
+}
 
-    pub fn services(env: &TestEnv) -> Services {
-        env.services(Arc::new(FakeLlm::ok()), Arc::new(FakeMailer::new()))
+impl Names {
+    fn field(self) -> Option<&'static str> {
+        match self {
+            Names::Field(f) => Some(f),
+            _ => None,
+        }
     }
 
-    pub fn services_with(env: &TestEnv, settings: summaryd::config::Settings) -> Services {
-        env.services_with(
-            settings,
-            Arc::new(FakeLlm::ok()),
-            Arc::new(FakeMailer::new()),
-        )
-    }
-
-    /// A well-formed POST; tests remove or spoil one thing at a time.
-    pub fn post(tenant: &str, key: &str, body: &str) -> TestRequest {
-        TestRequest::post()
-            .uri("/v1/summaries")
-            .insert_header(("X-Tenant-Id", tenant))
-            .insert_header(("Idempotency-Key", key))
-            .insert_header(("Content-Type", "application/json"))
-            .set_payload(body.to_owned())
-    }
-
-    pub fn get(tenant: &str, job_id: &str) -> TestRequest {
-        TestRequest::get()
-            .uri(&format!("/v1/summaries/{job_id}"))
-            .insert_header(("X-Tenant-Id", tenant))
-    }
-
-    pub fn header(res: &actix_web::dev::ServiceResponse<impl Sized>, name: &str) -> Option<String> {
-        res.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    }
-
-    pub async fn json_body<B: actix_web::body::MessageBody>(
-        res: actix_web::dev::ServiceResponse<B>,
-    ) -> Value {
-        let bytes = test::read_body(res).await;
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
-    }
-
-    /// Entries on the job stream (XLEN).
-    pub async fn stream_len(env: &TestEnv) -> usize {
-        let mut r = env.redis().await;
-        r.xlen(format!("{}jobs:summaries", env.settings.key_prefix))
-            .await
-            .unwrap()
-    }
-
-    /// Every job message on the stream, oldest first.
-    pub async fn stream_messages(env: &TestEnv) -> Vec<JobMessage> {
-        let mut r = env.redis().await;
-        let reply: redis::streams::StreamRangeReply = r
-            .xrange_all(format!("{}jobs:summaries", env.settings.key_prefix))
-            .await
-            .unwrap();
-        reply
-            .ids
-            .iter()
-            .map(|e| JobMessage::from_fields(&e.map).unwrap())
-            .collect()
-    }
-
-    /// Redis key of the idempotency record for (tenant, key).
-    pub fn record_key(services: &Services, tenant: &str, key: &str) -> String {
-        let scoped = ScopedKey::summaries(
-            &TenantId::parse(tenant).unwrap(),
-            &IdempotencyKey::parse(key).unwrap(),
-        );
-        services.keys.idempotency(&scoped)
-    }
-
-    pub fn job_id_for(tenant: &str, key: &str) -> String {
-        ScopedKey::summaries(
-            &TenantId::parse(tenant).unwrap(),
-            &IdempotencyKey::parse(key).unwrap(),
-        )
-        .job_id()
-        .to_string()
-    }
-
-    pub fn idempotency_count(services: &Services, outcome: &str) -> u64 {
-        services
-            .metrics
-            .idempotency
-            .with_label_values(&[outcome])
-            .get()
-    }
-
-    pub async fn assert_problem<B: actix_web::body::MessageBody>(
-        res: actix_web::dev::ServiceResponse<B>,
-        status: u16,
-    ) -> Value {
-        assert_eq!(res.status().as_u16(), status);
-        assert_eq!(
-            header(&res, "content-type").as_deref(),
-            Some("application/problem+json")
-        );
-        let p = json_body(res).await;
-        assert_eq!(p["status"], status, "{p}");
-        assert!(p["title"].as_str().is_some_and(|t| !t.is_empty()), "{p}");
-        assert!(p["detail"].as_str().is_some_and(|d| !d.is_empty()), "{p}");
-        assert!(p["type"].as_str().is_some(), "{p}");
-        p
+    fn header(self) -> Option<&'static str> {
+        match self {
+            Names::Header(h) => Some(h),
+            _ => None,
+        }
     }
 }
 
-use support::*;
+/// (what, headers changed from a well-formed POST (`None` removes one), body, status, names)
+type BadInput<'a> = (
+    &'a str,
+    &'a [(&'a str, Option<&'a str>)],
+    &'a str,
+    u16,
+    Names,
+);
 
-/// (what, request, expected status, expected `field`, expected `header`)
-type BadInput<'a> = (&'a str, TestRequest, u16, Option<&'a str>, Option<&'a str>);
+/// A well-formed POST with `changes` applied; every case gets its own valid key, so no
+/// case's idempotency record could answer another's.
+fn spoilt_post(n: usize, changes: &[(&str, Option<&str>)], body: &str) -> TestRequest {
+    let key = format!("bad-input-key-{n:04}");
+    let mut headers = vec![
+        (TENANT, Some("acme")),
+        (KEY, Some(key.as_str())),
+        (CONTENT_TYPE, Some("application/json")),
+    ];
+    for (name, value) in changes {
+        if let Some(slot) = headers.iter_mut().find(|(h, _)| h == name) {
+            slot.1 = *value;
+        }
+    }
+    let mut req = TestRequest::post().uri("/v1/summaries");
+    for (name, value) in headers {
+        if let Some(value) = value {
+            req = req.insert_header((name, value));
+        }
+    }
+    req.set_payload(body.to_owned())
+}
 
 #[actix_web::test]
 async fn every_bad_input_is_a_problem_naming_what_to_fix_and_enqueues_nothing() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
-    let ok_key = |n: usize| format!("bad-input-key-{n:04}");
+    let long_key = "k".repeat(129);
     let over_limit = format!(
         r#"{{"text":"{}","notify":"a@b.co"}}"#,
         "x".repeat(services.settings.api.max_body_bytes)
     );
+    use Names::{Field, Header, Neither};
 
-    let cases: Vec<BadInput> = vec![
-        (
-            "key missing",
-            TestRequest::post()
-                .uri("/v1/summaries")
-                .insert_header(("X-Tenant-Id", "acme"))
-                .insert_header(("Content-Type", "application/json"))
-                .set_payload(BODY),
-            400,
-            None,
-            Some("Idempotency-Key"),
-        ),
-        (
-            "key too short",
-            post("acme", "short", BODY),
-            400,
-            None,
-            Some("Idempotency-Key"),
-        ),
-        (
-            "key with a space",
-            post("acme", "0123456789 abcdef", BODY),
-            400,
-            None,
-            Some("Idempotency-Key"),
-        ),
-        (
-            "key too long",
-            post("acme", &"k".repeat(129), BODY),
-            400,
-            None,
-            Some("Idempotency-Key"),
-        ),
-        (
-            "tenant missing",
-            TestRequest::post()
-                .uri("/v1/summaries")
-                .insert_header(("Idempotency-Key", ok_key(1)))
-                .insert_header(("Content-Type", "application/json"))
-                .set_payload(BODY),
-            400,
-            None,
-            Some("X-Tenant-Id"),
-        ),
-        (
-            "tenant invalid",
-            post("a:b", &ok_key(2), BODY),
-            400,
-            None,
-            Some("X-Tenant-Id"),
-        ),
-        (
-            "malformed JSON",
-            post("acme", &ok_key(3), r#"{"text":"#),
-            400,
-            None,
-            None,
-        ),
-        (
-            "missing field",
-            post("acme", &ok_key(4), r#"{"text":"hello"}"#),
-            422,
-            Some("notify"),
-            None,
-        ),
-        (
-            "wrong type",
-            post("acme", &ok_key(5), r#"{"text":5,"notify":"a@b.co"}"#),
-            422,
-            Some("text"),
-            None,
-        ),
-        (
-            "empty text",
-            post("acme", &ok_key(6), r#"{"text":"   ","notify":"a@b.co"}"#),
-            422,
-            Some("text"),
-            None,
-        ),
-        (
-            "bad email",
-            post(
-                "acme",
-                &ok_key(7),
-                r#"{"text":"hello","notify":"not-an-email"}"#,
-            ),
-            422,
-            Some("notify"),
-            None,
-        ),
-        (
-            "unknown field",
-            post(
-                "acme",
-                &ok_key(8),
-                r#"{"text":"hello","notify":"a@b.co","cc":"x@y.io"}"#,
-            ),
-            422,
-            Some("cc"),
-            None,
-        ),
-        (
-            "not an object",
-            post("acme", &ok_key(9), r#"["hello","a@b.co"]"#),
-            422,
-            Some("body"),
-            None,
-        ),
-        (
-            "over the limit",
-            post("acme", &ok_key(10), &over_limit),
-            413,
-            None,
-            None,
-        ),
-        (
-            "wrong content type",
-            post("acme", &ok_key(11), BODY).insert_header(("Content-Type", "text/plain")),
-            415,
-            None,
-            None,
-        ),
-        (
-            "missing content type",
-            TestRequest::post()
-                .uri("/v1/summaries")
-                .insert_header(("X-Tenant-Id", "acme"))
-                .insert_header(("Idempotency-Key", ok_key(12)))
-                .set_payload(BODY),
-            415,
-            None,
-            None,
-        ),
+    #[rustfmt::skip]
+    let cases: &[BadInput] = &[
+        ("key missing", &[(KEY, None)], BODY, 400, Header(KEY)),
+        ("key too short", &[(KEY, Some("short"))], BODY, 400, Header(KEY)),
+        ("key with a space", &[(KEY, Some("0123456789 abcdef"))], BODY, 400, Header(KEY)),
+        ("key too long", &[(KEY, Some(&long_key))], BODY, 400, Header(KEY)),
+        ("tenant missing", &[(TENANT, None)], BODY, 400, Header(TENANT)),
+        ("tenant invalid", &[(TENANT, Some("a:b"))], BODY, 400, Header(TENANT)),
+        ("malformed JSON", &[], r#"{"text":"#, 400, Neither),
+        ("missing field", &[], r#"{"text":"hello"}"#, 422, Field("notify")),
+        ("wrong type", &[], r#"{"text":5,"notify":"a@b.co"}"#, 422, Field("text")),
+        ("empty text", &[], r#"{"text":"   ","notify":"a@b.co"}"#, 422, Field("text")),
+        ("bad email", &[], r#"{"text":"hello","notify":"not-an-email"}"#, 422, Field("notify")),
+        ("unknown field", &[], r#"{"text":"hello","notify":"a@b.co","cc":"x@y.io"}"#, 422, Field("cc")),
+        ("not an object", &[], r#"["hello","a@b.co"]"#, 422, Field("body")),
+        ("over the limit", &[], &over_limit, 413, Neither),
+        ("wrong content type", &[(CONTENT_TYPE, Some("text/plain"))], BODY, 415, Neither),
+        ("missing content type", &[(CONTENT_TYPE, None)], BODY, 415, Neither),
     ];
-    for (what, req, status, field, header) in cases {
+    for (n, &(what, changes, body, status, names)) in cases.iter().enumerate() {
+        let req = spoilt_post(n, changes, body);
         let res = test::call_service(&app, req.to_request()).await;
         assert_eq!(res.status().as_u16(), status, "{what}");
         let p = assert_problem(res, status).await;
-        assert_eq!(p["field"].as_str(), field, "{what}: {p}");
-        assert_eq!(p["header"].as_str(), header, "{what}: {p}");
-        if let Some(field) = field {
+        assert_eq!(p["field"].as_str(), names.field(), "{what}: {p}");
+        assert_eq!(p["header"].as_str(), names.header(), "{what}: {p}");
+        if let Some(field) = names.field() {
             assert!(p["detail"].as_str().unwrap().contains(field), "{what}: {p}");
         }
     }
@@ -310,7 +134,7 @@ async fn text_over_the_model_context_is_413_naming_text_and_never_queued() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     settings.llm.max_input_chars = 20;
-    let services = services_with(&env, settings);
+    let services = env.services().settings(settings).build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     // 21 characters but far below the byte limit: only the context budget refuses it.
     let body = r#"{"text":"ééééééééééééééééééééé","notify":"a@b.co"}"#;
@@ -347,7 +171,7 @@ async fn redis_unavailable_is_503_with_retry_after_never_500() {
     let mut settings = env.settings.clone();
     // Nothing listens on port 1: connection refused at once.
     settings.redis_url = "redis://127.0.0.1:1".into();
-    let services = services_with(&env, settings);
+    let services = env.services().settings(settings).build();
     let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
 
     let res =
@@ -366,7 +190,7 @@ async fn redis_unavailable_is_503_with_retry_after_never_500() {
 #[actix_web::test]
 async fn get_reports_queued_then_done_with_rfc3339_timestamps() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let res =
         test::call_service(&app, post("acme", "get-states-key-0001", BODY).to_request()).await;
@@ -406,7 +230,7 @@ async fn get_reports_queued_then_done_with_rfc3339_timestamps() {
 #[actix_web::test]
 async fn get_reports_failed_with_the_dead_letter_reason() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let res =
         test::call_service(&app, post("acme", "get-failed-key-0001", BODY).to_request()).await;
@@ -433,7 +257,7 @@ async fn get_reports_failed_with_the_dead_letter_reason() {
 #[actix_web::test]
 async fn get_is_404_for_other_tenants_unknown_and_malformed_ids() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let res =
         test::call_service(&app, post("acme", "tenant-404-key-0001", BODY).to_request()).await;
@@ -473,7 +297,7 @@ async fn get_with_postgres_down_is_503() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     settings.database_url = "postgres://postgres@127.0.0.1:1/summaryd".into();
-    let services = services_with(&env, settings);
+    let services = env.services().settings(settings).build();
     let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
     let res = test::call_service(
         &app,
@@ -488,7 +312,12 @@ async fn get_with_postgres_down_is_503() {
 async fn healthz_is_200_and_readyz_follows_dependencies_and_shutdown() {
     let env = TestEnv::new().await;
     let shutdown = Shutdown::new();
-    let app = test::init_service(api::app(services(&env), Roles::all(), shutdown.clone())).await;
+    let app = test::init_service(api::app(
+        env.services().build(),
+        Roles::all(),
+        shutdown.clone(),
+    ))
+    .await;
 
     let res = test::call_service(&app, TestRequest::get().uri("/healthz").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
@@ -510,7 +339,7 @@ async fn readyz_checks_only_the_dependencies_of_the_enabled_roles() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     settings.redis_url = "redis://127.0.0.1:1".into();
-    let dead_redis = services_with(&env, settings);
+    let dead_redis = env.services().settings(settings).build();
 
     let app = test::init_service(api::app(dead_redis.clone(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, TestRequest::get().uri("/readyz").to_request()).await;
@@ -528,7 +357,7 @@ async fn readyz_checks_only_the_dependencies_of_the_enabled_roles() {
 #[actix_web::test]
 async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, post("acme", "metrics-key-000001", BODY).to_request()).await;
     assert_eq!(res.status(), StatusCode::ACCEPTED);
@@ -602,7 +431,12 @@ async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates(
 #[actix_web::test]
 async fn openapi_describes_every_route_and_status() {
     let env = TestEnv::new().await;
-    let app = test::init_service(api::app(services(&env), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(
+        env.services().build(),
+        Roles::all(),
+        Shutdown::new(),
+    ))
+    .await;
     let res = test::call_service(&app, TestRequest::get().uri("/openapi.json").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     let doc = json_body(res).await;
@@ -643,7 +477,12 @@ async fn openapi_describes_every_route_and_status() {
 #[actix_web::test]
 async fn unknown_routes_and_wrong_methods_are_problems() {
     let env = TestEnv::new().await;
-    let app = test::init_service(api::app(services(&env), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(
+        env.services().build(),
+        Roles::all(),
+        Shutdown::new(),
+    ))
+    .await;
     let res = test::call_service(&app, TestRequest::get().uri("/v2/nothing").to_request()).await;
     assert_problem(res, 404).await;
     let res = test::call_service(&app, TestRequest::put().uri("/v1/summaries").to_request()).await;
@@ -654,7 +493,7 @@ async fn unknown_routes_and_wrong_methods_are_problems() {
 #[actix_web::test]
 async fn worker_only_server_serves_ops_routes_but_not_v1() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = Shutdown::new();
@@ -705,7 +544,7 @@ async fn chunked_body_over_the_limit_is_413_without_content_length() {
     let addr = listener.local_addr().unwrap();
     let shutdown = Shutdown::new();
     let server = api::build_server(
-        services_with(&env, settings),
+        env.services().settings(settings).build(),
         Roles::all(),
         shutdown.clone(),
         listener,

@@ -1,32 +1,14 @@
 //! The whole application in-process: real HTTP on port 0, real Redis and Postgres, fake
 //! model and mail provider. Proves the roles are wired together and stop cleanly.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use summaryd::app::Application;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 
-use crate::common::{FakeLlm, FakeMailer, TestEnv};
-
-/// Poll `check` until it returns true, for at most `limit`; false if it never did.
-async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let until = tokio::time::Instant::now() + limit;
-    while tokio::time::Instant::now() < until {
-        if check().await {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
-}
+use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
 
 struct Running {
     base: String,
@@ -37,9 +19,13 @@ struct Running {
 async fn start(env: &TestEnv, roles: Roles, llm: Arc<FakeLlm>, mailer: Arc<FakeMailer>) -> Running {
     let mut settings = env.settings.clone();
     settings.worker.consumers = 2;
-    let app = Application::build(settings, roles, llm, mailer, false)
-        .await
-        .expect("build app");
+    let app = env
+        .services()
+        .settings(settings)
+        .llm(llm)
+        .mailer(mailer)
+        .application(roles)
+        .await;
     let base = format!("http://127.0.0.1:{}", app.port());
     let shutdown = Shutdown::new();
     let task = tokio::spawn(app.run(shutdown.clone()));

@@ -1,8 +1,6 @@
 //! Token mode (contract §4): the tenant comes from the bearer token, X-Tenant-Id is ignored,
 //! and nothing is enqueued for a request that is not authenticated.
 
-use std::sync::Arc;
-
 use actix_web::test::{self, TestRequest};
 use summaryd::api;
 use summaryd::auth::token_sha256;
@@ -12,7 +10,7 @@ use summaryd::keys::ScopedKey;
 use summaryd::roles::Roles;
 use summaryd::shutdown::Shutdown;
 
-use crate::common::{FakeLlm, FakeMailer, TestEnv};
+use crate::shared::TestEnv;
 
 const BODY: &str = r#"{"text":"Renewal agreed.","notify":"am@example.com"}"#;
 
@@ -60,11 +58,7 @@ fn settings_with(env: &TestEnv, file: &tempfile::NamedTempFile) -> Settings {
 async fn the_token_names_the_tenant_and_bad_tokens_are_401() {
     let env = TestEnv::new().await;
     let file = tokens_file("");
-    let services = env.services_with(
-        settings_with(&env, &file),
-        Arc::new(FakeLlm::ok()),
-        Arc::new(FakeMailer::new()),
-    );
+    let services = env.services().settings(settings_with(&env, &file)).build();
     let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
 
     let key = "token-mode-key-00001";
@@ -122,11 +116,7 @@ async fn the_token_names_the_tenant_and_bad_tokens_are_401() {
 async fn a_tenant_over_its_rate_gets_429_with_retry_after() {
     let env = TestEnv::new().await;
     let file = tokens_file("rate_per_s = 0.01\nburst = 2");
-    let services = env.services_with(
-        settings_with(&env, &file),
-        Arc::new(FakeLlm::ok()),
-        Arc::new(FakeMailer::new()),
-    );
+    let services = env.services().settings(settings_with(&env, &file)).build();
     let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
     for n in 0..2 {
         let res = test::call_service(

@@ -18,8 +18,8 @@ use summaryd::roles::Roles;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::{JobMessage, JobPayload};
 
-use crate::api::support::*;
-use crate::common::TestEnv;
+use crate::shared::TestEnv;
+use crate::shared::api_requests::*;
 
 const OTHER_BODY: &str = r#"{"text":"A different document.","notify":"ops@example.com"}"#;
 
@@ -78,7 +78,7 @@ async fn job_state(env: &TestEnv, job_id: &str) -> std::collections::HashMap<Str
 #[actix_web::test]
 async fn new_key_enqueues_once_and_replay_returns_the_same_body_without_enqueueing() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let key = "replay-key-0000001";
 
@@ -132,7 +132,12 @@ async fn new_key_enqueues_once_and_replay_returns_the_same_body_without_enqueuei
 #[actix_web::test]
 async fn job_id_is_the_uuid_v5_of_the_scoped_key() {
     let env = TestEnv::new().await;
-    let app = test::init_service(api::app(services(&env), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(
+        env.services().build(),
+        Roles::all(),
+        Shutdown::new(),
+    ))
+    .await;
     let key = "uuid-v5-key-000001";
     let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
     let job_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
@@ -150,7 +155,7 @@ async fn job_id_is_the_uuid_v5_of_the_scoped_key() {
 #[actix_web::test]
 async fn concurrent_requests_with_one_key_enqueue_exactly_once() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let key = "concurrent-key-0001";
     let calls = (0..10).map(|_| test::call_service(&app, post("acme", key, BODY).to_request()));
@@ -184,14 +189,14 @@ async fn concurrent_requests_with_one_key_enqueue_exactly_once() {
 async fn contenders_on_separate_connections_enqueue_exactly_once() {
     let env = TestEnv::new().await;
     let key = "race-key-000000001";
-    let redis_key = record_key(&services(&env), "acme", key);
+    let redis_key = record_key(&env.services().build(), "acme", key);
     let fp = fingerprint(BODY);
     let msg = job_message("acme", key, BODY);
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(8));
     let tasks: Vec<_> = (0..8)
         .map(|_| {
             // Separate Services: separate shared connections, like separate API processes.
-            let contender = services(&env);
+            let contender = env.services().build();
             let (start, redis_key, fp, msg) =
                 (start.clone(), redis_key.clone(), fp.clone(), msg.clone());
             tokio::spawn(async move {
@@ -238,7 +243,7 @@ async fn contenders_on_separate_connections_enqueue_exactly_once() {
 #[actix_web::test]
 async fn racing_different_bodies_on_one_key_enqueue_once_and_the_other_body_gets_422() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let key = "race-bodies-key-001";
     let calls = (0..10).map(|i| {
@@ -269,7 +274,7 @@ async fn racing_different_bodies_on_one_key_enqueue_once_and_the_other_body_gets
 #[actix_web::test]
 async fn same_key_with_a_different_body_is_422_and_enqueues_nothing() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let key = "mismatch-key-00001";
     let first = test::call_service(&app, post("acme", key, BODY).to_request()).await;
@@ -293,7 +298,7 @@ async fn same_key_with_a_different_body_is_422_and_enqueues_nothing() {
 #[actix_web::test]
 async fn keys_are_scoped_per_tenant() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let key = "shared-key-0000001";
     let mut ids = Vec::new();
@@ -332,7 +337,7 @@ async fn keys_are_scoped_per_tenant() {
 #[actix_web::test]
 async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let key = "failed-enqueue-key-1";
     let stream_key = format!("{}jobs:summaries", env.settings.key_prefix);
@@ -366,7 +371,7 @@ async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
 #[actix_web::test]
 async fn an_in_progress_marker_of_an_older_version_is_409_and_never_overwritten() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let key = "old-marker-key-0001";
     let marker = json!({"state": "in_progress", "fp": fingerprint(BODY), "token": "t"});
@@ -397,7 +402,7 @@ async fn an_in_progress_marker_of_an_older_version_is_409_and_never_overwritten(
 #[actix_web::test]
 async fn the_shared_connection_is_replaced_after_redis_drops_it() {
     let env = TestEnv::new().await;
-    let services = services(&env);
+    let services = env.services().build();
     let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, post("acme", "before-drop-key-01", BODY).to_request()).await;
     assert_eq!(res.status(), StatusCode::ACCEPTED);
@@ -449,7 +454,7 @@ async fn redis_down_is_unavailable_at_once_and_writes_nothing() {
     let mut settings = env.settings.clone();
     // Nothing listens on port 1: connection refused.
     settings.redis_url = "redis://127.0.0.1:1".into();
-    let down = services_with(&env, settings);
+    let down = env.services().settings(settings).build();
     let store = store_of(&down);
     let msg = job_message("acme", "redis-down-key-001", BODY);
     let err = store

@@ -9,9 +9,9 @@ use summaryd::config::{LlmProvider, LlmSettings, MailProvider, MailSettings, Set
 use summaryd::llm::{self, Llm, LlmError, OpenAiClient};
 use summaryd::mail::{self, HttpMailer, MailError, Mailer, OutgoingEmail, SmtpMailer};
 
-use crate::common::http_stub::{HttpStub, Reply, closed_port_url};
-use crate::common::log_capture::Captured;
-use crate::common::smtp_sink::SmtpSink;
+use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
+use crate::shared::log_capture::Captured;
+use crate::shared::smtp_sink::SmtpSink;
 
 const KEY: &str = "sk-test-4f1c9a7e2b";
 
@@ -220,8 +220,7 @@ async fn malformed_success_bodies_are_malformed_and_name_the_problem() {
 
 #[tokio::test]
 async fn connection_refused_is_a_connect_error() {
-    let client =
-        OpenAiClient::new(&llm_settings(&closed_port_url("/v1").await, Some(KEY))).unwrap();
+    let client = OpenAiClient::new(&llm_settings(&closed_port_url("/v1"), Some(KEY))).unwrap();
 
     match client.summarise("t").await {
         Err(LlmError::Connect(message)) => {
@@ -297,7 +296,7 @@ async fn api_key_never_appears_in_debug_errors_or_logs() {
     let mut settings = llm_settings(&stub.url("/v1"), Some(KEY));
     let client = OpenAiClient::new(&settings).unwrap();
     let err = client.summarise("t").await.unwrap_err();
-    settings.base_url = closed_port_url("/v1").await;
+    settings.base_url = closed_port_url("/v1");
     let connect_err = OpenAiClient::new(&settings)
         .unwrap()
         .summarise("t")
@@ -457,7 +456,7 @@ async fn http_mail_classifies_provider_answers() {
 #[tokio::test]
 async fn http_mail_unreachable_or_stalled_provider_is_transient() {
     let mut settings = mail_settings(MailProvider::Http);
-    settings.http_url = Some(closed_port_url("/send").await);
+    settings.http_url = Some(closed_port_url("/send"));
     let got = HttpMailer::new(&settings)
         .unwrap()
         .send(&email(), "k")
@@ -553,7 +552,7 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
     assert!(matches!(got, Err(MailError::Permanent(_))), "{got:?}");
 
     let mut settings = mail_settings(MailProvider::Smtp);
-    settings.smtp_url = Some(closed_port_url("").await.replace("http://", "smtp://"));
+    settings.smtp_url = Some(closed_port_url("").replace("http://", "smtp://"));
     let got = SmtpMailer::new(&settings)
         .unwrap()
         .send(&email(), "k")

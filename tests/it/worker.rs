@@ -24,8 +24,8 @@ use summaryd::stream::consumer::ensure_group;
 use summaryd::stream::{JobMessage, JobPayload, enqueue, job_state};
 use summaryd::worker::{Consumer, JobOutcome, consumer_name, handle_summary_job, run};
 
-use crate::common::fakes::Step;
-use crate::common::{FakeLlm, FakeMailer, TestEnv};
+use crate::shared::fakes::Step;
+use crate::shared::{FakeLlm, FakeMailer, TestEnv};
 
 /// Long enough that nothing in a test becomes idle by itself.
 const NEVER_IDLE_MS: u64 = 600_000;
@@ -52,7 +52,12 @@ impl World {
         adjust(&mut settings);
         let llm = Arc::new(llm);
         let mailer = Arc::new(FakeMailer::new());
-        let services = env.services_with(settings, llm.clone(), mailer.clone());
+        let services = env
+            .services()
+            .settings(settings)
+            .llm(llm.clone())
+            .mailer(mailer.clone())
+            .build();
         let mut redis = env.redis().await;
         ensure_group(&mut redis, &services.keys).await.unwrap();
         Self {

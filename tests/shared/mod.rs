@@ -1,7 +1,39 @@
-//! Test support shared by the two integration-test binaries (`tests/it`, `tests/chaos`),
-//! included by path from each: one copy of the HTTP request reader and of the cleanup code.
+//! The test harness shared by the two integration-test binaries (`tests/it`, `tests/chaos`),
+//! included by path from each: the isolated world a test runs in (its own database and Redis
+//! key prefix), the one services/application builder, the loopback HTTP and SMTP servers,
+//! the fake providers, and the request helpers for the in-process API.
 
-#![allow(dead_code)] // each test binary uses a different part of this module
+#![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
 
+pub mod api_requests;
 pub mod cleanup;
+pub mod fakes;
 pub mod http_request;
+pub mod http_stub;
+pub mod log_capture;
+pub mod smtp_sink;
+pub mod test_env;
+
+use std::future::Future;
+use std::time::Duration;
+
+pub use fakes::{FakeLlm, FakeMailer};
+pub use test_env::TestEnv;
+
+/// Poll `check` until true, for at most `limit`; false if it never was.
+pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let until = tokio::time::Instant::now() + limit;
+    loop {
+        if check().await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= until {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

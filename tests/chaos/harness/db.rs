@@ -1,24 +1,11 @@
-//! Postgres for one test: its own database (created by `summaryd migrate`), queries for
-//! assertions, the session killer, and cleanup.
+//! Dropping the service's Postgres sessions, the fault `pg_drop` injects.
 
-use tokio_postgres::NoTls;
-
-pub fn pg_base_url() -> String {
-    std::env::var("TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
-}
-
-pub async fn connect(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, NoTls)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    tokio::spawn(conn);
-    client
-}
+use crate::shared::test_env::{pg_base_url, pg_connect};
 
 /// Terminate every session on `db_name` (the service's pooled connections) except ours.
 /// Returns how many were terminated.
 pub async fn terminate_sessions(db_name: &str) -> usize {
-    let admin = connect(&format!("{}/postgres", pg_base_url())).await;
+    let admin = pg_connect(&format!("{}/postgres", pg_base_url())).await;
     let rows = admin
         .query(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::http::{Handler, Request, Response, Server};
+use crate::shared::http_stub::{Connections, Handler, Reply, Request, Server};
 
 #[derive(Debug, Clone)]
 pub struct MailBehavior {
@@ -56,14 +56,14 @@ impl MailSink {
             Box::pin(async move { answer(&state, req).await })
         });
         MailSink {
-            server: Server::start(handler).await,
+            server: Server::start(handler, Connections::KeepAlive).await,
             state,
         }
     }
 
     /// `SUMMARYD_MAIL_HTTP_URL` for this sink.
     pub fn url(&self) -> String {
-        format!("http://{}/send", self.server.addr)
+        self.server.url("/send")
     }
 
     /// Every accepted send, in arrival order.
@@ -92,9 +92,9 @@ impl MailSink {
     }
 }
 
-async fn answer(state: &State, req: Request) -> Response {
+async fn answer(state: &State, req: Request) -> Reply {
     if req.method != "POST" || req.path != "/send" {
-        return Response::json(404, &json!({"error": "no such route"}));
+        return Reply::json(404, json!({"error": "no such route"}));
     }
     let behavior = state.behavior.lock().unwrap().clone().expect("behavior");
     let latency = if behavior.latency_ms.is_empty() {
@@ -105,12 +105,12 @@ async fn answer(state: &State, req: Request) -> Response {
     tokio::time::sleep(Duration::from_millis(latency)).await;
     if rand::random::<f64>() < behavior.error_rate {
         *state.rejected.lock().unwrap() += 1;
-        return Response::json(503, &json!({"error": "injected failure"}));
+        return Reply::json(503, json!({"error": "injected failure"}));
     }
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     state.sent.lock().unwrap().push(Sent {
         idempotency_key: req.header("Idempotency-Key").map(str::to_owned),
         body,
     });
-    Response::json(200, &json!({"id": "msg"}))
+    Reply::json(200, json!({"id": "msg"}))
 }

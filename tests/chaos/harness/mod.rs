@@ -4,7 +4,6 @@
 
 pub mod client;
 pub mod db;
-pub mod http;
 pub mod load;
 pub mod mail_sink;
 pub mod model_server;
@@ -12,7 +11,6 @@ pub mod process;
 pub mod redis_server;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -25,23 +23,14 @@ use process::Proc;
 use redis_server::RedisServer;
 
 use crate::shared::cleanup;
+pub use crate::shared::eventually;
+pub use crate::shared::http_stub::free_port;
+use crate::shared::test_env::{FreshNames, pg_base_url, pg_connect, redis_url};
 
 /// After the last fault, everything accepted must be summarised and mailed within this
 /// long; the slowest path is a job held by a killed worker (claim idle) whose email is
 /// held by a killed relay (lease), plus the workers' Redis error backoff (≤ 10 s).
 const QUIESCENCE: Duration = Duration::from_secs(90);
-
-/// A port nothing listens on right now (bind port 0, note it, release it).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("free port")
-}
-
-pub fn redis_base_url() -> String {
-    std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
-}
 
 pub struct WorldOptions {
     pub model: ModelBehavior,
@@ -80,7 +69,11 @@ impl World {
     /// Build the world and migrate its database with `summaryd migrate` (the one process
     /// that migrates; every `serve` runs with `--no-migrate`).
     pub async fn new(name: &str, options: WorldOptions) -> World {
-        let id = uuid::Uuid::new_v4().simple().to_string();
+        let FreshNames {
+            id,
+            db_name,
+            key_prefix,
+        } = FreshNames::new("chaos");
         let dir = std::env::temp_dir().join(format!("summaryd-chaos-{name}-{id}"));
         std::fs::create_dir_all(&dir).expect("test dir");
         let redis = if options.private_redis {
@@ -88,10 +81,8 @@ impl World {
         } else {
             None
         };
-        let redis_url = redis.as_ref().map_or_else(redis_base_url, RedisServer::url);
-        let db_name = format!("summaryd_chaos_{id}");
-        let database_url = format!("{}/{db_name}", db::pg_base_url());
-        let key_prefix = format!("chaos:{id}:");
+        let redis_url = redis.as_ref().map_or_else(redis_url, RedisServer::url);
+        let database_url = format!("{}/{db_name}", pg_base_url());
         let model = ModelServer::start(options.model).await;
         let mail = MailSink::start(options.mail).await;
         let mut env: BTreeMap<String, String> = [
@@ -166,7 +157,7 @@ impl World {
     }
 
     pub async fn pg(&self) -> tokio_postgres::Client {
-        db::connect(&self.database_url).await
+        pg_connect(&self.database_url).await
     }
 
     pub async fn count(&self, sql: &str) -> i64 {
@@ -377,24 +368,6 @@ impl std::fmt::Display for Report {
     }
 }
 
-/// Poll `check` until true, for at most `limit`.
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let until = tokio::time::Instant::now() + limit;
-    loop {
-        if check().await {
-            return true;
-        }
-        if tokio::time::Instant::now() >= until {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 impl Drop for World {
     fn drop(&mut self) {
         // Processes are dropped (killed) before the world: tests declare the world first.
@@ -403,7 +376,7 @@ impl Drop for World {
         } else {
             cleanup::delete_redis_prefix_blocking(self.redis_url.clone(), self.key_prefix.clone());
         }
-        cleanup::drop_database_blocking(db::pg_base_url(), self.db_name.clone());
+        cleanup::drop_database_blocking(pg_base_url(), self.db_name.clone());
         if std::thread::panicking() {
             eprintln!("[{}] logs kept in {}", self.name, self.dir.display());
         } else {

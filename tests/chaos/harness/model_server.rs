@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::http::{Handler, Request, Response, Server};
+use crate::shared::http_stub::{Connections, Handler, Reply, Request, Server};
 
 /// How the model answers; changeable while processes run.
 #[derive(Debug, Clone)]
@@ -80,14 +80,14 @@ impl ModelServer {
             Box::pin(async move { answer(&state, req).await })
         });
         ModelServer {
-            server: Server::start(handler).await,
+            server: Server::start(handler, Connections::KeepAlive).await,
             state,
         }
     }
 
     /// `SUMMARYD_LLM_BASE_URL` for this server.
     pub fn base_url(&self) -> String {
-        format!("http://{}/v1", self.server.addr)
+        self.server.url("/v1")
     }
 
     pub fn set_behavior(&self, behavior: ModelBehavior) {
@@ -119,16 +119,16 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn answer(state: &State, req: Request) -> Response {
+async fn answer(state: &State, req: Request) -> Reply {
     if req.method != "POST" || req.path != "/v1/chat/completions" {
-        return Response::json(404, &json!({"error": {"message": "no such route"}}));
+        return Reply::json(404, json!({"error": {"message": "no such route"}}));
     }
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
     let content = body["messages"][0]["content"].as_str().unwrap_or_default();
     let Some(marker) = marker_of(content) else {
-        return Response::json(
+        return Reply::json(
             400,
-            &json!({"error": {"message": "no [[marker]] in prompt"}}),
+            json!({"error": {"message": "no [[marker]] in prompt"}}),
         );
     };
     *state
@@ -141,7 +141,7 @@ async fn answer(state: &State, req: Request) -> Response {
     let _gauge = InFlight(&state.in_flight);
     let behavior = state.behavior.lock().unwrap().clone().expect("behavior");
     if behavior.hang {
-        return Response::Hang;
+        return Reply::Hang;
     }
     let latency = if behavior.latency_ms.is_empty() {
         0
@@ -151,18 +151,15 @@ async fn answer(state: &State, req: Request) -> Response {
     tokio::time::sleep(Duration::from_millis(latency)).await;
     let draw: f64 = rand::random();
     if draw < behavior.error_rate {
-        return Response::json(500, &json!({"error": {"message": "injected failure"}}));
+        return Reply::json(500, json!({"error": {"message": "injected failure"}}));
     }
     if draw < behavior.error_rate + behavior.throttle_rate {
-        let mut reply = Response::json(429, &json!({"error": {"message": "slow down"}}));
-        if let Response::Reply { headers, .. } = &mut reply {
-            headers.push(("retry-after-ms".into(), "50".into()));
-        }
-        return reply;
+        return Reply::json(429, json!({"error": {"message": "slow down"}}))
+            .with_header("retry-after-ms", "50");
     }
-    Response::json(
+    Reply::json(
         200,
-        &json!({
+        json!({
             "id": "chatcmpl-chaos",
             "object": "chat.completion",
             "choices": [{

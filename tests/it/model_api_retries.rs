@@ -13,8 +13,8 @@ use summaryd::stream::consumer::pending_count;
 use summaryd::stream::{JobMessage, JobPayload, enqueue};
 use summaryd::worker::Consumer;
 
-use crate::common::http_stub::{HttpStub, Reply, closed_port_url};
-use crate::common::{FakeMailer, TestEnv};
+use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
+use crate::shared::{FakeMailer, TestEnv};
 
 fn settings_for(base_url: &str) -> LlmSettings {
     LlmSettings {
@@ -113,7 +113,7 @@ async fn a_dripping_response_is_cut_by_the_call_timeout_and_retried() {
 
 #[tokio::test]
 async fn connection_refused_is_retried_and_reported_transient() {
-    let url = closed_port_url("/v1").await;
+    let url = closed_port_url("/v1");
     let err = call(&url, |s| s.max_attempts = 2).await.unwrap_err();
     assert!(
         matches!(err, RetryError::Llm(LlmError::Connect(_))),
@@ -139,7 +139,12 @@ async fn worker(env: &TestEnv, url: &str) -> (Consumer, summaryd::context::Servi
     let mut settings = env.settings.clone();
     settings.llm = settings_for(url);
     let llm = summaryd::llm::from_settings(&settings.llm).unwrap();
-    let services = env.services_with(settings, llm, Arc::new(FakeMailer::new()));
+    let services = env
+        .services()
+        .settings(settings)
+        .llm(llm)
+        .mailer(Arc::new(FakeMailer::new()))
+        .build();
     let consumer = Consumer::new(services.clone(), "w-1");
     consumer.ensure_group().await.unwrap();
     let mut redis = services.redis.get().await.unwrap();
@@ -175,7 +180,7 @@ async fn a_bad_request_from_the_model_api_dead_letters_after_one_call() {
 #[tokio::test]
 async fn an_unreachable_model_api_leaves_the_job_pending_for_redelivery() {
     let env = TestEnv::new().await;
-    let url = closed_port_url("/v1").await;
+    let url = closed_port_url("/v1");
     let (mut consumer, services) = worker(&env, &url).await;
     assert_eq!(consumer.run_once().await.unwrap(), 1);
     assert_eq!(dead_letters(&env).await, 0);

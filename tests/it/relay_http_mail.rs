@@ -1,8 +1,6 @@
 //! The relay with the real HTTP mail provider against an email API stub on loopback: the
 //! provider's answers decide whether a row is resent, parked for a person, or done.
 
-use std::sync::Arc;
-
 use chrono::Utc;
 use summaryd::admin;
 use summaryd::config::MailProvider;
@@ -11,8 +9,8 @@ use summaryd::domain::JobId;
 use summaryd::relay::relay_once;
 use summaryd::stream::{JobMessage, JobPayload};
 
-use crate::common::http_stub::{HttpStub, Reply};
-use crate::common::{FakeLlm, TestEnv};
+use crate::shared::TestEnv;
+use crate::shared::http_stub::{HttpStub, Reply};
 
 fn job(n: u32) -> JobMessage {
     JobMessage {
@@ -34,7 +32,7 @@ fn services(env: &TestEnv, sink: &HttpStub) -> summaryd::context::Services {
     settings.mail.http_url = Some(sink.url("/v1/emails"));
     settings.relay.backoff_ms = 0;
     let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
-    env.services_with(settings, Arc::new(FakeLlm::ok()), mailer)
+    env.services().settings(settings).mailer(mailer).build()
 }
 
 #[tokio::test]

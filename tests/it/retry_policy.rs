@@ -7,8 +7,8 @@ use summaryd::llm::LlmError;
 use summaryd::metrics::Metrics;
 use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
 
-use crate::common::FakeLlm;
-use crate::common::fakes::Step;
+use crate::shared::FakeLlm;
+use crate::shared::fakes::Step;
 
 fn policy() -> RetryPolicy {
     RetryPolicy {

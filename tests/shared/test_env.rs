@@ -1,27 +1,23 @@
-#![allow(dead_code, unused_imports)] // shared by test modules; not every module uses every helper
-//! Test harness: each test gets its own Postgres database (copied from a migrated template)
-//! and its own Redis key prefix, so tests run in parallel against the real services.
-
-pub mod fakes;
-pub mod http_stub;
-pub mod log_capture;
-pub mod smtp_sink;
+//! The isolated world a test runs in: its own Postgres database (copied from a migrated
+//! template) and its own Redis key prefix, so tests run in parallel against the real
+//! services; and the one place tests build `Services` and the `Application` from it.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+use summaryd::app::Application;
 use summaryd::config::Settings;
 use summaryd::context::Services;
 use summaryd::llm::Llm;
 use summaryd::mail::Mailer;
+use summaryd::roles::Roles;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-pub use fakes::{FakeLlm, FakeMailer};
-
 use crate::shared::cleanup;
+use crate::shared::fakes::{FakeLlm, FakeMailer};
 
 pub fn pg_base_url() -> String {
     std::env::var("TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
@@ -29,6 +25,34 @@ pub fn pg_base_url() -> String {
 
 pub fn redis_url() -> String {
     std::env::var("TEST_REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379".into())
+}
+
+/// A Postgres client on `url`, its connection driven on the test's runtime.
+pub async fn pg_connect(url: &str) -> tokio_postgres::Client {
+    let (client, conn) = tokio_postgres::connect(url, NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e} (is Postgres running?)"));
+    tokio::spawn(conn);
+    client
+}
+
+/// A database name and a Redis key prefix no other test uses, under one id.
+pub struct FreshNames {
+    pub id: String,
+    pub db_name: String,
+    pub key_prefix: String,
+}
+
+impl FreshNames {
+    /// `tag` says which suite made them, so a leftover is traced to its suite.
+    pub fn new(tag: &str) -> FreshNames {
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        FreshNames {
+            db_name: format!("summaryd_{tag}_{id}"),
+            key_prefix: format!("{tag}:{id}:"),
+            id,
+        }
+    }
 }
 
 /// One isolated world: a database, a key prefix, and settings pointing at them.
@@ -41,8 +65,11 @@ impl TestEnv {
     /// A fresh migrated database and key prefix, with settings suited to fast tests.
     pub async fn new() -> TestEnv {
         let template = ensure_template().await;
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let db_name = format!("summaryd_t_{id}");
+        let FreshNames {
+            db_name,
+            key_prefix,
+            ..
+        } = FreshNames::new("t");
         let admin = admin_client().await;
         // CREATE DATABASE … TEMPLATE fails while anyone is connected to the template; the
         // migration connection may take a moment to go away.
@@ -65,7 +92,7 @@ impl TestEnv {
         let mut settings = Settings {
             database_url: format!("{}/{db_name}", pg_base_url()),
             redis_url: redis_url(),
-            key_prefix: format!("t:{id}:"),
+            key_prefix,
             listen: "127.0.0.1:0".parse().unwrap(),
             ..Settings::default()
         };
@@ -76,27 +103,19 @@ impl TestEnv {
         TestEnv { db_name, settings }
     }
 
-    /// Services wired to this env's database and prefix, with the given fakes.
-    pub fn services(&self, llm: Arc<dyn Llm>, mailer: Arc<dyn Mailer>) -> Services {
-        Services::new(self.settings.clone(), llm, mailer).expect("services")
-    }
-
-    pub fn services_with(
-        &self,
-        settings: Settings,
-        llm: Arc<dyn Llm>,
-        mailer: Arc<dyn Mailer>,
-    ) -> Services {
-        Services::new(settings, llm, mailer).expect("services")
+    /// Services wired to this env's database and prefix: a model that always answers and a
+    /// mailer that always delivers, unless the test says otherwise.
+    pub fn services(&self) -> Build {
+        Build {
+            settings: self.settings.clone(),
+            llm: Arc::new(FakeLlm::ok()),
+            mailer: Arc::new(FakeMailer::new()),
+        }
     }
 
     /// A direct Postgres client on this test's database, for asserting rows.
     pub async fn pg(&self) -> tokio_postgres::Client {
-        let (client, conn) = tokio_postgres::connect(&self.settings.database_url, NoTls)
-            .await
-            .expect("connect test db");
-        tokio::spawn(conn);
-        client
+        pg_connect(&self.settings.database_url).await
     }
 
     /// A direct Redis connection, for asserting stream state.
@@ -126,12 +145,44 @@ impl Drop for TestEnv {
     }
 }
 
+/// What a test wires its services from; `build` and `application` are the only places the
+/// tests construct the service graph, so a change to it changes the harness once.
+pub struct Build {
+    settings: Settings,
+    llm: Arc<dyn Llm>,
+    mailer: Arc<dyn Mailer>,
+}
+
+impl Build {
+    pub fn settings(mut self, settings: Settings) -> Self {
+        self.settings = settings;
+        self
+    }
+
+    pub fn llm(mut self, llm: Arc<dyn Llm>) -> Self {
+        self.llm = llm;
+        self
+    }
+
+    pub fn mailer(mut self, mailer: Arc<dyn Mailer>) -> Self {
+        self.mailer = mailer;
+        self
+    }
+
+    pub fn build(self) -> Services {
+        Services::new(self.settings, self.llm, self.mailer).expect("services")
+    }
+
+    /// The whole application with `roles`, on the database the env already migrated.
+    pub async fn application(self, roles: Roles) -> Application {
+        Application::build(self.settings, roles, self.llm, self.mailer, false)
+            .await
+            .expect("build app")
+    }
+}
+
 async fn admin_client() -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(&format!("{}/postgres", pg_base_url()), NoTls)
-        .await
-        .expect("connect to Postgres (is it running on 127.0.0.1:5432?)");
-    tokio::spawn(conn);
-    client
+    pg_connect(&format!("{}/postgres", pg_base_url())).await
 }
 
 /// The template is named by a hash of the migrations, so a changed migration gets a new one.

@@ -1,0 +1,111 @@
+//! Requests to the in-process API (`actix_web::test`) and reading its answers, for the
+//! tests of the HTTP contract, and the Redis state those requests leave behind.
+
+use actix_web::test::{self, TestRequest};
+use redis::AsyncCommands;
+use serde_json::Value;
+use summaryd::context::Services;
+use summaryd::domain::{IdempotencyKey, TenantId};
+use summaryd::keys::ScopedKey;
+use summaryd::stream::JobMessage;
+
+use crate::shared::TestEnv;
+
+pub const BODY: &str =
+    r#"{"text":"Quarterly numbers are up. Churn is down.","notify":"ops@example.com"}"#;
+
+/// A well-formed POST; tests remove or spoil one thing at a time.
+pub fn post(tenant: &str, key: &str, body: &str) -> TestRequest {
+    TestRequest::post()
+        .uri("/v1/summaries")
+        .insert_header(("X-Tenant-Id", tenant))
+        .insert_header(("Idempotency-Key", key))
+        .insert_header(("Content-Type", "application/json"))
+        .set_payload(body.to_owned())
+}
+
+pub fn get(tenant: &str, job_id: &str) -> TestRequest {
+    TestRequest::get()
+        .uri(&format!("/v1/summaries/{job_id}"))
+        .insert_header(("X-Tenant-Id", tenant))
+}
+
+pub fn header(res: &actix_web::dev::ServiceResponse<impl Sized>, name: &str) -> Option<String> {
+    res.headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+}
+
+pub async fn json_body<B: actix_web::body::MessageBody>(
+    res: actix_web::dev::ServiceResponse<B>,
+) -> Value {
+    let bytes = test::read_body(res).await;
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
+}
+
+/// Entries on the job stream (XLEN).
+pub async fn stream_len(env: &TestEnv) -> usize {
+    let mut r = env.redis().await;
+    r.xlen(format!("{}jobs:summaries", env.settings.key_prefix))
+        .await
+        .unwrap()
+}
+
+/// Every job message on the stream, oldest first.
+pub async fn stream_messages(env: &TestEnv) -> Vec<JobMessage> {
+    let mut r = env.redis().await;
+    let reply: redis::streams::StreamRangeReply = r
+        .xrange_all(format!("{}jobs:summaries", env.settings.key_prefix))
+        .await
+        .unwrap();
+    reply
+        .ids
+        .iter()
+        .map(|e| JobMessage::from_fields(&e.map).unwrap())
+        .collect()
+}
+
+/// Redis key of the idempotency record for (tenant, key).
+pub fn record_key(services: &Services, tenant: &str, key: &str) -> String {
+    let scoped = ScopedKey::summaries(
+        &TenantId::parse(tenant).unwrap(),
+        &IdempotencyKey::parse(key).unwrap(),
+    );
+    services.keys.idempotency(&scoped)
+}
+
+pub fn job_id_for(tenant: &str, key: &str) -> String {
+    ScopedKey::summaries(
+        &TenantId::parse(tenant).unwrap(),
+        &IdempotencyKey::parse(key).unwrap(),
+    )
+    .job_id()
+    .to_string()
+}
+
+pub fn idempotency_count(services: &Services, outcome: &str) -> u64 {
+    services
+        .metrics
+        .idempotency
+        .with_label_values(&[outcome])
+        .get()
+}
+
+pub async fn assert_problem<B: actix_web::body::MessageBody>(
+    res: actix_web::dev::ServiceResponse<B>,
+    status: u16,
+) -> Value {
+    assert_eq!(res.status().as_u16(), status);
+    assert_eq!(
+        header(&res, "content-type").as_deref(),
+        Some("application/problem+json")
+    );
+    let p = json_body(res).await;
+    assert_eq!(p["status"], status, "{p}");
+    assert!(p["title"].as_str().is_some_and(|t| !t.is_empty()), "{p}");
+    assert!(p["detail"].as_str().is_some_and(|d| !d.is_empty()), "{p}");
+    assert!(p["type"].as_str().is_some(), "{p}");
+    p
+}

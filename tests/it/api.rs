@@ -312,12 +312,8 @@ async fn get_with_postgres_down_is_503() {
 async fn healthz_is_200_and_readyz_follows_dependencies_and_shutdown() {
     let env = TestEnv::new().await;
     let shutdown = Shutdown::new();
-    let app = test::init_service(api::app(
-        env.services().build(),
-        Roles::all(),
-        shutdown.clone(),
-    ))
-    .await;
+    let services = env.services().build();
+    let app = test::init_service(api::app(services, Roles::all(), shutdown.clone())).await;
 
     let res = test::call_service(&app, TestRequest::get().uri("/healthz").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
@@ -431,12 +427,8 @@ async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates(
 #[actix_web::test]
 async fn openapi_describes_every_route_and_status() {
     let env = TestEnv::new().await;
-    let app = test::init_service(api::app(
-        env.services().build(),
-        Roles::all(),
-        Shutdown::new(),
-    ))
-    .await;
+    let services = env.services().build();
+    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, TestRequest::get().uri("/openapi.json").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     let doc = json_body(res).await;
@@ -477,12 +469,8 @@ async fn openapi_describes_every_route_and_status() {
 #[actix_web::test]
 async fn unknown_routes_and_wrong_methods_are_problems() {
     let env = TestEnv::new().await;
-    let app = test::init_service(api::app(
-        env.services().build(),
-        Roles::all(),
-        Shutdown::new(),
-    ))
-    .await;
+    let services = env.services().build();
+    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, TestRequest::get().uri("/v2/nothing").to_request()).await;
     assert_problem(res, 404).await;
     let res = test::call_service(&app, TestRequest::put().uri("/v1/summaries").to_request()).await;

@@ -132,12 +132,8 @@ async fn new_key_enqueues_once_and_replay_returns_the_same_body_without_enqueuei
 #[actix_web::test]
 async fn job_id_is_the_uuid_v5_of_the_scoped_key() {
     let env = TestEnv::new().await;
-    let app = test::init_service(api::app(
-        env.services().build(),
-        Roles::all(),
-        Shutdown::new(),
-    ))
-    .await;
+    let services = env.services().build();
+    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
     let key = "uuid-v5-key-000001";
     let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
     let job_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();

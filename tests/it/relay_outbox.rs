@@ -37,6 +37,13 @@ fn fast_settings(env: &TestEnv) -> Settings {
     s
 }
 
+fn services(env: &TestEnv, settings: Settings, mailer: &Arc<FakeMailer>) -> Services {
+    env.services()
+        .settings(settings)
+        .mailer(mailer.clone())
+        .build()
+}
+
 fn summary_text(n: u32) -> String {
     format!("Summary number {n}: revenue is up, churn is down.")
 }
@@ -121,11 +128,7 @@ async fn provider_down_then_up_sends_exactly_one_email_with_the_dedupe_key() {
         ))],
         MailStep::Deliver,
     ));
-    let svc = env
-        .services()
-        .settings(fast_settings(&env))
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, fast_settings(&env), &mailer);
     let job = commit_job(&svc, 1).await;
 
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
@@ -158,11 +161,7 @@ async fn crash_between_send_and_commit_resends_with_the_same_dedupe_key() {
         vec![MailStep::DeliverThenCrash],
         MailStep::Deliver,
     ));
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
     // The panic inside send stands in for SIGKILL after the provider accepted the email.
@@ -194,11 +193,7 @@ async fn two_relays_at_once_deliver_each_row_exactly_once() {
         vec![],
         MailStep::DelayThenDeliver(Duration::from_millis(200)),
     ));
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let mut jobs = Vec::new();
     for n in 0..6 {
         jobs.push(commit_job(&svc, n).await);
@@ -236,11 +231,7 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings.clone())
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings.clone(), &mailer);
     let held = [commit_job(&svc, 1).await, commit_job(&svc, 2).await];
 
     // The "dead" relay claims and never records anything.
@@ -299,11 +290,7 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
         ))],
         MailStep::Deliver,
     ));
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
@@ -361,11 +348,7 @@ async fn a_payload_that_cannot_be_composed_fails_permanently_without_calling_the
     let settings = fast_settings(&env);
     let max = settings.relay.max_attempts;
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     env.pg()
         .await
         .execute(
@@ -409,11 +392,7 @@ async fn transient_failures_up_to_max_attempts_leave_the_row_stuck() {
         vec![],
         MailStep::Fail(MailError::Transient("connection refused".into())),
     ));
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
     for attempt in 1..=3 {
@@ -456,11 +435,7 @@ async fn a_provider_that_does_not_answer_in_time_is_a_transient_failure() {
         vec![MailStep::DelayThenDeliver(Duration::from_secs(30))],
         MailStep::Deliver,
     ));
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
@@ -483,11 +458,7 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
         Duration::from_millis(settings.relay.lease_ms),
     );
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
     let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
@@ -539,11 +510,7 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
         Duration::from_millis(settings.relay.lease_ms),
     );
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
     let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
@@ -577,11 +544,7 @@ async fn the_email_names_the_job_and_carries_the_summary() {
     let settings = fast_settings(&env);
     let from = settings.mail.from.clone();
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 7).await;
 
     assert_eq!(relay_once(&svc).await.unwrap(), 1);
@@ -634,11 +597,7 @@ async fn run_sends_rows_committed_while_it_runs_and_stops_on_shutdown() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env); // poll_ms = 20 from the harness
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let shutdown = Shutdown::new();
     let task = tokio::spawn(run(svc.clone(), "relay-test".into(), shutdown.clone()));
 
@@ -671,11 +630,7 @@ async fn run_wakes_from_its_idle_wait_on_shutdown() {
     // An idle wait far longer than the test: only the shutdown signal can end it.
     settings.relay.poll_ms = 600_000;
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
     let shutdown = Shutdown::new();
     let task = tokio::spawn(run(svc.clone(), "relay-test".into(), shutdown.clone()));
@@ -700,11 +655,7 @@ async fn run_rides_out_database_errors_and_still_stops_on_shutdown() {
         crate::shared::test_env::pg_base_url()
     );
     let mailer = Arc::new(FakeMailer::new());
-    let svc = env
-        .services()
-        .settings(settings)
-        .mailer(mailer.clone())
-        .build();
+    let svc = services(&env, settings, &mailer);
     let shutdown = Shutdown::new();
     let task = tokio::spawn(run(svc, "relay-test".into(), shutdown.clone()));
 

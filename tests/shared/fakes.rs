@@ -1,6 +1,5 @@
 //! In-process fakes for the two external providers (never for Redis or Postgres).
 
-use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -8,6 +7,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use summaryd::llm::{Llm, LlmError};
 use summaryd::mail::{MailError, Mailer, OutgoingEmail};
+
+use crate::shared::script::Script;
 
 /// One scripted model answer.
 #[derive(Debug, Clone)]
@@ -23,8 +24,7 @@ pub enum Step {
 /// A scriptable model: plays `script` in order, then `fallback` forever. Counts calls and
 /// the peak number of calls in flight at once.
 pub struct FakeLlm {
-    script: Mutex<VecDeque<Step>>,
-    fallback: Step,
+    script: Script<Step>,
     calls: AtomicUsize,
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
@@ -39,8 +39,7 @@ impl FakeLlm {
 
     pub fn with(script: Vec<Step>, fallback: Step) -> Self {
         Self {
-            script: Mutex::new(script.into()),
-            fallback,
+            script: Script::new(script, fallback),
             calls: AtomicUsize::new(0),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
@@ -110,12 +109,7 @@ impl Llm for FakeLlm {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         let _guard = InFlight(&self.in_flight);
-        let step = self
-            .script
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or_else(|| self.fallback.clone());
+        let step = self.script.next();
         Self::play(step, text).await
     }
 }
@@ -134,8 +128,7 @@ pub enum MailStep {
 
 /// Records every email it "delivers", with the dedupe key it was given.
 pub struct FakeMailer {
-    script: Mutex<VecDeque<MailStep>>,
-    fallback: MailStep,
+    script: Script<MailStep>,
     attempts: AtomicUsize,
     sent: Mutex<Vec<(OutgoingEmail, String)>>,
 }
@@ -147,8 +140,7 @@ impl FakeMailer {
 
     pub fn with(script: Vec<MailStep>, fallback: MailStep) -> Self {
         Self {
-            script: Mutex::new(script.into()),
-            fallback,
+            script: Script::new(script, fallback),
             attempts: AtomicUsize::new(0),
             sent: Mutex::new(Vec::new()),
         }
@@ -175,12 +167,7 @@ impl Default for FakeMailer {
 impl Mailer for FakeMailer {
     async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
-        let step = self
-            .script
-            .lock()
-            .unwrap()
-            .pop_front()
-            .unwrap_or_else(|| self.fallback.clone());
+        let step = self.script.next();
         match step {
             MailStep::Deliver => {}
             MailStep::Fail(e) => return Err(e),

@@ -5,7 +5,6 @@
 //! Plain tokio sockets rather than a framework, so a reply can misbehave at the byte level:
 //! reset the connection, send headers and then drip the body forever, or never answer.
 
-use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -19,6 +18,7 @@ use tokio::task::JoinHandle;
 
 pub use crate::shared::http_request::Request;
 use crate::shared::http_request::read_request;
+use crate::shared::script::Script;
 
 /// What the server does with one request.
 #[derive(Debug, Clone)]
@@ -80,6 +80,16 @@ impl Reply {
 
 pub type Handler =
     Arc<dyn Fn(Request) -> Pin<Box<dyn Future<Output = Reply> + Send>> + Send + Sync>;
+
+/// A handler that answers each request with `answer(state, request)`.
+pub fn handler<S, F, Fut>(state: Arc<S>, answer: F) -> Handler
+where
+    S: Send + Sync + 'static,
+    F: Fn(Arc<S>, Request) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Reply> + Send + 'static,
+{
+    Arc::new(move |request| Box::pin(answer(state.clone(), request)))
+}
 
 /// Whether a connection carries more than one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -226,11 +236,8 @@ async fn drip(mut stream: TcpStream, every: Duration) {
 /// One request as the stub saw it.
 pub type Recorded = Request;
 
-#[derive(Default)]
-struct Script {
-    /// Played first, one per request; then `standing` for every request after.
-    next: Mutex<VecDeque<Reply>>,
-    standing: Mutex<Option<Reply>>,
+struct Stub {
+    replies: Script<Reply>,
     requests: Mutex<Vec<Recorded>>,
 }
 
@@ -239,36 +246,24 @@ struct Script {
 pub struct HttpStub {
     pub addr: SocketAddr,
     server: Server,
-    script: Arc<Script>,
+    stub: Arc<Stub>,
 }
 
 impl HttpStub {
     pub async fn start(reply: Reply) -> HttpStub {
-        let script = Arc::new(Script {
-            standing: Mutex::new(Some(reply)),
-            ..Script::default()
+        let stub = Arc::new(Stub {
+            replies: Script::new(Vec::new(), reply),
+            requests: Mutex::new(Vec::new()),
         });
-        let state = script.clone();
-        let handler: Handler = Arc::new(move |request| {
-            let state = state.clone();
-            Box::pin(async move {
-                state.requests.lock().unwrap().push(request);
-                let scripted = state.next.lock().unwrap().pop_front();
-                scripted.unwrap_or_else(|| {
-                    state
-                        .standing
-                        .lock()
-                        .unwrap()
-                        .clone()
-                        .expect("standing reply")
-                })
-            })
+        let handler = handler(stub.clone(), |stub, request| async move {
+            stub.requests.lock().unwrap().push(request);
+            stub.replies.next()
         });
         let server = Server::start(handler, Connections::ClosedAfterReply).await;
         HttpStub {
             addr: server.addr,
             server,
-            script,
+            stub,
         }
     }
 
@@ -279,15 +274,15 @@ impl HttpStub {
 
     /// Answer the next requests with `replies`, in order, before the standing reply.
     pub fn script(&self, replies: Vec<Reply>) {
-        self.script.next.lock().unwrap().extend(replies);
+        self.stub.replies.extend(replies);
     }
 
     pub fn set_reply(&self, reply: Reply) {
-        *self.script.standing.lock().unwrap() = Some(reply);
+        self.stub.replies.set_standing(reply);
     }
 
     pub fn requests(&self) -> Vec<Recorded> {
-        self.script.requests.lock().unwrap().clone()
+        self.stub.requests.lock().unwrap().clone()
     }
 
     /// Connections the server still holds open (a drip ends when the client hangs up).

@@ -11,6 +11,7 @@ pub mod fakes;
 pub mod http_request;
 pub mod http_stub;
 pub mod log_capture;
+pub mod script;
 pub mod smtp_sink;
 pub mod test_env;
 

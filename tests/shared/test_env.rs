@@ -73,22 +73,11 @@ impl TestEnv {
         let admin = admin_client().await;
         // CREATE DATABASE … TEMPLATE fails while anyone is connected to the template; the
         // migration connection may take a moment to go away.
-        let mut tries = 0;
-        loop {
-            match admin
-                .batch_execute(&format!(
-                    "CREATE DATABASE \"{db_name}\" TEMPLATE \"{template}\""
-                ))
-                .await
-            {
-                Ok(()) => break,
-                Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) && tries < 100 => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("create test database: {e}"),
-            }
-        }
+        execute_when_unused(
+            &admin,
+            &format!("CREATE DATABASE \"{db_name}\" TEMPLATE \"{template}\""),
+        )
+        .await;
         let mut settings = Settings {
             database_url: format!("{}/{db_name}", pg_base_url()),
             redis_url: redis_url(),
@@ -181,6 +170,22 @@ impl Build {
     }
 }
 
+/// Run `sql`, waiting (up to 5 s) while the database it names is still in use: a
+/// connection that just closed can linger a moment on the server.
+async fn execute_when_unused(admin: &tokio_postgres::Client, sql: &str) {
+    let mut tries = 0;
+    loop {
+        match admin.batch_execute(sql).await {
+            Ok(()) => return,
+            Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) && tries < 100 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("{sql}: {e}"),
+        }
+    }
+}
+
 async fn admin_client() -> tokio_postgres::Client {
     pg_connect(&format!("{}/postgres", pg_base_url())).await
 }
@@ -224,22 +229,11 @@ async fn ensure_template() -> String {
             .await
             .expect("migrate template");
         // Publish atomically: a half-migrated template is never visible under the real name.
-        let mut tries = 0;
-        loop {
-            match admin
-                .batch_execute(&format!(
-                    "ALTER DATABASE \"{building}\" RENAME TO \"{template}\""
-                ))
-                .await
-            {
-                Ok(()) => break,
-                Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) && tries < 100 => {
-                    tries += 1;
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("publish template: {e}"),
-            }
-        }
+        execute_when_unused(
+            &admin,
+            &format!("ALTER DATABASE \"{building}\" RENAME TO \"{template}\""),
+        )
+        .await;
     }
     admin
         .execute("SELECT pg_advisory_unlock(7243001)", &[])

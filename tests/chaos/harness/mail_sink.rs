@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::shared::http_stub::{Connections, Handler, Reply, Request, Server};
+use crate::shared::http_stub::{Connections, Reply, Request, Server, handler};
 
 #[derive(Debug, Clone)]
 pub struct MailBehavior {
@@ -50,13 +50,8 @@ impl MailSink {
     pub async fn start(behavior: MailBehavior) -> MailSink {
         let state = Arc::new(State::default());
         *state.behavior.lock().unwrap() = Some(behavior);
-        let handler_state = state.clone();
-        let handler: Handler = Arc::new(move |req| {
-            let state = handler_state.clone();
-            Box::pin(async move { answer(&state, req).await })
-        });
         MailSink {
-            server: Server::start(handler, Connections::KeepAlive).await,
+            server: Server::start(handler(state.clone(), answer), Connections::KeepAlive).await,
             state,
         }
     }
@@ -92,7 +87,7 @@ impl MailSink {
     }
 }
 
-async fn answer(state: &State, req: Request) -> Reply {
+async fn answer(state: Arc<State>, req: Request) -> Reply {
     if req.method != "POST" || req.path != "/send" {
         return Reply::json(404, json!({"error": "no such route"}));
     }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use crate::shared::http_stub::{Connections, Handler, Reply, Request, Server};
+use crate::shared::http_stub::{Connections, Reply, Request, Server, handler};
 
 /// How the model answers; changeable while processes run.
 #[derive(Debug, Clone)]
@@ -74,13 +74,8 @@ impl ModelServer {
     pub async fn start(behavior: ModelBehavior) -> ModelServer {
         let state = Arc::new(State::default());
         *state.behavior.lock().unwrap() = Some(behavior);
-        let handler_state = state.clone();
-        let handler: Handler = Arc::new(move |req| {
-            let state = handler_state.clone();
-            Box::pin(async move { answer(&state, req).await })
-        });
         ModelServer {
-            server: Server::start(handler, Connections::KeepAlive).await,
+            server: Server::start(handler(state.clone(), answer), Connections::KeepAlive).await,
             state,
         }
     }
@@ -119,7 +114,7 @@ impl Drop for InFlight<'_> {
     }
 }
 
-async fn answer(state: &State, req: Request) -> Reply {
+async fn answer(state: Arc<State>, req: Request) -> Reply {
     if req.method != "POST" || req.path != "/v1/chat/completions" {
         return Reply::json(404, json!({"error": {"message": "no such route"}}));
     }

@@ -1,4 +1,4 @@
-//! The HTTP contract against real Redis and Postgres: bad input never
+//! The HTTP API (docs/reference.md) against real Redis and Postgres: bad input never
 //! enqueues, GET reports each state for its own tenant only, ops routes per role.
 
 use actix_web::http::StatusCode;

@@ -1,7 +1,7 @@
 //! End-to-end throughput: N jobs through worker (model of latency L, C consumers) and relay,
 //! from the first enqueue until every summary is committed and every email sent.
 //!
-//! Reports jobs/s against the ideal C / L. `bench/all.sh` runs it for several C; alone:
+//! Reports jobs/s against the ideal C / L. `bench/run.sh` runs it for several C; alone:
 //! `cargo bench --bench e2e_jobs` (env: BENCH_JOBS, BENCH_LATENCY_MS, BENCH_CONSUMERS,
 //! BENCH_PG_URL, BENCH_REDIS_URL). Uses its own database and key prefix, removed afterwards.
 //! The last line (`BENCH ...`) is for the script; `peak_rss_kib` is this process's VmHWM,
@@ -14,12 +14,12 @@ use async_trait::async_trait;
 use chrono::Utc;
 use summaryd::app::Application;
 use summaryd::config::Settings;
-use summaryd::domain::JobId;
+use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::llm::{BuiltinSummariser, Llm, LlmError};
 use summaryd::mail::LogMailer;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{JobMessage, JobPayload, enqueue};
+use summaryd::stream::enqueue;
 
 /// The builtin summariser behind a fixed delay: a stand-in for a hosted model's latency.
 struct DelayedModel {
@@ -93,13 +93,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 The team paused hiring until the new plan lands. Support tickets halved.";
     let started = Instant::now();
     for i in 0..jobs {
-        let msg = JobMessage {
+        let msg = Job {
             job_id: JobId::from_scoped_key(&format!("bench:{run_id}:{i}")),
-            tenant: "bench".into(),
-            payload: JobPayload {
-                text: text.into(),
-                notify: "bench@example.com".into(),
-            },
+            tenant: TenantId::parse("bench")?,
+            text: text.into(),
+            notify: Email::parse("bench@example.com")?,
             created_at: Utc::now(),
         };
         enqueue(&mut redis, &services.keys, &msg).await?;
@@ -107,7 +105,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     drop(redis);
     let pg = services.pg.get().await?;
     // Bounds a run that cannot finish (e.g. Postgres refusing connections); the sweep in
-    // bench/all.sh takes seconds per point.
+    // bench/run.sh takes seconds per point.
     let limit = Duration::from_secs(300);
     loop {
         let sent: i64 = pg

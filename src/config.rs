@@ -94,6 +94,7 @@ impl std::fmt::Debug for LlmSettings {
             .field("max_attempts", &self.max_attempts)
             .field("backoff_ms", &self.backoff_ms)
             .field("max_backoff_ms", &self.max_backoff_ms)
+            .field("max_input_chars", &self.max_input_chars)
             .finish()
     }
 }
@@ -374,8 +375,11 @@ impl Settings {
                 "must exceed SUMMARYD_MAIL_TIMEOUT_MS, or a slow send could be repeated by another relay",
             );
         }
-        if self.idempotency.lock_ttl_s == 0 || self.idempotency.result_ttl_s == 0 {
-            return bad("SUMMARYD_IDEMPOTENCY_LOCK_TTL_S", "TTLs must be positive");
+        if self.idempotency.lock_ttl_s == 0 {
+            return bad("SUMMARYD_IDEMPOTENCY_LOCK_TTL_S", "must be positive");
+        }
+        if self.idempotency.result_ttl_s == 0 {
+            return bad("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S", "must be positive");
         }
         if self.key_prefix.chars().any(|c| c.is_whitespace()) {
             return bad("SUMMARYD_KEY_PREFIX", "must not contain whitespace");
@@ -481,6 +485,29 @@ mod tests {
         let shown = format!("{s:?}");
         assert!(!shown.contains("sk-very-secret"), "{shown}");
         assert!(shown.contains("<redacted>"));
+        // The hand-written Debug must not drop a field added later.
+        let llm = format!("{:?}", s.llm);
+        let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(&s.llm) else {
+            panic!("LlmSettings serialises to an object");
+        };
+        for name in fields.keys() {
+            assert!(
+                llm.contains(&format!("{name}:")),
+                "{name} missing from {llm}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_ttl_error_names_its_own_setting() {
+        let mut s = Settings::default();
+        s.idempotency.result_ttl_s = 0;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S"), "{err}");
+        let mut s = Settings::default();
+        s.idempotency.lock_ttl_s = 0;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("SUMMARYD_IDEMPOTENCY_LOCK_TTL_S"), "{err}");
     }
 
     #[test]

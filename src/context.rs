@@ -20,7 +20,7 @@ pub struct Services {
     pub settings: Arc<Settings>,
     pub keys: RedisKeys,
     /// Dedicated connections, for commands that block (XREADGROUP BLOCK) or hold a
-    /// connection across several steps (worker, relay gauges, admin commands).
+    /// connection across several steps (worker, `/metrics` gauges, admin commands).
     pub redis: deadpool_redis::Pool,
     /// One multiplexed connection for the API's short, non-blocking commands.
     pub redis_shared: SharedRedis,
@@ -129,7 +129,7 @@ impl Services {
     ) -> Result<Self, ServicesError> {
         let blocking_consumers = settings.worker.consumers;
         // Each consumer holds a connection while blocked in XREADGROUP; the rest serve
-        // the relay's metrics, readiness checks and GET's fallbacks.
+        // the `/metrics` gauges, readiness checks and the admin commands.
         let redis_pool_size = blocking_consumers + 32;
         let pg_pool_size = (blocking_consumers + settings.relay.tasks + 16).min(PG_POOL_MAX);
         let response_timeout =

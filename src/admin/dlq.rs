@@ -5,7 +5,7 @@ use std::io::Write;
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
 use crate::context::Services;
-use crate::stream::dlq::{self, DeadLetter, ReplayOutcome};
+use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayOutcome};
 
 impl Row for DeadLetter {
     const COLUMNS: &'static [&'static str] = &["id", "job_id", "tenant", "reason", "failed_at"];

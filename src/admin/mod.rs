@@ -13,7 +13,7 @@ pub enum AdminError {
     #[error(transparent)]
     Db(#[from] crate::db::DbError),
     #[error(transparent)]
-    Replay(#[from] crate::stream::dlq::ReplayError),
+    Replay(#[from] crate::stream::dead_letters::ReplayError),
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
 }

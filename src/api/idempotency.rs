@@ -25,9 +25,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::IdempotencySettings;
 use crate::context::SharedRedis;
+use crate::domain::Job;
 use crate::keys::RedisKeys;
 use crate::metrics::Metrics;
-use crate::stream::{self, EnqueueOnce, JobMessage};
+use crate::stream::{self, EnqueueOnce};
 
 /// What is stored under an idempotency key (operators read it; keep it JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -111,7 +112,7 @@ impl IdempotencyStore {
         }
     }
 
-    /// Enqueue `msg` and store `response` under `key`, once per key, in one atomic step;
+    /// Enqueue `job` and store `response` under `key`, once per key, in one atomic step;
     /// or answer from the record an earlier request left.
     ///
     /// On an error nothing was written (Redis refused or never ran the script), except when
@@ -121,7 +122,7 @@ impl IdempotencyStore {
         &self,
         key: &str,
         fingerprint: &str,
-        msg: &JobMessage,
+        job: &Job,
         response: StoredResponse,
     ) -> Result<Outcome, StoreError> {
         let done = serde_json::to_string(&Record::Done {
@@ -132,7 +133,7 @@ impl IdempotencyStore {
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let mut conn = self.redis.get().await?;
         let reply =
-            stream::enqueue_once(&mut conn, &self.keys, msg, key, &done, self.result_ttl_s).await?;
+            stream::enqueue_once(&mut conn, &self.keys, job, key, &done, self.result_ttl_s).await?;
         match reply {
             EnqueueOnce::Enqueued { .. } => {
                 self.count("new");

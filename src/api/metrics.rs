@@ -78,14 +78,14 @@ async fn bounded<E>(f: impl Future<Output = Result<i64, E>>) -> Option<i64> {
 async fn stream_pending(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
     let mut conn = services.redis.get().await?;
     // NOGROUP before the first worker created the group is an error we skip.
-    let n = crate::stream::consumer::pending_count(&mut conn, &services.keys).await?;
+    let n = crate::stream::consumer_group::pending_count(&mut conn, &services.keys).await?;
     Ok(i64::try_from(n)?)
 }
 
 async fn dead_letters(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
     let mut conn = services.redis.get().await?;
-    let n: i64 = redis::AsyncCommands::xlen(&mut conn, services.keys.dead_letters()).await?;
-    Ok(n)
+    let n = crate::stream::dead_letters::count(&mut conn, &services.keys).await?;
+    Ok(i64::try_from(n)?)
 }
 
 async fn outbox_unsent(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {

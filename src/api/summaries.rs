@@ -15,9 +15,9 @@ use super::problem::{ApiError, Problem};
 use super::state::ApiState;
 use super::tenant::Tenant;
 use crate::db;
-use crate::domain::{IdempotencyKey, JobId};
+use crate::domain::{IdempotencyKey, Job, JobId};
 use crate::keys::ScopedKey;
-use crate::stream::{JobMessage, JobPayload, job_state};
+use crate::stream::job_state::{self, Status};
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
@@ -116,20 +116,18 @@ pub async fn create(
     let job_id = scoped.job_id();
     let redis_key = state.services.keys.idempotency(&scoped);
     let fingerprint = request.fingerprint();
-    let msg = JobMessage {
+    let job = Job {
         job_id,
-        tenant: tenant.0.to_string(),
-        payload: JobPayload {
-            text: request.text,
-            notify: request.notify.to_string(),
-        },
+        tenant: tenant.0,
+        text: request.text,
+        notify: request.notify,
         created_at: Utc::now(),
     };
     // The 202 is known before anything is written (the job id comes from the key), so it
     // is stored in the same atomic step that enqueues the job: see `api::idempotency`.
     let outcome = state
         .idempotency
-        .enqueue_once(&redis_key, &fingerprint, &msg, accepted(job_id)?)
+        .enqueue_once(&redis_key, &fingerprint, &job, accepted(job_id)?)
         .await?;
     respond(&outcome, job_id)
 }
@@ -229,10 +227,9 @@ pub async fn get(
     match job_state::get(&mut conn, &services.keys, job_id).await? {
         Some(s) if s.tenant == tenant.0.as_str() => Ok(HttpResponse::Ok().json(JobView {
             job_id: job_id.as_uuid(),
-            status: if s.status == job_state::FAILED {
-                JobStatus::Failed
-            } else {
-                JobStatus::Queued
+            status: match s.status {
+                Status::Failed => JobStatus::Failed,
+                Status::Queued => JobStatus::Queued,
             },
             summary: None,
             error: s.error,

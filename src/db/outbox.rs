@@ -17,6 +17,7 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::DbError;
+use crate::domain::SummaryReady;
 
 /// One claimed row, leased to the relay that claimed it.
 #[derive(Debug, Clone, PartialEq)]
@@ -179,10 +180,10 @@ pub async fn stuck(pool: &Pool, max_attempts: i32) -> Result<Vec<StuckRow>, DbEr
     let rows = client
         .query(
             &format!(
-                "SELECT id, payload->>'job_id', topic, dedupe_key, attempts, last_error, created_at \
+                "SELECT id, payload->>($2::text), topic, dedupe_key, attempts, last_error, created_at \
                    FROM outbox WHERE {STUCK} ORDER BY id"
             ),
-            &[&max_attempts],
+            &[&max_attempts, &SummaryReady::JOB_ID_FIELD],
         )
         .await?;
     rows.iter()

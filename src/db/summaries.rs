@@ -2,19 +2,10 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
-use serde_json::json;
+use tokio_postgres::types::Json;
 
 use super::DbError;
-use crate::domain::JobId;
-use crate::stream::JobMessage;
-
-/// Outbox topic of the "your summary is ready" email.
-pub const SUMMARY_READY_TOPIC: &str = "email.summary_ready";
-
-/// The outbox dedupe key for a job; also the mail provider's idempotency key.
-pub fn summary_ready_dedupe_key(job_id: JobId) -> String {
-    format!("summary_ready:{job_id}")
-}
+use crate::domain::{Job, JobId, SummaryReady};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SummaryRow {
@@ -64,14 +55,15 @@ pub async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbEr
         }))
 }
 
-/// Insert the summary and its outbox row in one transaction, or nothing at all.
+/// Insert the summary and its outbox row (the [`SummaryReady`] event) in one transaction,
+/// or nothing at all.
 ///
 /// The primary key plus `ON CONFLICT DO NOTHING RETURNING` is the guarantee: when two
 /// deliveries race, both may have paid for the model, but only the one whose insert
 /// returned a row writes the outbox row, so exactly one email is ever intended.
 pub async fn commit_with_outbox(
     pool: &Pool,
-    msg: &JobMessage,
+    job: &Job,
     summary: &str,
 ) -> Result<CommitOutcome, DbError> {
     let mut client = pool.get().await?;
@@ -81,10 +73,10 @@ pub async fn commit_with_outbox(
             "INSERT INTO summaries (job_id, tenant, summary, created_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
             &[
-                &msg.job_id.as_uuid(),
-                &msg.tenant,
+                &job.job_id.as_uuid(),
+                &job.tenant.as_str(),
                 &summary,
-                &msg.created_at,
+                &job.created_at,
             ],
         )
         .await?;
@@ -92,18 +84,15 @@ pub async fn commit_with_outbox(
         tx.rollback().await?;
         return Ok(CommitOutcome::Duplicate);
     }
-    let payload = json!({
-        "job_id": msg.job_id,
-        "tenant": msg.tenant,
-        "to": msg.payload.notify,
-        "summary": summary,
-    });
+    let event = SummaryReady::new(job, summary);
+    // `Json` serialises the event as the statement is sent; the payload's shape is the
+    // event type's alone.
     tx.execute(
         "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3)",
         &[
-            &SUMMARY_READY_TOPIC,
-            &summary_ready_dedupe_key(msg.job_id),
-            &payload,
+            &SummaryReady::TOPIC,
+            &SummaryReady::dedupe_key(job.job_id),
+            &Json(&event),
         ],
     )
     .await?;

@@ -1,13 +1,15 @@
 use std::fmt;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::ValidationError;
 
 /// A deliverable-looking address: `local@domain` with a dotted domain, no spaces,
 /// at most 254 characters (RFC 5321's path limit). Deliverability is the provider's job.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
+///
+/// Deserialising parses too, so a stored value that is not an address is an error.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct Email(String);
 
 impl Email {
@@ -44,6 +46,21 @@ impl Email {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl From<Email> for String {
+    fn from(value: Email) -> Self {
+        value.0
+    }
+}
+
+impl TryFrom<String> for Email {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        // Only the message: the field name in `ValidationError` is the API's (`notify`),
+        // and a decoder names the field it was reading itself.
+        Self::parse(&raw).map_err(|e| e.message)
     }
 }
 

@@ -1,9 +1,14 @@
 use std::fmt;
 
+use serde::{Deserialize, Serialize};
+
 use super::ValidationError;
 
 /// Tenant identifier: 1–64 characters of `[A-Za-z0-9._-]`, safe inside a Redis key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+///
+/// Deserialising parses too, so a stored value that is not a tenant is an error, not a tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
 pub struct TenantId(String);
 
 impl TenantId {
@@ -20,6 +25,19 @@ impl TenantId {
 
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+impl From<TenantId> for String {
+    fn from(value: TenantId) -> Self {
+        value.0
+    }
+}
+
+impl TryFrom<String> for TenantId {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        Self::parse(&raw).map_err(|e| e.message)
     }
 }
 

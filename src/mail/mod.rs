@@ -10,7 +10,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
-pub use self::compose::{ComposeError, SUMMARY_READY_SUBJECT, summary_ready_email};
+pub use self::compose::{SUMMARY_READY_SUBJECT, summary_ready_email};
 pub use self::http::HttpMailer;
 pub use self::log::LogMailer;
 pub use self::smtp::{SmtpMailer, build_message, message_id};

@@ -9,7 +9,7 @@ use super::RelayError;
 use super::backoff::jittered_backoff;
 use crate::context::Services;
 use crate::db::outbox::{self, OutboxRow};
-use crate::db::summaries::SUMMARY_READY_TOPIC;
+use crate::domain::SummaryReady;
 use crate::mail::{MailError, summary_ready_email};
 
 /// What one pass did, for the loop's pacing and for logs.
@@ -133,15 +133,16 @@ fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
 
 /// Compose and hand the row to the provider once, under a wall-clock cap.
 async fn send(services: &Services, row: &OutboxRow) -> Result<(), Failure> {
-    if row.topic != SUMMARY_READY_TOPIC {
+    if row.topic != SummaryReady::TOPIC {
         return Err(Failure::Permanent(format!(
             "no email is defined for outbox topic {:?}",
             row.topic
         )));
     }
+    let event =
+        SummaryReady::decode(&row.payload).map_err(|e| Failure::Permanent(e.to_string()))?;
     let mail = &services.settings.mail;
-    let email = summary_ready_email(&mail.from, &row.payload)
-        .map_err(|e| Failure::Permanent(e.to_string()))?;
+    let email = summary_ready_email(&mail.from, &event);
     // Wall-clock cap on the whole call: client timeouts are per phase, and a provider that
     // trickles bytes would otherwise hold the row past its lease.
     let timeout = Duration::from_millis(mail.timeout_ms);

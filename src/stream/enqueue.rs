@@ -3,8 +3,9 @@ use std::sync::LazyLock;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-use super::job_state;
-use super::message::JobMessage;
+use super::job_entry;
+use super::job_state::Queued;
+use crate::domain::Job;
 use crate::keys::RedisKeys;
 
 /// XADD the job and record it as queued, in one MULTI/EXEC: a job is never on the stream
@@ -16,30 +17,17 @@ use crate::keys::RedisKeys;
 pub async fn enqueue<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &RedisKeys,
-    msg: &JobMessage,
+    job: &Job,
 ) -> redis::RedisResult<String> {
-    let fields = msg.to_fields();
-    let job_key = keys.job(msg.job_id);
-    let (id,): (String,) = redis::pipe()
-        .atomic()
-        .xadd(keys.stream(), "*", &fields)
-        .hset_multiple(
-            &job_key,
-            &[
-                ("tenant", msg.tenant.as_str()),
-                ("status", job_state::QUEUED),
-                ("created_at", fields[3].1.as_str()),
-            ],
-        )
-        .ignore()
-        .hdel(&job_key, "error")
-        .ignore()
-        .query_async(conn)
-        .await?;
+    let mut pipe = redis::pipe();
+    pipe.atomic()
+        .xadd(keys.stream(), "*", &job_entry::to_fields(job));
+    Queued::of(job).add_to(&mut pipe, &keys.job(job.job_id));
+    let (id,): (String,) = pipe.query_async(conn).await?;
     Ok(id)
 }
 
-/// The Lua text lives in its own file so `bench/all.sh` can load the very same script into
+/// The Lua text lives in its own file so `bench/run.sh` can load the very same script into
 /// `redis-benchmark` as the round-trip ceiling of a POST.
 pub const ENQUEUE_ONCE_LUA: &str = include_str!("enqueue_once.lua");
 
@@ -57,30 +45,27 @@ pub enum EnqueueOnce {
     Existing { record: String },
 }
 
-/// Unless `record_key` exists: enqueue `msg` like [`enqueue`] and store `record` under
+/// Unless `record_key` exists: enqueue `job` like [`enqueue`] and store `record` under
 /// `record_key` for `record_ttl_s`, all in one atomic script. If it exists, return its
 /// content and write nothing.
 pub async fn enqueue_once<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &RedisKeys,
-    msg: &JobMessage,
+    job: &Job,
     record_key: &str,
     record: &str,
     record_ttl_s: u64,
 ) -> redis::RedisResult<EnqueueOnce> {
-    let fields = msg.to_fields();
     let mut invocation = ENQUEUE_ONCE.prepare_invoke();
     invocation
         .key(record_key)
         .key(keys.stream())
-        .key(keys.job(msg.job_id))
+        .key(keys.job(job.job_id))
         .arg(record)
-        .arg(record_ttl_s)
-        .arg(&msg.tenant)
-        .arg(&fields[3].1)
-        .arg(job_state::QUEUED);
-    for (name, value) in &fields {
-        invocation.arg(*name).arg(value);
+        .arg(record_ttl_s);
+    Queued::of(job).pass_to(&mut invocation);
+    for (name, value) in job_entry::to_fields(job) {
+        invocation.arg(name).arg(value);
     }
     let (created, text): (i64, String) = invocation.invoke_async(conn).await?;
     Ok(if created == 1 {

@@ -1,25 +1,56 @@
 //! Per-job state in Redis for jobs that have no summary yet: who owns it, when it was
 //! accepted, and whether it was dead-lettered. Postgres is the truth once a summary exists.
 //!
-//! Written atomically with the stream operation that changes it (enqueue, dead-letter,
-//! replay), so GET never disagrees with the queue.
+//! This module owns the hash's field names, its status values and every write to it. The
+//! writes are added to the atomic step that changes the stream (enqueue, dead-letter,
+//! replay, ack), so GET never disagrees with the queue; the Lua scripts among those steps
+//! receive the names and values as arguments ([`Queued::pass_to`]).
 
 use std::collections::HashMap;
 
 use chrono::{DateTime, Utc};
-use redis::AsyncCommands;
+use redis::{AsyncCommands, Pipeline, ScriptInvocation};
 
-use crate::domain::JobId;
+use super::job_entry;
+use crate::domain::{Job, JobId};
 use crate::keys::RedisKeys;
 
-pub const QUEUED: &str = "queued";
-pub const FAILED: &str = "failed";
+const TENANT: &str = "tenant";
+const STATUS: &str = "status";
+const CREATED_AT: &str = "created_at";
+/// Why the job was dead-lettered; only while it is `failed`.
+const ERROR: &str = "error";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Status {
+    /// On the stream, waiting or being processed.
+    Queued,
+    /// Dead-lettered; `error` says why.
+    Failed,
+}
+
+impl Status {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Status::Queued => "queued",
+            Status::Failed => "failed",
+        }
+    }
+
+    /// Anything but `failed` reads as queued: a job whose state exists is on a stream.
+    fn parse(raw: Option<&str>) -> Self {
+        if raw == Some(Status::Failed.as_str()) {
+            Status::Failed
+        } else {
+            Status::Queued
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobState {
     pub tenant: String,
-    /// `queued` or `failed`.
-    pub status: String,
+    pub status: Status,
     pub error: Option<String>,
     pub created_at: Option<DateTime<Utc>>,
 }
@@ -30,16 +61,76 @@ pub async fn get<C: redis::aio::ConnectionLike + Send + Sync>(
     job_id: JobId,
 ) -> redis::RedisResult<Option<JobState>> {
     let map: HashMap<String, String> = conn.hgetall(keys.job(job_id)).await?;
-    let Some(tenant) = map.get("tenant").cloned() else {
+    let Some(tenant) = map.get(TENANT).cloned() else {
         return Ok(None);
     };
     Ok(Some(JobState {
         tenant,
-        status: map.get("status").cloned().unwrap_or_else(|| QUEUED.into()),
-        error: map.get("error").cloned(),
+        status: Status::parse(map.get(STATUS).map(String::as_str)),
+        error: map.get(ERROR).cloned(),
         created_at: map
-            .get("created_at")
+            .get(CREATED_AT)
             .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
             .map(|d| d.with_timezone(&Utc)),
     }))
+}
+
+/// The state of a job that is (again) on the stream: tenant, `queued`, when it was
+/// accepted, and no error left from an earlier failure.
+pub(crate) struct Queued {
+    tenant: String,
+    created_at: String,
+}
+
+impl Queued {
+    pub(crate) fn of(job: &Job) -> Self {
+        Self {
+            tenant: job.tenant.to_string(),
+            created_at: job_entry::timestamp(job.created_at),
+        }
+    }
+
+    /// From the raw fields of a dead entry being replayed (which may lack them).
+    pub(crate) fn restored(tenant: String, created_at: String) -> Self {
+        Self { tenant, created_at }
+    }
+
+    fn fields(&self) -> [(&'static str, &str); 3] {
+        [
+            (TENANT, self.tenant.as_str()),
+            (STATUS, Status::Queued.as_str()),
+            (CREATED_AT, self.created_at.as_str()),
+        ]
+    }
+
+    /// Add the writes to an atomic pipeline.
+    pub(crate) fn add_to(&self, pipe: &mut Pipeline, key: &str) {
+        pipe.hset_multiple(key, &self.fields())
+            .ignore()
+            .hdel(key, ERROR)
+            .ignore();
+    }
+
+    /// Hand the writes to a script as arguments: `n`, then `n` field and value arguments
+    /// for HSET, then the field to HDEL. The script runs
+    /// `HSET key unpack(ARGV, i + 1, i + n)` and `HDEL key ARGV[i + n + 1]`.
+    pub(crate) fn pass_to(&self, script: &mut ScriptInvocation) {
+        let fields = self.fields();
+        script.arg(fields.len() * 2);
+        for (name, value) in fields {
+            script.arg(name).arg(value);
+        }
+        script.arg(ERROR);
+    }
+}
+
+/// Mark the job dead-lettered, with the reason GET reports.
+pub(crate) fn add_failed(pipe: &mut Pipeline, key: &str, reason: &str) {
+    pipe.hset_multiple(key, &[(STATUS, Status::Failed.as_str()), (ERROR, reason)])
+        .ignore();
+}
+
+/// Drop the state: once Postgres has the summary, it is the truth.
+pub(crate) fn add_forget(pipe: &mut Pipeline, key: &str) {
+    pipe.del(key).ignore();
 }

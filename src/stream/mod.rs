@@ -1,14 +1,18 @@
-//! The Redis Stream that carries jobs from the API to the workers: wire format, enqueue,
-//! consuming with a consumer group, and the dead-letter stream.
+//! The Redis Stream that carries jobs from the API to the workers.
+//!
+//! - `job_entry`: a `domain::Job` as a stream entry (the on-wire field names).
+//! - `enqueue`: put a job on the stream with its state, plainly or once per idempotency
+//!   key (`enqueue_once.lua`).
+//! - `consumer_group`: the group plumbing a worker uses: read, reclaim, count deliveries, ack.
+//! - `job_state`: the per-job hash GET reads until Postgres has the summary.
+//! - `dead_letters`: the dead-letter stream: move a job there, list, replay, count.
 
-pub mod consumer;
-pub mod dead_letter;
-pub mod dlq;
+pub mod consumer_group;
+pub mod dead_letters;
 mod enqueue;
+pub mod job_entry;
 pub mod job_state;
-pub mod message;
 
-pub use consumer::Delivery;
-pub use dead_letter::dead_letter;
+pub use consumer_group::Delivery;
 pub use enqueue::{ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
-pub use message::{JobMessage, JobPayload, MalformedMessage};
+pub use job_entry::MalformedMessage;

@@ -10,9 +10,10 @@ use super::handler::{JobError, JobOutcome, handle_summary_job};
 use crate::config::WorkerSettings;
 use crate::context::Services;
 use crate::db::summaries;
+use crate::domain::Job;
 use crate::shutdown::Shutdown;
-use crate::stream::consumer::{self as group, CURSOR_START, Delivery};
-use crate::stream::{JobMessage, dead_letter};
+use crate::stream::consumer_group::{self as group, CURSOR_START, Delivery};
+use crate::stream::{dead_letters, job_entry};
 
 /// Entries taken per read or claim. One: a consumer processes its entries one after the
 /// other, so a prefetched entry would sit idle in our PEL and could be reclaimed (and paid
@@ -158,8 +159,8 @@ impl Consumer {
             // Acknowledged by another consumer since we took it: nothing left to do.
             return Ok(());
         };
-        let msg = match JobMessage::from_fields(&delivery.fields) {
-            Ok(msg) => msg,
+        let job = match job_entry::from_fields(&delivery.fields) {
+            Ok(job) => job,
             Err(malformed) => {
                 return self
                     .dead_letter(conn, &delivery, &malformed.to_string())
@@ -167,8 +168,8 @@ impl Consumer {
             }
         };
         let span =
-            tracing::info_span!("job", job_id = %msg.job_id, msg_id = %delivery.id, deliveries);
-        self.process_job(conn, &delivery, &msg, deliveries)
+            tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries);
+        self.process_job(conn, &delivery, &job, deliveries)
             .instrument(span)
             .await
     }
@@ -177,15 +178,15 @@ impl Consumer {
         &self,
         conn: &mut deadpool_redis::Connection,
         delivery: &Delivery,
-        msg: &JobMessage,
+        job: &Job,
         deliveries: u64,
     ) -> Result<(), WorkerError> {
         if deliveries > self.config.max_deliveries {
-            return self.give_up(conn, delivery, msg).await;
+            return self.give_up(conn, delivery, job).await;
         }
-        match handle_summary_job(&self.services, msg).await {
+        match handle_summary_job(&self.services, job).await {
             Ok(outcome) => {
-                group::ack_done(conn, &self.services.keys, &delivery.id, msg.job_id).await?;
+                group::ack_done(conn, &self.services.keys, &delivery.id, job.job_id).await?;
                 let label = match outcome {
                     JobOutcome::Done => "done",
                     JobOutcome::Duplicate => "duplicate",
@@ -213,11 +214,11 @@ impl Consumer {
         &self,
         conn: &mut deadpool_redis::Connection,
         delivery: &Delivery,
-        msg: &JobMessage,
+        job: &Job,
     ) -> Result<(), WorkerError> {
-        match summaries::exists(&self.services.pg, msg.job_id).await {
+        match summaries::exists(&self.services.pg, job.job_id).await {
             Ok(true) => {
-                group::ack_done(conn, &self.services.keys, &delivery.id, msg.job_id).await?;
+                group::ack_done(conn, &self.services.keys, &delivery.id, job.job_id).await?;
                 self.count("duplicate");
                 Ok(())
             }
@@ -239,7 +240,7 @@ impl Consumer {
         delivery: &Delivery,
         reason: &str,
     ) -> Result<(), WorkerError> {
-        dead_letter(
+        dead_letters::add(
             conn,
             &self.services.keys,
             &delivery.id,

@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use crate::context::Services;
 use crate::db::summaries::{self, CommitOutcome};
+use crate::domain::Job;
 use crate::retry::{self, Deadline, RetryPolicy};
-use crate::stream::JobMessage;
 
 /// What became of one delivery that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,13 +29,10 @@ pub enum JobError {
 }
 
 /// Process one job. Sends nothing itself: the relay sends the email from the outbox row.
-pub async fn handle_summary_job(
-    services: &Services,
-    msg: &JobMessage,
-) -> Result<JobOutcome, JobError> {
+pub async fn handle_summary_job(services: &Services, job: &Job) -> Result<JobOutcome, JobError> {
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `commit_with_outbox` is the guarantee; this only saves money.
-    if summaries::exists(&services.pg, msg.job_id)
+    if summaries::exists(&services.pg, job.job_id)
         .await
         .map_err(|e| JobError::Transient(e.to_string()))?
     {
@@ -46,7 +43,7 @@ pub async fn handle_summary_job(
     let deadline = Deadline::after(Duration::from_millis(services.settings.job_budget_ms));
     let summary = retry::complete_with_retries(
         services.llm.as_ref(),
-        &msg.payload.text,
+        &job.text,
         deadline,
         &policy,
         Some(&services.metrics),
@@ -60,7 +57,7 @@ pub async fn handle_summary_job(
         }
     })?;
 
-    match summaries::commit_with_outbox(&services.pg, msg, &summary).await {
+    match summaries::commit_with_outbox(&services.pg, job, &summary).await {
         Ok(CommitOutcome::Inserted) => Ok(JobOutcome::Done),
         Ok(CommitOutcome::Duplicate) => Ok(JobOutcome::Duplicate),
         Err(e) => Err(JobError::Transient(e.to_string())),

@@ -8,13 +8,13 @@ use chrono::Utc;
 use serde_json::Value;
 use summaryd::admin;
 use summaryd::context::Services;
-use summaryd::domain::JobId;
+use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::llm::LlmError;
 use summaryd::mail::MailError;
 use summaryd::relay::relay_once;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{JobMessage, JobPayload, enqueue};
+use summaryd::stream::enqueue;
 use summaryd::worker::Consumer;
 
 use crate::shared::fakes::{MailStep, Step};
@@ -28,14 +28,12 @@ fn bad_request() -> LlmError {
     }
 }
 
-fn job(n: u32) -> JobMessage {
-    JobMessage {
+fn job(n: u32) -> Job {
+    Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:admin-{n}")),
-        tenant: "acme".into(),
-        payload: JobPayload {
-            text: "The launch slipped a week. Support volume doubled.".into(),
-            notify: "lead@example.com".into(),
-        },
+        tenant: TenantId::parse("acme").unwrap(),
+        text: "The launch slipped a week. Support volume doubled.".into(),
+        notify: Email::parse("lead@example.com").unwrap(),
         created_at: Utc::now(),
     }
 }

@@ -10,7 +10,7 @@ use summaryd::db;
 use summaryd::keys::GROUP;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::job_state;
+use summaryd::stream::job_state::Status;
 
 use crate::shared::TestEnv;
 use crate::shared::api_requests::*;
@@ -211,7 +211,7 @@ async fn get_reports_queued_then_done_with_rfc3339_timestamps() {
     // What a worker does when it finishes: commit the summary from the stream message.
     let [msg] = stream_messages(&env).await.try_into().unwrap();
     assert_eq!(msg.job_id.to_string(), job_id);
-    assert_eq!(msg.payload.notify, "ops@example.com");
+    assert_eq!(msg.notify.as_str(), "ops@example.com");
     db::summaries::commit_with_outbox(&services.pg, &msg, "Numbers up, churn down.")
         .await
         .unwrap();
@@ -243,7 +243,7 @@ async fn get_reports_failed_with_the_dead_letter_reason() {
         .hset_multiple(
             format!("{}job:{job_id}", env.settings.key_prefix),
             &[
-                ("status", job_state::FAILED),
+                ("status", Status::Failed.as_str()),
                 ("error", "permanent: status_400"),
             ],
         )

@@ -12,11 +12,10 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 use summaryd::api::{self, IdempotencyStore, Outcome, StoreError, StoredResponse};
 use summaryd::context::Services;
-use summaryd::domain::{IdempotencyKey, SummaryRequest, TenantId};
+use summaryd::domain::{IdempotencyKey, Job, SummaryRequest, TenantId};
 use summaryd::keys::ScopedKey;
 use summaryd::roles::Roles;
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{JobMessage, JobPayload};
 
 use crate::shared::TestEnv;
 use crate::shared::api_requests::*;
@@ -40,16 +39,14 @@ fn accepted(job: &str) -> StoredResponse {
 }
 
 /// The job message the API builds for `body` under (tenant, key).
-fn job_message(tenant: &str, key: &str, body: &str) -> JobMessage {
+fn job_message(tenant: &str, key: &str, body: &str) -> Job {
     let parsed: SummaryRequest = serde_json::from_str(body).unwrap();
     let valid = parsed.validate().unwrap();
-    JobMessage {
+    Job {
         job_id: scoped(tenant, key).job_id(),
-        tenant: tenant.to_owned(),
-        payload: JobPayload {
-            text: valid.text,
-            notify: valid.notify.to_string(),
-        },
+        tenant: TenantId::parse(tenant).unwrap(),
+        text: valid.text,
+        notify: valid.notify,
         created_at: chrono::Utc::now(),
     }
 }
@@ -145,7 +142,7 @@ async fn job_id_is_the_uuid_v5_of_the_scoped_key() {
         job_id,
         "the enqueued job carries it"
     );
-    assert_eq!(msg.tenant, "acme");
+    assert_eq!(msg.tenant.as_str(), "acme");
 }
 
 #[actix_web::test]
@@ -253,7 +250,7 @@ async fn racing_different_bodies_on_one_key_enqueue_once_and_the_other_body_gets
     let results = join_all(calls).await;
 
     let [msg] = stream_messages(&env).await.try_into().unwrap();
-    let winner = if msg.payload.text.starts_with("Quarterly") {
+    let winner = if msg.text.starts_with("Quarterly") {
         BODY
     } else {
         OTHER_BODY
@@ -317,7 +314,7 @@ async fn keys_are_scoped_per_tenant() {
     let on_stream: Vec<(String, String)> = stream_messages(&env)
         .await
         .into_iter()
-        .map(|m| (m.tenant, m.job_id.to_string()))
+        .map(|m| (m.tenant.to_string(), m.job_id.to_string()))
         .collect();
     assert_eq!(
         on_stream,

@@ -6,11 +6,11 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use summaryd::config::{LlmProvider, LlmSettings, Settings};
-use summaryd::domain::JobId;
+use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::llm::{LlmError, OpenAiClient};
 use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
-use summaryd::stream::consumer::pending_count;
-use summaryd::stream::{JobMessage, JobPayload, enqueue};
+use summaryd::stream::consumer_group::pending_count;
+use summaryd::stream::enqueue;
 use summaryd::worker::Consumer;
 
 use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
@@ -122,14 +122,12 @@ async fn connection_refused_is_retried_and_reported_transient() {
     assert!(err.is_transient());
 }
 
-fn job() -> JobMessage {
-    JobMessage {
+fn job() -> Job {
+    Job {
         job_id: JobId::from_scoped_key("idem:acme:POST:/v1/summaries:model-retries-1"),
-        tenant: "acme".into(),
-        payload: JobPayload {
-            text: "Long call notes.".into(),
-            notify: "am@example.com".into(),
-        },
+        tenant: TenantId::parse("acme").unwrap(),
+        text: "Long call notes.".into(),
+        notify: Email::parse("am@example.com").unwrap(),
         created_at: Utc::now(),
     }
 }

@@ -4,22 +4,19 @@
 use chrono::Utc;
 use summaryd::admin;
 use summaryd::config::MailProvider;
-use summaryd::db::summaries::{commit_with_outbox, summary_ready_dedupe_key};
-use summaryd::domain::JobId;
+use summaryd::db::summaries::commit_with_outbox;
+use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
 use summaryd::relay::relay_once;
-use summaryd::stream::{JobMessage, JobPayload};
 
 use crate::shared::TestEnv;
 use crate::shared::http_stub::{HttpStub, Reply};
 
-fn job(n: u32) -> JobMessage {
-    JobMessage {
+fn job(n: u32) -> Job {
+    Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:mail-relay-{n}")),
-        tenant: "acme".into(),
-        payload: JobPayload {
-            text: "Renewal agreed.".into(),
-            notify: "am@example.com".into(),
-        },
+        tenant: TenantId::parse("acme").unwrap(),
+        text: "Renewal agreed.".into(),
+        notify: Email::parse("am@example.com").unwrap(),
         created_at: Utc::now(),
     }
 }
@@ -61,7 +58,7 @@ async fn a_503_then_200_sends_once_on_the_second_pass_with_the_same_idempotency_
 
     let requests = sink.requests();
     assert_eq!(requests.len(), 2, "one failed attempt, one delivery");
-    let key = summary_ready_dedupe_key(msg.job_id);
+    let key = SummaryReady::dedupe_key(msg.job_id);
     for r in &requests {
         assert_eq!(r.header("Idempotency-Key"), Some(key.as_str()));
     }
@@ -107,7 +104,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
         .unwrap();
     let stuck = String::from_utf8(stuck).unwrap();
     let row: serde_json::Value = serde_json::from_str(stuck.trim()).unwrap();
-    assert_eq!(row["dedupe_key"], summary_ready_dedupe_key(msg.job_id));
+    assert_eq!(row["dedupe_key"], SummaryReady::dedupe_key(msg.job_id));
     assert!(row["last_error"].as_str().unwrap().contains("400"), "{row}");
     // Parked: further passes do not call the provider.
     assert_eq!(relay_once(&services).await.unwrap(), 0);

@@ -11,13 +11,12 @@ use summaryd::config::Settings;
 use summaryd::context::Services;
 use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
-use summaryd::domain::JobId;
+use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
 use summaryd::mail::{
     LogMailer, MailError, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
 use summaryd::relay::{relay_once, run};
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{JobMessage, JobPayload};
 
 use crate::shared::fakes::MailStep;
 use crate::shared::log_capture::Captured;
@@ -50,13 +49,11 @@ fn summary_text(n: u32) -> String {
 
 /// What the worker does when a job finishes: the summary and its outbox row, committed together.
 async fn commit_job(services: &Services, n: u32) -> JobId {
-    let msg = JobMessage {
+    let msg = Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:relay-{n}")),
-        tenant: "acme".into(),
-        payload: JobPayload {
-            text: "A long report.".into(),
-            notify: NOTIFY.into(),
-        },
+        tenant: TenantId::parse("acme").unwrap(),
+        text: "A long report.".into(),
+        notify: Email::parse(NOTIFY).unwrap(),
         created_at: Utc::now(),
     };
     let outcome = summaries::commit_with_outbox(&services.pg, &msg, &summary_text(n))
@@ -314,7 +311,7 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
     } = stuck[0].clone();
     assert_eq!(id, row.id);
     assert_eq!(job_id, Some(job.to_string()));
-    assert_eq!(topic, summaries::SUMMARY_READY_TOPIC);
+    assert_eq!(topic, SummaryReady::TOPIC);
     assert_eq!(dedupe_key, key(job));
     assert_eq!(attempts, 1);
     assert_eq!(last_error, row.last_error);
@@ -354,7 +351,7 @@ async fn a_payload_that_cannot_be_composed_fails_permanently_without_calling_the
         .execute(
             "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, 'summary_ready:broken', \
              '{\"job_id\": \"not-a-uuid\", \"to\": \"team@example.com\"}')",
-            &[&summaries::SUMMARY_READY_TOPIC],
+            &[&SummaryReady::TOPIC],
         )
         .await
         .unwrap();
@@ -568,10 +565,13 @@ async fn the_log_mailer_writes_the_whole_email_to_the_log() {
         .with_writer(move || writer.clone())
         .finish();
     let job = JobId::from_scoped_key("log-mailer");
-    let payload = serde_json::json!({
-        "job_id": job, "tenant": "acme", "to": NOTIFY, "summary": "Churn fell by 3 %."
-    });
-    let email: OutgoingEmail = summary_ready_email("summaryd@localhost", &payload).unwrap();
+    let event = SummaryReady {
+        job_id: job,
+        tenant: TenantId::parse("acme").unwrap(),
+        to: Email::parse(NOTIFY).unwrap(),
+        summary: "Churn fell by 3 %.".into(),
+    };
+    let email: OutgoingEmail = summary_ready_email("summaryd@localhost", &event);
 
     let result = {
         // The test runtime is single-threaded, so the thread-local default sees the send.

@@ -14,14 +14,14 @@ use redis::streams::{
 };
 use summaryd::config::Settings;
 use summaryd::context::Services;
-use summaryd::db::summaries::summary_ready_dedupe_key;
-use summaryd::domain::JobId;
+use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
 use summaryd::keys::GROUP;
 use summaryd::llm::LlmError;
 use summaryd::relay::relay_once;
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::consumer::ensure_group;
-use summaryd::stream::{JobMessage, JobPayload, enqueue, job_state};
+use summaryd::stream::consumer_group::ensure_group;
+use summaryd::stream::job_state::{self, Status};
+use summaryd::stream::{enqueue, job_entry};
 use summaryd::worker::{Consumer, JobOutcome, consumer_name, handle_summary_job, run};
 
 use crate::shared::fakes::Step;
@@ -86,14 +86,14 @@ impl World {
         c
     }
 
-    async fn enqueue(&mut self, msg: &JobMessage) -> String {
+    async fn enqueue(&mut self, msg: &Job) -> String {
         enqueue(&mut self.redis, &self.services.keys, msg)
             .await
             .unwrap()
     }
 
     /// XREADGROUP one entry as `consumer`, like a worker that then dies.
-    async fn read_as(&mut self, consumer: &str) -> (String, JobMessage) {
+    async fn read_as(&mut self, consumer: &str) -> (String, Job) {
         let opts = StreamReadOptions::default().group(GROUP, consumer).count(1);
         let reply: StreamReadReply = self
             .redis
@@ -101,7 +101,7 @@ impl World {
             .await
             .unwrap();
         let entry = reply.keys[0].ids[0].clone();
-        let msg = JobMessage::from_fields(&entry.map).unwrap();
+        let msg = job_entry::from_fields(&entry.map).unwrap();
         (entry.id, msg)
     }
 
@@ -198,14 +198,12 @@ impl World {
     }
 }
 
-fn job(key: &str) -> JobMessage {
-    JobMessage {
+fn job(key: &str) -> Job {
+    Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:{key}")),
-        tenant: "acme".into(),
-        payload: JobPayload {
-            text: format!("Quarterly report {key}. Revenue grew. Costs fell."),
-            notify: "team@example.com".into(),
-        },
+        tenant: TenantId::parse("acme").unwrap(),
+        text: format!("Quarterly report {key}. Revenue grew. Costs fell."),
+        notify: Email::parse("team@example.com").unwrap(),
         created_at: Utc::now(),
     }
 }
@@ -240,7 +238,7 @@ async fn crash_between_commit_and_xack_runs_the_model_once() {
     assert_eq!(w.env.count("summaries").await, 1);
     assert_eq!(
         w.outbox_dedupe_keys().await,
-        vec![summary_ready_dedupe_key(msg.job_id)]
+        vec![SummaryReady::dedupe_key(msg.job_id)]
     );
     assert_eq!(w.jobs_counter("duplicate"), 1);
     assert_eq!(
@@ -251,7 +249,7 @@ async fn crash_between_commit_and_xack_runs_the_model_once() {
     w.relay_twice().await;
     assert_eq!(
         w.emails(),
-        vec![summary_ready_dedupe_key(msg.job_id)],
+        vec![SummaryReady::dedupe_key(msg.job_id)],
         "one email"
     );
 }
@@ -273,13 +271,13 @@ async fn same_job_enqueued_twice_makes_one_summary_and_one_outbox_row() {
     assert_eq!(w.env.count("summaries").await, 1);
     assert_eq!(
         w.outbox_dedupe_keys().await,
-        vec![summary_ready_dedupe_key(msg.job_id)]
+        vec![SummaryReady::dedupe_key(msg.job_id)]
     );
     assert_eq!(w.pending().await, 0);
     w.relay_twice().await;
     assert_eq!(
         w.emails(),
-        vec![summary_ready_dedupe_key(msg.job_id)],
+        vec![SummaryReady::dedupe_key(msg.job_id)],
         "one email"
     );
 }
@@ -306,7 +304,7 @@ async fn slow_worker_and_reclaimer_racing_write_one_outbox_row() {
     w.relay_twice().await;
     assert_eq!(
         w.emails(),
-        vec![summary_ready_dedupe_key(msg.job_id)],
+        vec![SummaryReady::dedupe_key(msg.job_id)],
         "one email"
     );
 }
@@ -401,7 +399,7 @@ async fn always_failing_job_is_dead_lettered_on_the_claim_after_max_deliveries()
     assert_eq!(dead[0]["tenant"], "acme");
     assert!(dead[0].contains_key("payload") && dead[0].contains_key("failed_at"));
     let state = w.job_state(failing.job_id).await.unwrap();
-    assert_eq!(state.status, job_state::FAILED);
+    assert_eq!(state.status, Status::Failed);
     assert_eq!(state.error.as_deref(), Some("exceeded 3 deliveries"));
 
     // What did NOT move: the bystander is still pending, with its owner and count.
@@ -411,7 +409,7 @@ async fn always_failing_job_is_dead_lettered_on_the_claim_after_max_deliveries()
     );
     assert_eq!(
         w.job_state(bystander.job_id).await.unwrap().status,
-        job_state::QUEUED
+        Status::Queued
     );
     assert_eq!(w.env.count("summaries").await, 0);
 }
@@ -433,7 +431,7 @@ async fn rate_limited_forever_stays_pending_and_is_not_dead_lettered() {
     assert_eq!(w.jobs_counter("retry"), 1);
     assert_eq!(
         w.job_state(msg.job_id).await.unwrap().status,
-        job_state::QUEUED
+        Status::Queued
     );
     assert_eq!(w.env.count("summaries").await, 0);
 }
@@ -452,7 +450,7 @@ async fn bad_request_is_dead_lettered_after_one_call() {
     assert_eq!(dead.len(), 1);
     assert!(dead[0]["reason"].contains("400"), "{:?}", dead[0]);
     let state = w.job_state(msg.job_id).await.unwrap();
-    assert_eq!(state.status, job_state::FAILED);
+    assert_eq!(state.status, Status::Failed);
     assert!(state.error.unwrap_or_default().contains("400"));
     assert_eq!(w.env.count("outbox").await, 0);
 }

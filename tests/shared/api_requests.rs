@@ -5,9 +5,9 @@ use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
 use serde_json::Value;
 use summaryd::context::Services;
-use summaryd::domain::{IdempotencyKey, TenantId};
+use summaryd::domain::{IdempotencyKey, Job, TenantId};
 use summaryd::keys::ScopedKey;
-use summaryd::stream::JobMessage;
+use summaryd::stream::job_entry;
 
 use crate::shared::TestEnv;
 
@@ -54,7 +54,7 @@ pub async fn stream_len(env: &TestEnv) -> usize {
 }
 
 /// Every job message on the stream, oldest first.
-pub async fn stream_messages(env: &TestEnv) -> Vec<JobMessage> {
+pub async fn stream_messages(env: &TestEnv) -> Vec<Job> {
     let mut r = env.redis().await;
     let reply: redis::streams::StreamRangeReply = r
         .xrange_all(format!("{}jobs:summaries", env.settings.key_prefix))
@@ -63,7 +63,7 @@ pub async fn stream_messages(env: &TestEnv) -> Vec<JobMessage> {
     reply
         .ids
         .iter()
-        .map(|e| JobMessage::from_fields(&e.map).unwrap())
+        .map(|e| job_entry::from_fields(&e.map).unwrap())
         .collect()
 }
 

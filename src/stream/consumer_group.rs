@@ -1,8 +1,9 @@
-//! Consumer-group plumbing: create the group, read new entries, reclaim idle ones, count
-//! deliveries, acknowledge finished jobs, and remove consumers that are gone.
+//! The stream's consumer group, as a worker uses it: create the group, read new entries,
+//! reclaim idle ones, count deliveries, acknowledge finished jobs, and remove consumers
+//! that are gone.
 //!
 //! Thin wrappers over single Redis commands (or one MULTI/EXEC); the decisions about what to
-//! do with a delivery live in `crate::worker`.
+//! do with a delivery live in the worker's consumer loop (`worker/consumer.rs`).
 
 use std::collections::HashMap;
 
@@ -13,6 +14,7 @@ use redis::streams::{
     StreamPendingCountReply, StreamReadOptions, StreamReadReply,
 };
 
+use super::job_state;
 use crate::domain::JobId;
 use crate::keys::{GROUP, RedisKeys};
 
@@ -125,14 +127,10 @@ pub async fn ack_done<C: ConnectionLike + Send + Sync>(
     msg_id: &str,
     job_id: JobId,
 ) -> redis::RedisResult<()> {
-    redis::pipe()
-        .atomic()
-        .xack(keys.stream(), GROUP, &[msg_id])
-        .ignore()
-        .del(keys.job(job_id))
-        .ignore()
-        .query_async(conn)
-        .await
+    let mut pipe = redis::pipe();
+    pipe.atomic().xack(keys.stream(), GROUP, &[msg_id]).ignore();
+    job_state::add_forget(&mut pipe, &keys.job(job_id));
+    pipe.query_async(conn).await
 }
 
 /// Delete a consumer only if it still has nothing pending, atomically: XGROUP DELCONSUMER

@@ -1,0 +1,169 @@
+//! A [`Job`] as a stream entry: the on-wire field names and formats, and nothing else.
+//!
+//! Entries still pending after an upgrade must parse, so fields may only be added, and
+//! only as optional ones; the names below never change.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use redis::Value;
+use serde::Deserialize;
+use serde_json::Map;
+
+use crate::domain::{Email, Job, JobId, TenantId};
+
+pub const JOB_ID: &str = "job_id";
+pub const TENANT: &str = "tenant";
+/// JSON object `{"text", "notify"}`.
+pub const PAYLOAD: &str = "payload";
+pub const CREATED_AT: &str = "created_at";
+
+/// Every field of a job entry, in the order they are written.
+pub const FIELDS: [&str; 4] = [JOB_ID, TENANT, PAYLOAD, CREATED_AT];
+
+/// Fields of the `payload` JSON.
+const TEXT: &str = "text";
+const NOTIFY: &str = "notify";
+
+/// What `payload` decodes into; its field names are `TEXT` and `NOTIFY`.
+#[derive(Deserialize)]
+struct Payload {
+    text: String,
+    notify: String,
+}
+
+/// A stream entry that is not a job we can ever process: dead-letter it at once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("malformed job message: {0}")]
+pub struct MalformedMessage(pub String);
+
+/// How times are written on entries (and copied into the job state): RFC 3339, UTC, µs.
+pub fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+pub fn to_fields(job: &Job) -> [(&'static str, String); 4] {
+    // A JSON object of two strings, built as a `Value`: serialising a `Value` has no error
+    // path, so there is no fallback to get wrong.
+    let mut payload = Map::new();
+    payload.insert(TEXT.into(), job.text.as_str().into());
+    payload.insert(NOTIFY.into(), job.notify.as_str().into());
+    [
+        (JOB_ID, job.job_id.to_string()),
+        (TENANT, job.tenant.to_string()),
+        (PAYLOAD, serde_json::Value::Object(payload).to_string()),
+        (CREATED_AT, timestamp(job.created_at)),
+    ]
+}
+
+pub fn from_fields(fields: &HashMap<String, Value>) -> Result<Job, MalformedMessage> {
+    let get = |name: &str| -> Result<String, MalformedMessage> {
+        let bytes = field_bytes(fields, name)
+            .ok_or_else(|| MalformedMessage(format!("field {name} is missing")))?;
+        String::from_utf8(bytes).map_err(|_| MalformedMessage(format!("field {name} is not UTF-8")))
+    };
+    let malformed =
+        |name: &str, e: &dyn std::fmt::Display| MalformedMessage(format!("{name}: {e}"));
+    let job_id = get(JOB_ID)?.parse().map_err(|e| malformed(JOB_ID, &e))?;
+    let tenant = TenantId::parse(&get(TENANT)?).map_err(|e| malformed(TENANT, &e.message))?;
+    let payload: Payload =
+        serde_json::from_str(&get(PAYLOAD)?).map_err(|e| malformed(PAYLOAD, &e))?;
+    let notify = Email::parse(&payload.notify).map_err(|e| malformed(NOTIFY, &e.message))?;
+    let created_at = DateTime::parse_from_rfc3339(&get(CREATED_AT)?)
+        .map_err(|e| malformed(CREATED_AT, &e))?
+        .with_timezone(&Utc);
+    Ok(Job {
+        job_id,
+        tenant,
+        text: payload.text,
+        notify,
+        created_at,
+    })
+}
+
+/// The job id of an entry, if it has a valid one (a malformed entry may not).
+pub fn job_id(fields: &HashMap<String, Value>) -> Option<JobId> {
+    String::from_utf8(field_bytes(fields, JOB_ID)?)
+        .ok()?
+        .parse()
+        .ok()
+}
+
+/// The value of one field as Redis returned it, or `None` if it is absent.
+pub(crate) fn field_bytes(fields: &HashMap<String, Value>, name: &str) -> Option<Vec<u8>> {
+    match fields.get(name)? {
+        Value::BulkString(bytes) => Some(bytes.clone()),
+        Value::SimpleString(s) => Some(s.as_bytes().to_vec()),
+        Value::Int(i) => Some(i.to_string().into_bytes()),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn as_entry(fields: [(&'static str, String); 4]) -> HashMap<String, Value> {
+        fields
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), Value::BulkString(v.into_bytes())))
+            .collect()
+    }
+
+    fn job() -> Job {
+        Job {
+            job_id: JobId::from_scoped_key("x"),
+            tenant: TenantId::parse("acme").unwrap(),
+            text: "Grüße. \"Hello.\"\n".into(),
+            notify: Email::parse("a@b.co").unwrap(),
+            created_at: Utc::now(),
+        }
+    }
+
+    #[test]
+    fn round_trips_through_stream_fields() {
+        let job = job();
+        let back = from_fields(&as_entry(to_fields(&job))).unwrap();
+        assert_eq!(
+            back.created_at.timestamp_micros(),
+            job.created_at.timestamp_micros()
+        );
+        assert_eq!(
+            Job {
+                created_at: job.created_at,
+                ..back
+            },
+            job
+        );
+    }
+
+    /// The format of entries already on streams (and of `bench/run.sh`'s reference calls).
+    #[test]
+    fn parses_the_stored_wire_format() {
+        let stored = as_entry([
+            (JOB_ID, "6a0c1f8e-5b7d-4c2a-9e31-7d44b2f0a915".into()),
+            (TENANT, "acme".into()),
+            (PAYLOAD, r#"{"text":"Hi.","notify":"a@b.co"}"#.into()),
+            (CREATED_AT, "2025-01-01T00:00:00.000000Z".into()),
+        ]);
+        let job = from_fields(&stored).unwrap();
+        assert_eq!(job.tenant.as_str(), "acme");
+        assert_eq!((job.text.as_str(), job.notify.as_str()), ("Hi.", "a@b.co"));
+        assert_eq!(timestamp(job.created_at), "2025-01-01T00:00:00.000000Z");
+        assert_eq!(to_fields(&job)[2].1, r#"{"notify":"a@b.co","text":"Hi."}"#);
+    }
+
+    #[test]
+    fn missing_or_invalid_fields_are_malformed() {
+        assert!(from_fields(&HashMap::new()).is_err());
+        for (name, bad) in [
+            (TENANT, "a:b"),
+            (PAYLOAD, r#"{"text":"Hi.","notify":"nobody"}"#),
+            (PAYLOAD, r#"{"text":"Hi."}"#),
+        ] {
+            let mut entry = as_entry(to_fields(&job()));
+            entry.insert(name.into(), Value::BulkString(bad.as_bytes().to_vec()));
+            assert!(from_fields(&entry).is_err(), "{name} = {bad}");
+        }
+    }
+}

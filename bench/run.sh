@@ -166,14 +166,17 @@ text='Quarterly review: revenue grew 12 percent, churn fell to 3 percent. The te
 job='00000000-0000-5000-8000-000000000000'
 stamp='2025-01-01T00:00:00.000000Z'
 record="{\"state\":\"done\",\"fp\":\"$(printf %064d 0)\",\"status\":202,\"body\":{\"job_id\":\"$job\",\"status\":\"queued\"}}"
-payload="{\"text\":\"$text\",\"notify\":\"bench@example.com\"}"
+payload="{\"notify\":\"bench@example.com\",\"text\":\"$text\"}"
+# The job-state writes the script receives, as src/stream/job_state.rs passes them: the
+# count of field/value arguments, the pairs to HSET, then the field to HDEL.
+state_args=(6 tenant bench status queued created_at "$stamp" error)
 # $1 = clients, $2 = idempotency key, $3 = output file
 redis_reference() {
     rcli -n "$REF_DB" FLUSHDB >/dev/null
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
         -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 \
         EVALSHA "$lua_sha" 3 "$2" ref:stream 'ref:job:__rand_int__' \
-        "$record" 86400 bench "$stamp" queued \
+        "$record" 86400 "${state_args[@]}" \
         job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$3" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
 }
@@ -261,11 +264,11 @@ for c in $CONNECTIONS; do
     redis_reference "$c" 'ref:idem:__rand_int__' "$workdir/ref-unique-$c.csv"
     # The replay reference: one key that exists, so the script only reads it, as for a replay.
     rcli -n "$REF_DB" EVALSHA "$lua_sha" 3 ref:idem:fixed ref:stream ref:job:fixed "$record" 86400 \
-        bench "$stamp" queued job_id "$job" >/dev/null
+        "${state_args[@]}" job_id "$job" >/dev/null
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
         -c "$c" -n "$REDIS_REQUESTS" \
         EVALSHA "$lua_sha" 3 ref:idem:fixed ref:stream ref:job:fixed \
-        "$record" 86400 bench "$stamp" queued \
+        "$record" 86400 "${state_args[@]}" \
         job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$workdir/ref-replay-$c.csv" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
     for f in unique replay; do

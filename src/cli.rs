@@ -1,4 +1,4 @@
-//! Command-line interface (contract §1). Parsing only; `main.rs` acts on it.
+//! Command-line interface. Parsing only; `main.rs` acts on it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -1,4 +1,5 @@
-//! Every Redis key and name this service owns, in one place (contract §5).
+//! Every Redis key and name this service owns, in one place (README, Operations, lists the
+//! ones operators inspect).
 
 use crate::domain::{IdempotencyKey, JobId, TenantId};
 

@@ -13,6 +13,8 @@ pub mod db;
 pub mod domain;
 pub mod http_client;
 pub mod keys;
+#[cfg(test)]
+mod layering;
 pub mod llm;
 pub mod mail;
 pub mod metrics;

@@ -1,4 +1,4 @@
-//! Operator commands (contract §1): inspect and recover what landed in a dead-letter place.
+//! Operator commands: inspect and recover what landed in a dead-letter place.
 
 pub mod dlq;
 pub mod outbox;

@@ -1,4 +1,4 @@
-//! Who is calling (contract §4). Without a tokens file the tenant is the `X-Tenant-Id`
+//! Who is calling. Without a tokens file the tenant is the `X-Tenant-Id`
 //! header (unauthenticated; start-up warns); with one, the tenant comes from the bearer
 //! token and `X-Tenant-Id` is ignored. Handlers only ever see a parsed `Tenant`.
 

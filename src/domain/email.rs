@@ -9,7 +9,7 @@ use super::ValidationError;
 ///
 /// Deserialising parses too, so a stored value that is not an address is an error.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(into = "String", try_from = "String")]
+#[serde(try_from = "String")]
 pub struct Email(String);
 
 impl Email {
@@ -46,12 +46,6 @@ impl Email {
 
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-}
-
-impl From<Email> for String {
-    fn from(value: Email) -> Self {
-        value.0
     }
 }
 

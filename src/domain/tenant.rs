@@ -8,7 +8,7 @@ use super::ValidationError;
 ///
 /// Deserialising parses too, so a stored value that is not a tenant is an error, not a tenant.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(into = "String", try_from = "String")]
+#[serde(try_from = "String")]
 pub struct TenantId(String);
 
 impl TenantId {
@@ -25,12 +25,6 @@ impl TenantId {
 
     pub fn as_str(&self) -> &str {
         &self.0
-    }
-}
-
-impl From<TenantId> for String {
-    fn from(value: TenantId) -> Self {
-        value.0
     }
 }
 

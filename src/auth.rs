@@ -1,4 +1,4 @@
-//! Tenant authentication with bearer tokens.
+//! Tenant authentication with bearer tokens (`docs/reference.md`, Tenants).
 //!
 //! The tokens file holds SHA-256 hashes, never tokens, so a leaked file or config map does
 //! not let anyone in. A presented token is hashed and compared in constant time against every

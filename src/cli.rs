@@ -1,4 +1,4 @@
-//! Command-line interface. Parsing only; `main.rs` acts on it.
+//! Command-line interface (`docs/reference.md`, Command line). Parsing only; `main.rs` acts on it.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

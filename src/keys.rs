@@ -1,5 +1,5 @@
-//! Every Redis key and name this service owns, in one place (README, Operations, lists the
-//! ones operators inspect).
+//! Every Redis key and name this service owns, in one place (`docs/reference.md`, Redis and
+//! Postgres layout).
 
 use crate::domain::{IdempotencyKey, JobId, TenantId};
 

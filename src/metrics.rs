@@ -1,5 +1,5 @@
-//! Prometheus metrics, one registry per app instance so that in-process tests never see each
-//! other's counters.
+//! Prometheus metrics (`docs/reference.md`, Metrics), one registry per app instance so that
+//! in-process tests never see each other's counters.
 
 use prometheus::{
     Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,

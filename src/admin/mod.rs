@@ -1,4 +1,5 @@
-//! Operator commands: inspect and recover what landed in a dead-letter place.
+//! Operator commands (`docs/reference.md`, Command line): inspect and recover what landed in
+//! a dead-letter place.
 
 pub mod dlq;
 pub mod outbox;

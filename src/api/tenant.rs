@@ -1,6 +1,6 @@
-//! Who is calling. Without a tokens file the tenant is the `X-Tenant-Id`
-//! header (unauthenticated; start-up warns); with one, the tenant comes from the bearer
-//! token and `X-Tenant-Id` is ignored. Handlers only ever see a parsed `Tenant`.
+//! Who is calling (`docs/reference.md`, Tenants). Without a tokens file the tenant is the
+//! `X-Tenant-Id` header (unauthenticated; start-up warns); with one, the tenant comes from
+//! the bearer token and `X-Tenant-Id` is ignored. Handlers only ever see a parsed `Tenant`.
 
 use std::future::{Ready, ready};
 

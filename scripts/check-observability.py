@@ -2,8 +2,8 @@
 """Checks promtool cannot make on the shipped monitoring (run by check-observability.sh).
 
 - Every `summaryd_*` name in the dashboard, the alert rules and their tests is a metric
-  summaryd exports: one documented in docs/reference.md's metric list (copied below, so the
-  check does not depend on how that page is laid out) or one registered in src/. A typo
+  summaryd exports: one it promises to export (docs/reference.md, "Metrics"; listed below so
+  the check does not depend on how that page is laid out) or one registered in src/. A typo
   there would otherwise be an empty panel or an alert that can never fire.
 - The dashboard: JSON, a Prometheus data source variable that every panel and query uses,
   unique panel ids, panels inside the 24-column grid, and every query valid PromQL (checked
@@ -25,7 +25,7 @@ DASHBOARD = "deploy/grafana/summaryd.json"
 RULES = "deploy/prometheus/summaryd-rules.yaml"
 RULE_TESTS = "deploy/prometheus/tests/*.yaml"
 
-# The metrics of docs/reference.md ("Metrics").
+# The metrics docs/reference.md ("Metrics") promises.
 DOCUMENTED = {
     "summaryd_http_requests_total",
     "summaryd_idempotency_total",

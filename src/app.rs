@@ -22,6 +22,8 @@ pub enum StartError {
     Services(#[from] ServicesError),
     #[error(transparent)]
     Migration(#[from] crate::db::DbError),
+    #[error(transparent)]
+    Redis(#[from] crate::redis_conn::RedisSetupError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -40,6 +42,8 @@ pub struct Application {
     roles: Roles,
     listener: TcpListener,
     port: u16,
+    /// `SUMMARYD_OPS_LISTEN`, bound: the ops routes' own listener.
+    ops_listener: Option<TcpListener>,
 }
 
 impl Application {
@@ -52,8 +56,12 @@ impl Application {
         migrate: bool,
     ) -> Result<Self, StartError> {
         if migrate {
-            migrate_with_patience(&settings.database_url).await?;
+            migrate_with_patience(&settings.database_url, settings.database.ca_file.as_deref())
+                .await?;
         }
+        // A TLS misconfiguration stops startup here; risky durability settings are logged.
+        let takes_jobs = roles.has(Role::Api) || roles.has(Role::Worker);
+        crate::redis_conn::check_at_startup(&settings, takes_jobs).await?;
         let addr = settings.listen;
         let listener =
             TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?;
@@ -61,17 +69,30 @@ impl Application {
             .local_addr()
             .map_err(|source| StartError::Listen { addr, source })?
             .port();
+        let ops_listener = match settings.ops.listen {
+            Some(addr) => Some(
+                TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?,
+            ),
+            None => None,
+        };
         let services = Services::new(settings, llm, mailer)?;
         Ok(Self {
             services,
             roles,
             listener,
             port,
+            ops_listener,
         })
     }
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The ops listener's port, when `SUMMARYD_OPS_LISTEN` is set.
+    pub fn ops_port(&self) -> Option<u16> {
+        let addr = self.ops_listener.as_ref()?.local_addr().ok()?;
+        Some(addr.port())
     }
 
     pub fn services(&self) -> &Services {
@@ -86,10 +107,21 @@ impl Application {
             roles,
             listener,
             port,
+            ops_listener,
         } = self;
+        let ops_port = ops_listener
+            .as_ref()
+            .and_then(|l| l.local_addr().ok())
+            .map(|a| a.port());
         let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
-        let server = crate::api::build_server(services.clone(), roles, shutdown.clone(), listener)
-            .map_err(StartError::Http)?;
+        let server = crate::api::build_server(
+            services.clone(),
+            roles,
+            shutdown.clone(),
+            listener,
+            ops_listener,
+        )
+        .map_err(StartError::Http)?;
         // Stops accepting and drains in-flight requests by itself once shutdown is triggered.
         let mut http_task =
             tokio::spawn(crate::api::serve_until_shutdown(server, shutdown.clone()));
@@ -113,7 +145,7 @@ impl Application {
                 });
             }
         }
-        info!(%roles, port, "summaryd started");
+        info!(%roles, port, ops_port, "summaryd started");
 
         let http_result = tokio::select! {
             // A server that ended because shutdown began is not an unexpected stop.
@@ -148,11 +180,14 @@ impl Application {
     }
 }
 
-async fn migrate_with_patience(url: &str) -> Result<(), crate::db::DbError> {
+async fn migrate_with_patience(
+    url: &str,
+    ca_file: Option<&std::path::Path>,
+) -> Result<(), crate::db::DbError> {
     let give_up = tokio::time::Instant::now() + MIGRATE_PATIENCE;
     let mut delay = Duration::from_millis(250);
     loop {
-        match crate::db::migrate::run(url).await {
+        match crate::db::migrate::run(url, ca_file).await {
             Ok(()) => return Ok(()),
             Err(e @ crate::db::DbError::Query(_)) if tokio::time::Instant::now() < give_up => {
                 warn!(error = %e, "database not ready for migrations; retrying");

@@ -30,7 +30,8 @@ pub enum ConfigError {
     Setting { setting: String, reason: String },
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// `Debug` is written out below: the URLs may carry passwords.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Settings {
     pub listen: SocketAddr,
@@ -40,6 +41,10 @@ pub struct Settings {
     pub key_prefix: String,
     /// Deadline for one delivery of a job, model attempts and backoff sleeps included.
     pub job_budget_ms: u64,
+    /// TLS material for `rediss://` URLs (`SUMMARYD_REDIS_*_FILE`).
+    pub redis: RedisTlsSettings,
+    pub database: DatabaseSettings,
+    pub ops: OpsSettings,
     pub api: ApiSettings,
     pub llm: LlmSettings,
     pub mail: MailSettings,
@@ -49,6 +54,76 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub log: LogSettings,
     pub shutdown: ShutdownSettings,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Destructured so a new field cannot be added without deciding how it is shown.
+        let Self {
+            listen,
+            redis_url,
+            database_url,
+            key_prefix,
+            job_budget_ms,
+            redis,
+            database,
+            ops,
+            api,
+            llm,
+            mail,
+            worker,
+            relay,
+            idempotency,
+            auth,
+            log,
+            shutdown,
+        } = self;
+        f.debug_struct("Settings")
+            .field("listen", listen)
+            .field("redis_url", &crate::redact::url(redis_url))
+            .field("database_url", &crate::redact::url(database_url))
+            .field("key_prefix", key_prefix)
+            .field("job_budget_ms", job_budget_ms)
+            .field("redis", redis)
+            .field("database", database)
+            .field("ops", ops)
+            .field("api", api)
+            .field("llm", llm)
+            .field("mail", mail)
+            .field("worker", worker)
+            .field("relay", relay)
+            .field("idempotency", idempotency)
+            .field("auth", auth)
+            .field("log", log)
+            .field("shutdown", shutdown)
+            .finish()
+    }
+}
+
+/// Files for TLS to Redis; only valid with a `rediss://` URL.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisTlsSettings {
+    /// PEM CA bundle the server's certificate must chain to; none = the system trust store.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) and key, for servers that require mutual TLS.
+    pub client_cert_file: Option<PathBuf>,
+    pub client_key_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    /// PEM CA for `sslmode=verify-ca|verify-full` (the URL's `sslrootcert=` wins over it).
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OpsSettings {
+    /// Own listener for /healthz, /readyz, /metrics and /openapi.json, so the public
+    /// listener serves /v1 only; none = everything on `listen`.
+    pub listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,7 +162,7 @@ impl std::fmt::Debug for LlmSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LlmSettings")
             .field("provider", &self.provider)
-            .field("base_url", &self.base_url)
+            .field("base_url", &crate::redact::url(&self.base_url))
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("call_timeout_ms", &self.call_timeout_ms)
@@ -107,7 +182,7 @@ pub enum MailProvider {
     Http,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MailSettings {
     pub provider: MailProvider,
@@ -115,6 +190,25 @@ pub struct MailSettings {
     pub http_url: Option<String>,
     pub from: String,
     pub timeout_ms: u64,
+}
+
+impl std::fmt::Debug for MailSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let Self {
+            provider,
+            smtp_url,
+            http_url,
+            from,
+            timeout_ms,
+        } = self;
+        f.debug_struct("MailSettings")
+            .field("provider", provider)
+            .field("smtp_url", &smtp_url.as_deref().map(crate::redact::url))
+            .field("http_url", &http_url.as_deref().map(crate::redact::url))
+            .field("from", from)
+            .field("timeout_ms", timeout_ms)
+            .finish()
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -185,6 +279,9 @@ impl Default for Settings {
             database_url: "postgres://postgres@127.0.0.1:5432/summaryd".into(),
             key_prefix: String::new(),
             job_budget_ms: 60_000,
+            redis: RedisTlsSettings::default(),
+            database: DatabaseSettings::default(),
+            ops: OpsSettings::default(),
             api: ApiSettings {
                 max_body_bytes: 256 * 1024,
             },
@@ -389,6 +486,25 @@ impl Settings {
         {
             return Err(ConfigError::Invalid(e.to_string()));
         }
+        if let Some(ops) = self.ops.listen
+            && ops == self.listen
+            && ops.port() != 0
+        {
+            return bad(
+                "SUMMARYD_OPS_LISTEN",
+                "must differ from SUMMARYD_LISTEN (it exists to keep ops routes off the public port)",
+            );
+        }
+        // Reads the files, so a wrong path or a CA without rediss:// stops startup here.
+        let is_tls = self.redis_url.trim_start().starts_with("rediss://");
+        if let Err(e) = crate::redis_conn::tls_certificates(&self.redis, is_tls) {
+            return Err(ConfigError::Invalid(e.to_string()));
+        }
+        if let Err(e) =
+            crate::db::PgTarget::parse(&self.database_url, self.database.ca_file.as_deref())
+        {
+            return Err(ConfigError::Invalid(e.to_string()));
+        }
         match self.mail.provider {
             MailProvider::Smtp if self.mail.smtp_url.is_none() => {
                 return bad(
@@ -479,12 +595,27 @@ mod tests {
     }
 
     #[test]
-    fn debug_output_never_shows_the_api_key() {
+    fn debug_output_never_shows_a_secret() {
         let mut s = Settings::default();
         s.llm.api_key = Some("sk-very-secret".into());
+        s.llm.base_url = "https://proxy:llm-pass@llm.internal/v1".into();
+        s.redis_url = "rediss://default:redis-pass@cache:6380".into();
+        s.database_url = "postgres://app:pg-pass@db/summaryd?sslmode=verify-full".into();
+        s.mail.smtp_url = Some("smtps://mailer:smtp-pass@smtp.example:465".into());
+        s.mail.http_url = Some("https://api.mail.example/send?api_key=mail-key".into());
         let shown = format!("{s:?}");
-        assert!(!shown.contains("sk-very-secret"), "{shown}");
+        for secret in [
+            "sk-very-secret",
+            "llm-pass",
+            "redis-pass",
+            "pg-pass",
+            "smtp-pass",
+            "mail-key",
+        ] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
         assert!(shown.contains("<redacted>"));
+        assert!(shown.contains("cache:6380"), "the rest stays: {shown}");
         // The hand-written Debug must not drop a field added later.
         let llm = format!("{:?}", s.llm);
         let Ok(serde_json::Value::Object(fields)) = serde_json::to_value(&s.llm) else {

@@ -32,8 +32,10 @@ pub struct Services {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServicesError {
-    #[error("SUMMARYD_REDIS_URL is invalid: {0}")]
-    Redis(String),
+    #[error(transparent)]
+    Redis(#[from] crate::redis_conn::RedisSetupError),
+    #[error("could not build the Redis pool: {0}")]
+    RedisPool(String),
     #[error(transparent)]
     Postgres(#[from] crate::db::DbError),
     #[error("metrics registry: {0}")]
@@ -91,11 +93,12 @@ thread_local! {
 static NEXT_SHARED_REDIS_ID: AtomicU64 = AtomicU64::new(0);
 
 impl SharedRedis {
-    pub fn new(url: &str) -> redis::RedisResult<Self> {
-        Ok(Self {
-            client: redis::Client::open(url)?,
+    /// `client` carries the TLS material for `rediss://` (see `redis_conn::client`).
+    pub fn new(client: redis::Client) -> Self {
+        Self {
+            client,
             id: NEXT_SHARED_REDIS_ID.fetch_add(1, Ordering::Relaxed),
-        })
+        }
     }
 
     /// A handle on this thread's connection; clone-cheap, use it for one request.
@@ -137,19 +140,26 @@ impl Services {
         let conn_config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
             .set_response_timeout(Some(response_timeout));
-        let manager =
-            deadpool_redis::Manager::new_with_config(settings.redis_url.as_str(), conn_config)
-                .map_err(|e| ServicesError::Redis(e.to_string()))?;
+        // One client for both handles, so the pool speaks TLS exactly when the API does.
+        let client = crate::redis_conn::client(&settings)?;
+        let manager = deadpool_redis::Manager::new_with_config(
+            client.get_connection_info().clone(),
+            conn_config,
+        )
+        .map_err(|e| ServicesError::RedisPool(e.to_string()))?;
         let redis = deadpool_redis::Pool::builder(manager)
             .max_size(redis_pool_size)
             .runtime(deadpool_redis::Runtime::Tokio1)
             .wait_timeout(Some(REDIS_POOL_WAIT))
             .create_timeout(Some(REDIS_CONNECT_TIMEOUT))
             .build()
-            .map_err(|e| ServicesError::Redis(e.to_string()))?;
-        let redis_shared = SharedRedis::new(settings.redis_url.as_str())
-            .map_err(|e| ServicesError::Redis(e.to_string()))?;
-        let pg = crate::db::pool(&settings.database_url, pg_pool_size)?;
+            .map_err(|e| ServicesError::RedisPool(e.to_string()))?;
+        let redis_shared = SharedRedis::new(client);
+        let pg = crate::db::pool(
+            &settings.database_url,
+            settings.database.ca_file.as_deref(),
+            pg_pool_size,
+        )?;
         Ok(Self {
             keys: RedisKeys::new(settings.key_prefix.clone()),
             settings: Arc::new(settings),

@@ -114,7 +114,9 @@ async fn migrate(config: Option<&std::path::Path>) -> ExitCode {
         Err(code) => return code,
     };
     summaryd::telemetry::init(settings.log.format);
-    match summaryd::db::migrate::run(&settings.database_url).await {
+    match summaryd::db::migrate::run(&settings.database_url, settings.database.ca_file.as_deref())
+        .await
+    {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("migration failed: {e}");

@@ -24,15 +24,36 @@ pub fn configure(
     roles: Roles,
     shutdown: Shutdown,
 ) -> impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static {
+    routes(state(services, roles, shutdown), Routes::All)
+}
+
+/// Which routes one listener serves: everything, or (with `SUMMARYD_OPS_LISTEN`) the public
+/// `/v1` routes on one listener and the ops routes on the other.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Routes {
+    All,
+    Api,
+    Ops,
+}
+
+fn state(services: Services, roles: Roles, shutdown: Shutdown) -> web::Data<ApiState> {
     metrics::init_series(&services.metrics);
-    let state = web::Data::new(ApiState::new(services, roles, shutdown));
+    web::Data::new(ApiState::new(services, roles, shutdown))
+}
+
+fn routes(
+    state: web::Data<ApiState>,
+    which: Routes,
+) -> impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static {
     move |cfg: &mut web::ServiceConfig| {
-        cfg.app_data(state.clone())
-            .route("/healthz", web::get().to(health::healthz))
-            .route("/readyz", web::get().to(health::readyz))
-            .route("/metrics", web::get().to(metrics::metrics))
-            .route("/openapi.json", web::get().to(openapi::openapi_json));
-        if state.roles.has(Role::Api) {
+        cfg.app_data(state.clone());
+        if which != Routes::Api {
+            cfg.route("/healthz", web::get().to(health::healthz))
+                .route("/readyz", web::get().to(health::readyz))
+                .route("/metrics", web::get().to(metrics::metrics))
+                .route("/openapi.json", web::get().to(openapi::openapi_json));
+        }
+        if which != Routes::Ops && state.roles.has(Role::Api) {
             cfg.service(
                 web::resource("/v1/summaries")
                     .route(web::post().to(summaries::create))
@@ -103,31 +124,85 @@ fn app_with(
     })
 }
 
-/// The HTTP server on `listener`. It does not watch signals (the supervisor owns them) and
-/// does not stop on `shutdown` by itself: run it with [`serve_until_shutdown`].
+/// The HTTP servers: the main one on `listener`, and the ops one on `ops_listener` when
+/// there is one (`SUMMARYD_OPS_LISTEN`). Both share one state, so `/readyz` on the ops port
+/// reports the same process. Run them with [`serve_until_shutdown`].
+pub struct HttpServers {
+    main: Server,
+    ops: Option<Server>,
+}
+
+/// The HTTP servers. They do not watch signals (the supervisor owns them) and do not stop
+/// on `shutdown` by themselves: run them with [`serve_until_shutdown`].
 pub fn build_server(
     services: Services,
     roles: Roles,
     shutdown: Shutdown,
     listener: TcpListener,
-) -> std::io::Result<Server> {
+    ops_listener: Option<TcpListener>,
+) -> std::io::Result<HttpServers> {
     // In-flight requests get the same grace as every other role's drain, rounded up to
     // whole seconds because that is what actix accepts.
     let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
     let grace_s = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
     let metrics = services.metrics.clone();
-    let config = configure(services, roles, shutdown);
-    let server = HttpServer::new(move || app_with(config.clone(), metrics.clone()))
-        .disable_signals()
-        .shutdown_timeout(grace_s)
-        .listen(listener)?
-        .run();
-    Ok(server)
+    let state = state(services, roles, shutdown);
+    let serve = |which: Routes, listener: TcpListener| -> std::io::Result<Server> {
+        let config = routes(state.clone(), which);
+        let metrics = metrics.clone();
+        let mut server = HttpServer::new(move || app_with(config.clone(), metrics.clone()))
+            .disable_signals()
+            .shutdown_timeout(grace_s);
+        if which == Routes::Ops {
+            // Probes and scrapes are tiny; one worker thread keeps the ops port from
+            // taking a thread per core away from the API.
+            server = server.workers(1);
+        }
+        Ok(server.listen(listener)?.run())
+    };
+    Ok(match ops_listener {
+        None => HttpServers {
+            main: serve(Routes::All, listener)?,
+            ops: None,
+        },
+        Some(ops) => HttpServers {
+            main: serve(Routes::Api, listener)?,
+            ops: Some(serve(Routes::Ops, ops)?),
+        },
+    })
 }
 
-/// Run `server` until it exits or `shutdown` is triggered; then stop accepting connections
-/// and let in-flight requests finish within the shutdown timeout.
-pub async fn serve_until_shutdown(server: Server, shutdown: Shutdown) -> std::io::Result<()> {
+/// Run the servers until one exits or `shutdown` is triggered; then stop accepting
+/// connections on both and let in-flight requests finish within the shutdown timeout.
+/// Either server stopping by itself stops the other: a process without its API or without
+/// its probes is not serving.
+pub async fn serve_until_shutdown(servers: HttpServers, shutdown: Shutdown) -> std::io::Result<()> {
+    let HttpServers { main, ops } = servers;
+    let Some(ops) = ops else {
+        return serve_one(main, shutdown).await;
+    };
+    let (main_handle, ops_handle) = (main.handle(), ops.handle());
+    let mut main = std::pin::pin!(main);
+    let mut ops = std::pin::pin!(ops);
+    tokio::select! {
+        result = &mut main => {
+            let ((), _) = tokio::join!(ops_handle.stop(true), ops);
+            result
+        }
+        result = &mut ops => {
+            let ((), _) = tokio::join!(main_handle.stop(true), main);
+            result
+        }
+        () = shutdown.wait() => {
+            // The server futures execute the stop commands, so keep polling them meanwhile.
+            let ((), main_result, (), ops_result) =
+                tokio::join!(main_handle.stop(true), main, ops_handle.stop(true), ops);
+            main_result.and(ops_result)
+        }
+    }
+}
+
+async fn serve_one(server: Server, shutdown: Shutdown) -> std::io::Result<()> {
     let handle = server.handle();
     let mut server = std::pin::pin!(server);
     tokio::select! {

@@ -1,11 +1,12 @@
 //! `summaryd migrate` and migrate-on-start: create the database if missing, then apply
 //! `migrations/` under an advisory lock so replicas starting together do not race.
 
-use tokio_postgres::NoTls;
+use std::path::Path;
+
 use tokio_postgres::error::SqlState;
 use tracing::info;
 
-use super::{DbError, parse_url};
+use super::{DbError, PgTarget};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -15,11 +16,12 @@ mod embedded {
 const MIGRATION_LOCK_ID: i64 = 0x5355_4d4d_4152_5944; // "SUMMARYD"
 
 /// Create the database named in `url` if it does not exist, then apply pending migrations.
-pub async fn run(url: &str) -> Result<(), DbError> {
-    create_database_if_missing(url).await?;
-    let config = parse_url(url)?;
-    let (mut client, connection) = config.connect(NoTls).await?;
-    let conn_task = tokio::spawn(connection);
+/// `ca_file` is `SUMMARYD_DATABASE_CA_FILE` (see `db::connect` for the URL's TLS options).
+pub async fn run(url: &str, ca_file: Option<&Path>) -> Result<(), DbError> {
+    let target = PgTarget::parse(url, ca_file)?;
+    create_database_if_missing(&target).await?;
+    let (mut client, conn_task) = target.connect().await?;
+    target.warn_if_cleartext(&client).await;
     client
         .execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK_ID])
         .await?;
@@ -40,19 +42,21 @@ pub async fn run(url: &str) -> Result<(), DbError> {
     Ok(())
 }
 
-async fn create_database_if_missing(url: &str) -> Result<(), DbError> {
-    let config = parse_url(url)?;
-    let Some(dbname) = config.get_dbname().map(str::to_owned) else {
+async fn create_database_if_missing(target: &PgTarget) -> Result<(), DbError> {
+    let Some(dbname) = target.config.get_dbname().map(str::to_owned) else {
         return Ok(());
     };
     // Connecting to the target first avoids needing rights on the maintenance database.
-    if config.connect(NoTls).await.is_ok() {
-        return Ok(());
+    match target.connect().await {
+        Ok((_, task)) => {
+            task.abort();
+            return Ok(());
+        }
+        // A TLS failure would fail the same way on the maintenance database; say it now.
+        Err(e @ DbError::Tls { .. }) => return Err(e),
+        Err(_) => {}
     }
-    let mut admin = config.clone();
-    admin.dbname("postgres");
-    let (client, connection) = admin.connect(NoTls).await?;
-    let conn_task = tokio::spawn(connection);
+    let (client, conn_task) = target.with_dbname("postgres").connect().await?;
     let exists = client
         .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&dbname])
         .await?

@@ -1,14 +1,16 @@
 //! Postgres: the pool, migrations, and one module per table.
 
+pub mod connect;
 pub mod migrate;
 pub mod outbox;
 pub mod summaries;
 
-use std::str::FromStr;
+use std::path::Path;
 use std::time::Duration;
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
-use tokio_postgres::NoTls;
+use deadpool_postgres::{ManagerConfig, Pool, RecyclingMethod, Runtime};
+
+pub use connect::PgTarget;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -22,6 +24,12 @@ pub enum DbError {
     Build(String),
     #[error("migration failed: {0}")]
     Migration(String),
+    #[error("TLS to Postgres at {addr} failed (sslmode={mode}): {reason}")]
+    Tls {
+        addr: String,
+        mode: &'static str,
+        reason: String,
+    },
 }
 
 /// Connecting must fail fast when Postgres is down so callers can answer 503 or retry.
@@ -29,30 +37,14 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A request waits this long for a free connection before it counts as unavailable.
 const POOL_WAIT: Duration = Duration::from_secs(5);
 
-pub fn parse_url(url: &str) -> Result<tokio_postgres::Config, DbError> {
-    let mut config =
-        tokio_postgres::Config::from_str(url).map_err(|e| DbError::InvalidUrl(e.to_string()))?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(CONNECT_TIMEOUT);
-    }
-    if config.get_application_name().is_none() {
-        config.application_name("summaryd");
-    }
-    Ok(config)
-}
-
 /// Build the pool; it connects lazily, so this succeeds while Postgres is down.
-pub fn pool(url: &str, max_size: usize) -> Result<Pool, DbError> {
-    let config = parse_url(url)?;
+pub fn pool(url: &str, ca_file: Option<&Path>, max_size: usize) -> Result<Pool, DbError> {
+    let target = PgTarget::parse(url, ca_file)?;
     // Verified recycling costs a round trip per checkout; a closed connection is detected
     // by `is_closed` and a broken one surfaces as a query error that callers handle anyway.
-    let manager = Manager::from_config(
-        config,
-        NoTls,
-        ManagerConfig {
-            recycling_method: RecyclingMethod::Fast,
-        },
-    );
+    let manager = target.manager(ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    });
     Pool::builder(manager)
         .max_size(max_size)
         .runtime(Runtime::Tokio1)

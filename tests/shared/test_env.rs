@@ -225,7 +225,7 @@ async fn ensure_template() -> String {
             ))
             .await
             .expect("drop stale template");
-        summaryd::db::migrate::run(&format!("{}/{building}", pg_base_url()))
+        summaryd::db::migrate::run(&format!("{}/{building}", pg_base_url()), None)
             .await
             .expect("migrate template");
         // Publish atomically: a half-migrated template is never visible under the real name.

@@ -1,0 +1,94 @@
+//! Showing a configured URL without its secrets, for `Debug` output and log fields.
+//!
+//! A URL's password (`scheme://user:PASSWORD@host`) and the values of query parameters that
+//! conventionally hold credentials are replaced by `<redacted>`; everything else stays, so
+//! the output still says which server is meant.
+
+/// Query (or libpq key/value) parameters whose values are credentials.
+const SECRET_PARAMS: [&str; 8] = [
+    "password",
+    "pass",
+    "api_key",
+    "apikey",
+    "key",
+    "token",
+    "access_token",
+    "secret",
+];
+
+const REDACTED: &str = "<redacted>";
+
+/// `url` with its password and credential-bearing parameters replaced by `<redacted>`.
+pub fn url(url: &str) -> String {
+    let (head, query) = match url.split_once('?') {
+        Some((h, q)) => (h, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match head.split_once("://") {
+        Some((scheme, rest)) => {
+            // The authority ends at the first '/'; its userinfo at the last '@' before that.
+            let authority_end = rest.find('/').unwrap_or(rest.len());
+            let (authority, path) = rest.split_at(authority_end);
+            let authority = match authority.rsplit_once('@') {
+                Some((userinfo, host)) => match userinfo.split_once(':') {
+                    Some((user, _password)) => format!("{user}:{REDACTED}@{host}"),
+                    None => format!("{userinfo}@{host}"),
+                },
+                None => authority.to_owned(),
+            };
+            format!("{scheme}://{authority}{path}")
+        }
+        // Not a URL (e.g. libpq's `host=… password=…`): redact `password=` words.
+        None => head
+            .split(' ')
+            .map(redact_param)
+            .collect::<Vec<_>>()
+            .join(" "),
+    };
+    if let Some(query) = query {
+        out.push('?');
+        out.push_str(
+            &query
+                .split('&')
+                .map(redact_param)
+                .collect::<Vec<_>>()
+                .join("&"),
+        );
+    }
+    out
+}
+
+fn redact_param(pair: &str) -> String {
+    match pair.split_once('=') {
+        Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
+            format!("{key}={REDACTED}")
+        }
+        _ => pair.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::url;
+
+    #[test]
+    fn passwords_and_credential_parameters_are_hidden_and_the_host_stays() {
+        assert_eq!(
+            url("rediss://default:s3cr3t@cache.internal:6380/0"),
+            "rediss://default:<redacted>@cache.internal:6380/0"
+        );
+        assert_eq!(
+            url("postgres://app:p@ss@db:5432/x?sslmode=require&password=again"),
+            "postgres://app:<redacted>@db:5432/x?sslmode=require&password=<redacted>"
+        );
+        assert_eq!(
+            url("https://api.example/send?api_key=k1&to=x"),
+            "https://api.example/send?api_key=<redacted>&to=x"
+        );
+        assert_eq!(url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            url("host=db password=pw dbname=x"),
+            "host=db password=<redacted> dbname=x"
+        );
+    }
+}

@@ -1,0 +1,171 @@
+//! Building the Redis client every Redis handle shares (the deadpool pool and the API's
+//! multiplexed connections), plain or over TLS, and the one connection made at startup to
+//! find a TLS misconfiguration before any request does.
+//!
+//! `redis://` is plain TCP. `rediss://` is TLS through rustls, verifying the server against
+//! `SUMMARYD_REDIS_CA_FILE` (a private CA, as managed Redis offerings use) or the system's
+//! trust store; `SUMMARYD_REDIS_CLIENT_CERT_FILE` + `_KEY_FILE` add a client certificate for
+//! servers that require mutual TLS.
+
+use std::time::Duration;
+
+use redis::{ClientTlsConfig, ConnectionAddr, TlsCertificates};
+
+use crate::config::{RedisTlsSettings, Settings};
+use crate::tls::{self, TlsError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RedisSetupError {
+    /// The redis crate's parse errors name the problem, never the URL (so never its password).
+    #[error("SUMMARYD_REDIS_URL is invalid: {0}")]
+    Url(redis::RedisError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(
+        "{0} is set but SUMMARYD_REDIS_URL does not start with rediss://, so it would be ignored"
+    )]
+    TlsWithoutRediss(&'static str),
+    #[error(
+        "SUMMARYD_REDIS_CLIENT_CERT_FILE and SUMMARYD_REDIS_CLIENT_KEY_FILE must be set together"
+    )]
+    HalfClientCert,
+    /// A TLS failure does not heal by retrying, so startup stops and says where it went.
+    #[error("TLS to Redis at {addr} failed: {reason}")]
+    Handshake { addr: String, reason: String },
+}
+
+/// The client for `settings.redis_url`, with TLS material attached for `rediss://`.
+pub fn client(settings: &Settings) -> Result<redis::Client, RedisSetupError> {
+    let plain = redis::Client::open(settings.redis_url.as_str()).map_err(RedisSetupError::Url)?;
+    let is_tls = matches!(
+        plain.get_connection_info().addr(),
+        ConnectionAddr::TcpTls { .. }
+    );
+    let certificates = tls_certificates(&settings.redis, is_tls)?;
+    match certificates {
+        Some(certs) => redis::Client::build_with_tls(plain.get_connection_info().clone(), certs)
+            .map_err(RedisSetupError::Url),
+        None => Ok(plain),
+    }
+}
+
+/// Reads and checks the files the settings name; `None` when the URL is plain (and then no
+/// file may be named: a CA that is silently unused would hide a cleartext connection).
+pub fn tls_certificates(
+    settings: &RedisTlsSettings,
+    is_tls: bool,
+) -> Result<Option<TlsCertificates>, RedisSetupError> {
+    if !is_tls {
+        for (name, set) in [
+            ("SUMMARYD_REDIS_CA_FILE", settings.ca_file.is_some()),
+            (
+                "SUMMARYD_REDIS_CLIENT_CERT_FILE",
+                settings.client_cert_file.is_some(),
+            ),
+            (
+                "SUMMARYD_REDIS_CLIENT_KEY_FILE",
+                settings.client_key_file.is_some(),
+            ),
+        ] {
+            if set {
+                return Err(RedisSetupError::TlsWithoutRediss(name));
+            }
+        }
+        return Ok(None);
+    }
+    let root_cert = match &settings.ca_file {
+        Some(path) => {
+            // Parsed here so a wrong file is reported with the setting's name.
+            tls::certificates("SUMMARYD_REDIS_CA_FILE", path)?;
+            Some(tls::read_pem("SUMMARYD_REDIS_CA_FILE", path)?)
+        }
+        None => None,
+    };
+    let client_tls = match (&settings.client_cert_file, &settings.client_key_file) {
+        (Some(cert), Some(key)) => {
+            tls::certificates("SUMMARYD_REDIS_CLIENT_CERT_FILE", cert)?;
+            Some(ClientTlsConfig {
+                client_cert: tls::read_pem("SUMMARYD_REDIS_CLIENT_CERT_FILE", cert)?,
+                client_key: tls::check_private_key("SUMMARYD_REDIS_CLIENT_KEY_FILE", key)?,
+            })
+        }
+        (None, None) => None,
+        _ => return Err(RedisSetupError::HalfClientCert),
+    };
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+/// `host:port` of the client's server: what an error may say about where it connected.
+pub fn address(client: &redis::Client) -> String {
+    client.get_connection_info().addr().to_string()
+}
+
+/// How long the startup probe waits; a Redis that is merely down is not a startup failure.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One connection attempt at startup. A TLS failure (unknown CA, wrong host name, a client
+/// certificate the server refuses) is returned as an error, because no retry will fix it;
+/// a Redis that is down or slow is only logged, since the roles cope with that already.
+/// Returns the connection when one was made, for the durability check.
+pub async fn probe(
+    client: &redis::Client,
+) -> Result<Option<redis::aio::MultiplexedConnection>, RedisSetupError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(PROBE_TIMEOUT))
+        .set_response_timeout(Some(PROBE_TIMEOUT));
+    match client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+    {
+        Ok(conn) => Ok(Some(conn)),
+        Err(e) => match tls_failure(&e) {
+            Some(reason) => Err(RedisSetupError::Handshake {
+                addr: address(client),
+                reason,
+            }),
+            None => {
+                tracing::warn!(
+                    redis = %address(client),
+                    error = %e,
+                    "Redis is not reachable at startup; carrying on (readiness reports it)"
+                );
+                Ok(None)
+            }
+        },
+    }
+}
+
+/// The rustls error somewhere in `err`'s source chain, described.
+fn tls_failure(err: &redis::RedisError) -> Option<String> {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(tls.to_string());
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>())
+        {
+            return Some(tls.to_string());
+        }
+        source = e.source();
+    }
+    None
+}
+
+/// The startup step for every role that uses Redis: probe the connection (a TLS failure
+/// stops startup) and, for roles that accept or take jobs, report the durability settings.
+pub async fn check_at_startup(
+    settings: &Settings,
+    check_durability: bool,
+) -> Result<(), RedisSetupError> {
+    let client = client(settings)?;
+    if let Some(mut conn) = probe(&client).await?
+        && check_durability
+    {
+        crate::durability::report(&mut conn).await;
+    }
+    Ok(())
+}

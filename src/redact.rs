@@ -58,6 +58,14 @@ pub fn url(url: &str) -> String {
     out
 }
 
+/// A short, stable stand-in for personal data in logs (a recipient, say): the first 12 hex
+/// digits of its SHA-256, enough to correlate lines about one address without showing it.
+pub fn fingerprint(value: &str) -> String {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(value.as_bytes());
+    hex::encode(&digest[..6])
+}
+
 fn redact_param(pair: &str) -> String {
     match pair.split_once('=') {
         Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {

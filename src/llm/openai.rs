@@ -45,7 +45,7 @@ pub struct OpenAiClient {
 impl fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("endpoint", &self.endpoint.as_str())
+            .field("endpoint", &crate::redact::url(self.endpoint.as_str()))
             .field("model", &self.model)
             .field("api_key", &self.api_key)
             .finish()
@@ -159,7 +159,9 @@ impl Llm for OpenAiClient {
     async fn summarise(&self, text: &str) -> Result<String, LlmError> {
         let result = self.call(text).await.map_err(|e| self.redact(e));
         if let Err(e) = &result {
-            tracing::debug!(endpoint = %self.endpoint, model = %self.model, error = %e, "model call failed");
+            // The endpoint may carry a password (a proxy's); never log it whole.
+            let endpoint = crate::redact::url(self.endpoint.as_str());
+            tracing::debug!(%endpoint, model = %self.model, error = %e, "model call failed");
         }
         result
     }

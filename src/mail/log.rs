@@ -1,5 +1,7 @@
-//! The default provider: writes the whole email to the log, so the service runs end to end
-//! with no mail server (local runs, demos, tests of the other roles).
+//! The default provider: writes the email to the log, so the service runs end to end with no
+//! mail server (local runs, demos, tests of the other roles). Logs are not a place for
+//! personal data, so the recipient appears as a hash and the body as its length; the job id
+//! in the subject line's dedupe key says which summary it was (`GET /v1/summaries/{id}`).
 
 use async_trait::async_trait;
 
@@ -14,10 +16,10 @@ impl Mailer for LogMailer {
         // Info, not debug: with this provider the log line *is* the delivery.
         tracing::info!(
             from = %email.from,
-            to = %email.to,
+            to_sha256 = %crate::redact::fingerprint(&email.to),
             subject = %email.subject,
             dedupe_key,
-            text = %email.text,
+            text_chars = email.text.chars().count(),
             "email sent to the log (SUMMARYD_MAIL_PROVIDER=log)"
         );
         Ok(())

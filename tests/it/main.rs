@@ -7,6 +7,7 @@ mod admin;
 mod api;
 mod app;
 mod auth;
+mod backends;
 mod idempotency;
 mod model_api_retries;
 mod providers;

@@ -1,17 +1,20 @@
 //! The test harness shared by the two integration-test binaries (`tests/it`, `tests/chaos`),
 //! included by path from each: the isolated world a test runs in (its own database and Redis
 //! key prefix), the one services/application builder, the loopback HTTP and SMTP servers,
-//! the fake providers, and the request helpers for the in-process API.
+//! the fake providers, the request helpers for the in-process API, and the private Redis and
+//! Postgres servers (with certificates made per test) the TLS and durability tests start.
 
 #![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
 
 pub mod api_requests;
+pub mod certs;
 pub mod cleanup;
 pub mod fakes;
 pub mod http_request;
 pub mod http_stub;
 pub mod log_capture;
 pub mod script;
+pub mod servers;
 pub mod smtp_sink;
 pub mod test_env;
 

@@ -138,10 +138,16 @@ pub async fn probe(
     }
 }
 
-/// The rustls error somewhere in `err`'s source chain, described.
+/// The rustls error inside `err`, described. The redis crate keeps the I/O error behind an
+/// `Arc<dyn Error>` whose `source()` skips the rustls error, so the chain is unwrapped by hand.
 fn tls_failure(err: &redis::RedisError) -> Option<String> {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = source {
+        let e = match e.downcast_ref::<Shared>() {
+            Some(shared) => shared.as_ref() as &(dyn std::error::Error + 'static),
+            None => e,
+        };
         if let Some(tls) = e.downcast_ref::<rustls::Error>() {
             return Some(tls.to_string());
         }

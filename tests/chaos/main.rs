@@ -9,6 +9,7 @@ mod harness;
 #[path = "../shared/mod.rs"]
 mod shared;
 
+mod backends;
 mod chaos;
 mod kill_api;
 mod kill_worker;

@@ -1,7 +1,7 @@
 //! A minimal SMTP server on 127.0.0.1:0 that records what lettre sends.
 //!
-//! Speaks just enough of RFC 5321 for a plaintext client (EHLO/HELO, MAIL, RCPT, DATA, RSET,
-//! NOOP, QUIT); `RCPT TO` can be scripted to answer with an error to test classification.
+//! Speaks just enough of RFC 5321 for a plaintext client (EHLO/HELO, AUTH PLAIN/LOGIN, MAIL,
+//! RCPT, DATA, RSET, NOOP, QUIT; any credentials are accepted); `RCPT TO` can be scripted to answer with an error to test classification.
 
 use std::sync::{Arc, Mutex};
 
@@ -53,6 +53,8 @@ struct State {
     messages: Mutex<Vec<Received>>,
     /// When set, the full reply line to `RCPT TO` (e.g. "550 5.1.1 no such user").
     rcpt_reply: Mutex<Option<String>>,
+    /// AUTH exchanges completed (credentials are accepted, not checked).
+    logins: Mutex<usize>,
 }
 
 pub struct SmtpSink {
@@ -87,6 +89,11 @@ impl SmtpSink {
         self.state.messages.lock().unwrap().clone()
     }
 
+    /// How many sessions authenticated.
+    pub fn logins(&self) -> usize {
+        *self.state.logins.lock().unwrap()
+    }
+
     pub fn reject_rcpt_with(&self, reply_line: &str) {
         *self.state.rcpt_reply.lock().unwrap() = Some(reply_line.into());
     }
@@ -117,7 +124,28 @@ async fn session(stream: TcpStream, state: &State) -> std::io::Result<()> {
             .unwrap_or_default()
             .to_ascii_uppercase();
         let reply = match verb.as_str() {
-            "EHLO" | "HELO" => "250 sink.test\r\n".to_owned(),
+            "EHLO" => "250-sink.test\r\n250 AUTH PLAIN LOGIN\r\n".to_owned(),
+            "HELO" => "250 sink.test\r\n".to_owned(),
+            "AUTH" => {
+                // PLAIN carries the credentials in its argument; LOGIN (or PLAIN without an
+                // initial response) asks for them, one line per prompt.
+                let args: Vec<&str> = command.split_whitespace().skip(1).collect();
+                let prompts = match args.as_slice() {
+                    [m, _] if m.eq_ignore_ascii_case("PLAIN") => 0,
+                    [m] if m.eq_ignore_ascii_case("PLAIN") => 1,
+                    [m, _] if m.eq_ignore_ascii_case("LOGIN") => 1,
+                    _ => 2,
+                };
+                for _ in 0..prompts {
+                    write.write_all(b"334 \r\n").await?;
+                    line.clear();
+                    if lines.read_line(&mut line).await? == 0 {
+                        return Ok(());
+                    }
+                }
+                *state.logins.lock().unwrap() += 1;
+                "235 2.7.0 authenticated\r\n".to_owned()
+            }
             "MAIL" => {
                 mail_from = angle_addr(&command);
                 rcpt_to.clear();

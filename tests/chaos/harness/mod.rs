@@ -39,6 +39,9 @@ pub struct WorldOptions {
     pub private_redis: bool,
     /// Extra or overriding `SUMMARYD_*` settings for every process of this world.
     pub env: Vec<(&'static str, String)>,
+    /// The Redis the harness itself inspects, when the processes reach it another way
+    /// (e.g. they use its TLS port through `env`, the harness its plain port).
+    pub harness_redis_url: Option<String>,
 }
 
 impl Default for WorldOptions {
@@ -48,6 +51,7 @@ impl Default for WorldOptions {
             mail: MailBehavior::ok(),
             private_redis: false,
             env: Vec::new(),
+            harness_redis_url: None,
         }
     }
 }
@@ -81,7 +85,10 @@ impl World {
         } else {
             None
         };
-        let redis_url = redis.as_ref().map_or_else(redis_url, RedisServer::url);
+        let redis_url = match &options.harness_redis_url {
+            Some(url) => url.clone(),
+            None => redis.as_ref().map_or_else(redis_url, RedisServer::url),
+        };
         let database_url = format!("{}/{db_name}", pg_base_url());
         let model = ModelServer::start(options.model).await;
         let mail = MailSink::start(options.mail).await;
@@ -154,6 +161,24 @@ impl World {
         extra_args: &[&str],
     ) -> Proc {
         Proc::start(name, roles, listen, extra_args, &self.env, &self.dir).await
+    }
+
+    /// Set (or replace) one variable for the processes started from now on.
+    pub fn set_env(&mut self, key: &str, value: String) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.to_owned(), value));
+    }
+
+    /// This world's environment with `overrides` applied, for a one-off process.
+    pub fn env_with(&self, overrides: &[(&str, String)]) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = self
+            .env
+            .iter()
+            .filter(|(k, _)| !overrides.iter().any(|(o, _)| o == k))
+            .cloned()
+            .collect();
+        env.extend(overrides.iter().map(|(k, v)| ((*k).to_owned(), v.clone())));
+        env
     }
 
     pub async fn pg(&self) -> tokio_postgres::Client {

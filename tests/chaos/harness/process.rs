@@ -215,3 +215,27 @@ pub fn run_to_completion(args: &[&str], env: &[(String, String)]) -> std::proces
         .output()
         .expect("run summaryd")
 }
+
+/// Run a subcommand that is expected to exit by itself; `None` (after killing it) when it
+/// is still running after `within`, so a process that should have failed cannot hang a test.
+/// Output is read while it runs, so a chatty process cannot block on a full pipe.
+pub async fn run_with_deadline(
+    args: &[&str],
+    env: &[(String, String)],
+    within: Duration,
+) -> Option<std::process::Output> {
+    let child = tokio::process::Command::new(binary())
+        .args(args)
+        .env_clear()
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("run summaryd");
+    tokio::time::timeout(within, child.wait_with_output())
+        .await
+        .ok()?
+        .ok()
+}

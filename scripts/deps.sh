@@ -177,6 +177,31 @@ _deps_ensure_redis() {
     _deps_wait_for _deps_redis_answers "redis on $REDIS_HOST:$REDIS_PORT"
 }
 
+# The TLS and durability tests start servers of their own (tests/shared/servers.rs): a
+# redis-server built with TLS (Debian's is) and PostgreSQL's initdb/pg_ctl. Needed even when
+# the shared services run elsewhere (SUMMARYD_DEPS_*_HOST), so checked separately.
+_deps_ensure_test_servers() {
+    if ! command -v redis-server >/dev/null 2>&1; then
+        _deps_apt_install redis-server
+    fi
+    # A build without TLS rejects the directive; one with TLS exits because, with both
+    # ports 0, it has nothing to listen on.
+    if ! timeout 5 redis-server --port 0 --tls-port 0 --save "" 2>&1 | grep -q 'not to listen anywhere\|not listen anywhere'; then
+        _deps_log "WARNING: this redis-server may lack TLS support; the rediss:// tests need it"
+    fi
+    if [[ -z "$(_deps_pg_version)" ]]; then
+        _deps_apt_install postgresql
+    fi
+    local ver
+    ver=$(_deps_pg_version)
+    [[ -x "/usr/lib/postgresql/$ver/bin/initdb" ]] ||
+        _deps_die "no initdb under /usr/lib/postgresql/$ver/bin; the Postgres TLS tests need it"
+    # Postgres refuses to run as root; the tests then run initdb as the postgres user.
+    if [[ "$(id -u)" -eq 0 ]] && ! id postgres >/dev/null 2>&1; then
+        _deps_die "running as root without a postgres user; the Postgres TLS tests need one"
+    fi
+}
+
 # Trust auth is what the tests assume; say so clearly instead of failing later in a test.
 _deps_check_pg_login() {
     command -v psql >/dev/null 2>&1 || return 0
@@ -205,6 +230,7 @@ _deps_main() {
     _deps_ensure_postgres
     _deps_check_pg_login
     _deps_ensure_redis
+    _deps_ensure_test_servers
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

@@ -186,13 +186,14 @@ _deps_ensure_test_servers() {
     fi
     # A build without TLS rejects the directive; one with TLS exits because, with both
     # ports 0, it has nothing to listen on.
-    if ! timeout 5 redis-server --port 0 --tls-port 0 --save "" 2>&1 | grep -q 'not to listen anywhere\|not listen anywhere'; then
+    local probe ver
+    probe=$(timeout 5 redis-server --port 0 --tls-port 0 --save "" 2>&1 || true)
+    if [[ "$probe" != *"listen anywhere"* ]]; then
         _deps_log "WARNING: this redis-server may lack TLS support; the rediss:// tests need it"
     fi
     if [[ -z "$(_deps_pg_version)" ]]; then
         _deps_apt_install postgresql
     fi
-    local ver
     ver=$(_deps_pg_version)
     [[ -x "/usr/lib/postgresql/$ver/bin/initdb" ]] ||
         _deps_die "no initdb under /usr/lib/postgresql/$ver/bin; the Postgres TLS tests need it"

@@ -175,3 +175,62 @@ pub async fn check_at_startup(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    #[test]
+    fn tls_files_need_a_rediss_url_and_come_as_a_cert_key_pair() {
+        let ca = RedisTlsSettings {
+            ca_file: Some(PathBuf::from("/etc/ca.pem")),
+            ..Default::default()
+        };
+        let err = tls_certificates(&ca, false).err().map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("SUMMARYD_REDIS_CA_FILE") && e.contains("rediss://")),
+            "{err:?}"
+        );
+        let half = RedisTlsSettings {
+            client_cert_file: Some(PathBuf::from("/etc/client.pem")),
+            ..Default::default()
+        };
+        assert!(matches!(
+            tls_certificates(&half, true),
+            Err(RedisSetupError::HalfClientCert)
+        ));
+        let missing = RedisTlsSettings {
+            ca_file: Some(PathBuf::from("/nonexistent/ca.pem")),
+            ..Default::default()
+        };
+        let err = tls_certificates(&missing, true)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.as_deref()
+                .is_some_and(|e| e.contains("SUMMARYD_REDIS_CA_FILE: cannot read")),
+            "{err:?}"
+        );
+        assert!(matches!(
+            tls_certificates(&RedisTlsSettings::default(), false),
+            Ok(None)
+        ));
+    }
+
+    #[test]
+    fn a_bad_url_is_reported_without_the_password() {
+        let settings = Settings {
+            redis_url: "redis://user:hunter2@host:notaport".into(),
+            ..Settings::default()
+        };
+        let err = client(&settings)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("SUMMARYD_REDIS_URL"), "{err}");
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+}

@@ -500,8 +500,9 @@ impl Settings {
         if let Err(e) = crate::redis_conn::tls_certificates(&self.redis, is_tls) {
             return Err(ConfigError::Invalid(e.to_string()));
         }
-        if let Err(e) =
-            crate::db::PgTarget::parse(&self.database_url, self.database.ca_file.as_deref())
+        // The URL's own sslmode/sslrootcert are checked where it is parsed (db::connect).
+        if let Some(ca) = &self.database.ca_file
+            && let Err(e) = crate::tls::certificates("SUMMARYD_DATABASE_CA_FILE", ca)
         {
             return Err(ConfigError::Invalid(e.to_string()));
         }

@@ -119,10 +119,10 @@ impl PgTarget {
             // Never used for a cleartext connection; no file is read for it.
             SslMode::Disable => rustls::RootCertStore::empty(),
             _ => tls::root_store(ca_setting, ca.as_deref())
-                .map_err(|e| DbError::InvalidUrl(e.to_string()))?,
+                .map_err(|e| DbError::TlsConfig(e.to_string()))?,
         };
         let client = tls::client_config(verification, roots)
-            .map_err(|e| DbError::InvalidUrl(e.to_string()))?;
+            .map_err(|e| DbError::TlsConfig(e.to_string()))?;
         Ok(Self {
             config,
             mode,

@@ -24,6 +24,9 @@ pub enum DbError {
     Build(String),
     #[error("migration failed: {0}")]
     Migration(String),
+    /// A CA file that cannot be read or parsed; the message names the setting.
+    #[error("{0}")]
+    TlsConfig(String),
     #[error("TLS to Postgres at {addr} failed (sslmode={mode}): {reason}")]
     Tls {
         addr: String,

@@ -11,10 +11,10 @@ use summaryd::db::DbError;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 
-use crate::shared::log_capture::Captured;
-use crate::shared::{FakeLlm, FakeMailer, TestEnv};
 use crate::shared::certs::TestCa;
+use crate::shared::log_capture::Captured;
 use crate::shared::servers::{PgCluster, RedisProc, test_dir};
+use crate::shared::{FakeLlm, FakeMailer, TestEnv};
 
 async fn ssl_in_use(client: &tokio_postgres::Client) -> bool {
     client

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use crate::backoff::{Backoff, Jitter};
 use crate::config::Settings;
 use crate::context::{Services, ServicesError};
 use crate::llm::Llm;
@@ -36,6 +37,13 @@ pub enum StartError {
 /// How long `serve` keeps retrying migrations while Postgres is still starting (e.g. a pod
 /// that comes up together with its database); after that it exits and the orchestrator restarts it.
 const MIGRATE_PATIENCE: Duration = Duration::from_secs(30);
+/// A database that is starting answers within seconds; waits grow from 250 ms to 5 s so the
+/// patience above is spent on a few attempts, not a busy loop. No jitter: one process waiting.
+const MIGRATE_RETRY: Backoff = Backoff::new(
+    Duration::from_millis(250),
+    Duration::from_secs(5),
+    Jitter::None,
+);
 
 pub struct Application {
     services: Services,
@@ -185,14 +193,14 @@ async fn migrate_with_patience(
     ca_file: Option<&std::path::Path>,
 ) -> Result<(), crate::db::DbError> {
     let give_up = tokio::time::Instant::now() + MIGRATE_PATIENCE;
-    let mut delay = Duration::from_millis(250);
+    let mut failures = 0;
     loop {
         match crate::db::migrate::run(url, ca_file).await {
             Ok(()) => return Ok(()),
             Err(e @ crate::db::DbError::Query(_)) if tokio::time::Instant::now() < give_up => {
                 warn!(error = %e, "database not ready for migrations; retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(5));
+                tokio::time::sleep(MIGRATE_RETRY.delay(failures)).await;
+                failures += 1;
             }
             Err(e) => return Err(e),
         }

@@ -6,12 +6,14 @@ pub mod admin;
 pub mod api;
 pub mod app;
 pub mod auth;
+pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod context;
 pub mod db;
 pub mod domain;
 pub mod durability;
+pub mod failure;
 pub mod http_client;
 pub mod keys;
 #[cfg(test)]

@@ -1,35 +1,22 @@
-//! The single owner of the model retry policy: classification, per-call wall-clock timeouts,
-//! full-jitter exponential backoff, `Retry-After`, and the per-delivery deadline.
+//! The single owner of the model retry policy: per-call wall-clock timeouts, full-jitter
+//! exponential backoff, `Retry-After`, and the per-delivery deadline. Which errors are worth
+//! another attempt is [`LlmError`]'s classification.
 //!
 //! Providers make exactly one attempt; nothing else retries the model, so attempts never
-//! multiply across layers. `backoff` (unmaintained) is used only here, to compute the growing
-//! cap; swapping it touches this file alone.
+//! multiply across layers.
 
 use std::time::Duration;
 
-use backoff::backoff::Backoff;
-use backoff::{ExponentialBackoff, ExponentialBackoffBuilder};
 use tokio::time::Instant;
 
+use crate::backoff::{Backoff, Jitter};
 use crate::config::LlmSettings;
+use crate::failure::{Classify, Disposition};
 use crate::llm::{Llm, LlmError};
 use crate::metrics::Metrics;
 
-/// Statuses a later attempt can fix (the same set the OpenAI SDK retries), plus every 5xx.
-const RETRYABLE_STATUS: [u16; 3] = [408, 409, 429];
-
 /// Below this much time, an attempt cannot realistically finish, so we do not start one.
 const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_secs(1);
-
-/// Whether a later attempt of the same call can succeed. Unknown errors are not retried:
-/// they are bugs until logs prove otherwise, and would fail the same way every time.
-pub fn is_retryable(err: &LlmError) -> bool {
-    match err {
-        LlmError::Timeout | LlmError::Connect(_) => true,
-        LlmError::Status { status, .. } => RETRYABLE_STATUS.contains(status) || *status >= 500,
-        LlmError::Malformed(_) | LlmError::InvalidInput(_) | LlmError::Other(_) => false,
-    }
-}
 
 /// A monotonic point in time by which one delivery must be done; clock changes cannot
 /// stretch it.
@@ -73,28 +60,20 @@ impl RetryPolicy {
         }
     }
 
-    /// Growing caps for full jitter: base, 2·base, 4·base … up to `max_backoff`.
-    fn caps(&self) -> ExponentialBackoff {
-        ExponentialBackoffBuilder::new()
-            .with_initial_interval(self.base_backoff)
-            // Full jitter is applied in `full_jitter`; the crate's symmetric factor is not it.
-            .with_randomization_factor(0.0)
-            .with_multiplier(2.0)
-            .with_max_interval(self.max_backoff)
-            // The deadline, not the crate, bounds the total time.
-            .with_max_elapsed_time(None)
-            .build()
+    /// Full jitter: workers that hit the same 429 together spread out instead of retrying in
+    /// lockstep, and the deadline, not a count, bounds the attempts.
+    fn backoff(&self) -> Backoff {
+        Backoff::new(self.base_backoff, self.max_backoff, Jitter::Full)
     }
 
-    /// The sleep before the next attempt after `err`: `Retry-After` when the server sent
-    /// one (capped), otherwise a full-jitter draw below `cap`.
-    fn sleep_after(&self, err: &LlmError, cap: Duration) -> Duration {
-        match err {
-            LlmError::Status {
+    /// The sleep before the next attempt after `err`, the `failures`-th failure counting
+    /// from 0: `Retry-After` when the server sent one (capped), otherwise the backoff's draw.
+    fn sleep_after(&self, err: &LlmError, failures: u32) -> Duration {
+        match err.disposition() {
+            Disposition::Transient {
                 retry_after: Some(after),
-                ..
-            } => (*after).min(self.max_backoff),
-            _ => full_jitter(cap.min(self.max_backoff)),
+            } => after.min(self.max_backoff),
+            _ => self.backoff().delay(failures),
         }
     }
 }
@@ -102,7 +81,7 @@ impl RetryPolicy {
 /// Why `complete_with_retries` gave up.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RetryError {
-    /// The last model error; `is_retryable` says whether redelivery may help.
+    /// The last model error; its classification says whether redelivery may help.
     #[error(transparent)]
     Llm(LlmError),
     /// Too little of the delivery's budget was left to start an attempt. Deliberately not a
@@ -114,21 +93,14 @@ pub enum RetryError {
     },
 }
 
-impl RetryError {
+impl Classify for RetryError {
     /// Whether a later delivery may succeed (the message should stay pending).
-    pub fn is_transient(&self) -> bool {
+    fn disposition(&self) -> Disposition {
         match self {
-            RetryError::Llm(e) => is_retryable(e),
-            RetryError::DeadlineExceeded { .. } => true,
+            RetryError::Llm(e) => e.disposition(),
+            RetryError::DeadlineExceeded { .. } => Disposition::TRANSIENT,
         }
     }
-}
-
-/// A uniformly random duration in `[0, cap]`, so workers that hit the same 429 together
-/// spread out instead of retrying in lockstep.
-pub fn full_jitter(cap: Duration) -> Duration {
-    let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
-    Duration::from_nanos(rand::random_range(0..=nanos))
 }
 
 /// Call the model under the policy: each attempt gets `min(call_timeout, remaining)` of
@@ -141,7 +113,6 @@ pub async fn complete_with_retries(
     policy: &RetryPolicy,
     metrics: Option<&Metrics>,
 ) -> Result<String, RetryError> {
-    let mut caps = policy.caps();
     let mut attempt: u32 = 0;
     loop {
         let remaining = deadline.remaining();
@@ -157,11 +128,10 @@ pub async fn complete_with_retries(
             Ok(summary) => return Ok(summary),
             Err(err) => err,
         };
-        if !is_retryable(&err) || attempt >= policy.max_attempts {
+        if !err.is_transient() || attempt >= policy.max_attempts {
             return Err(RetryError::Llm(err));
         }
-        let cap = caps.next_backoff().unwrap_or(policy.max_backoff);
-        let sleep = policy.sleep_after(&err, cap);
+        let sleep = policy.sleep_after(&err, attempt - 1);
         if deadline.remaining().saturating_sub(sleep) < policy.min_attempt {
             tracing::warn!(attempt, error = %err, "model call failed; no time left for another attempt");
             return Err(RetryError::Llm(err));
@@ -228,21 +198,6 @@ mod tests {
     }
 
     #[test]
-    fn classification_matches_the_design() {
-        assert!(is_retryable(&LlmError::Timeout));
-        assert!(is_retryable(&LlmError::Connect("reset".into())));
-        for code in [408, 409, 429, 500, 502, 503, 504, 599] {
-            assert!(is_retryable(&status(code)), "{code} must retry");
-        }
-        for code in [400, 401, 403, 404, 413, 422] {
-            assert!(!is_retryable(&status(code)), "{code} must not retry");
-        }
-        assert!(!is_retryable(&LlmError::Malformed("x".into())));
-        assert!(!is_retryable(&LlmError::InvalidInput("x".into())));
-        assert!(!is_retryable(&LlmError::Other("x".into())));
-    }
-
-    #[test]
     fn deadline_exceeded_is_transient_but_not_an_llm_timeout() {
         let e = RetryError::DeadlineExceeded {
             remaining: Duration::ZERO,
@@ -254,24 +209,19 @@ mod tests {
     }
 
     #[test]
-    fn full_jitter_stays_within_zero_and_cap() {
-        let cap = Duration::from_millis(100);
-        let draws: Vec<Duration> = (0..2_000).map(|_| full_jitter(cap)).collect();
-        assert!(draws.iter().all(|d| *d <= cap));
-        // Spread over the range, not stuck at the cap (lockstep) or at zero.
-        assert!(draws.iter().any(|d| *d < cap / 4));
-        assert!(draws.iter().any(|d| *d > cap * 3 / 4));
-        assert_eq!(full_jitter(Duration::ZERO), Duration::ZERO);
-    }
-
-    #[test]
-    fn caps_double_from_base_up_to_max_backoff() {
+    fn sleeps_grow_from_base_to_max_backoff_under_full_jitter() {
         let p = policy(100, 500);
-        let mut caps = p.caps();
-        let ms: Vec<u128> = (0..5)
-            .map(|_| caps.next_backoff().unwrap_or_default().as_millis())
-            .collect();
-        assert_eq!(ms, vec![100, 200, 400, 500, 500]);
+        for (failures, cap) in [(0, 100), (1, 200), (2, 400), (3, 500), (9, 500)] {
+            let cap = Duration::from_millis(cap);
+            let sleeps: Vec<Duration> = (0..500)
+                .map(|_| p.sleep_after(&status(503), failures))
+                .collect();
+            assert!(sleeps.iter().all(|d| *d <= cap), "{failures}");
+            assert!(
+                sleeps.iter().any(|d| *d > cap / 2),
+                "{failures}: never near the cap"
+            );
+        }
     }
 
     #[test]
@@ -282,16 +232,23 @@ mod tests {
             retry_after: Some(Duration::from_millis(ms)),
             message: String::new(),
         };
-        // Jitter with a 1 ms cap could never reach 150 ms, so this is the header's value.
+        // Jitter from a 1 ms base could never reach 150 ms, so this is the header's value.
         assert_eq!(
-            p.sleep_after(&with_after(150), Duration::from_millis(1)),
+            p.sleep_after(&with_after(150), 0),
             Duration::from_millis(150)
         );
         assert_eq!(
-            p.sleep_after(&with_after(5_000), Duration::from_millis(1)),
+            p.sleep_after(&with_after(5_000), 0),
             Duration::from_millis(200)
         );
-        assert!(p.sleep_after(&status(503), Duration::from_millis(1)) <= Duration::from_millis(1));
+        assert!(p.sleep_after(&status(503), 0) <= Duration::from_millis(1));
+        // A Retry-After on a status that is not retried is not a reason to wait.
+        let permanent = LlmError::Status {
+            status: 400,
+            retry_after: Some(Duration::from_millis(150)),
+            message: String::new(),
+        };
+        assert!(p.sleep_after(&permanent, 0) <= Duration::from_millis(1));
     }
 
     #[test]

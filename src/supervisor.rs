@@ -9,12 +9,16 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use crate::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;
 
-/// First restart delay; doubles per consecutive failure.
-const RESTART_BASE: Duration = Duration::from_millis(200);
-/// Cap, so a dependency that comes back is used again within half a minute.
-const RESTART_MAX: Duration = Duration::from_secs(30);
+/// From 200 ms, doubling per consecutive failure, up to 30 s, so a dependency that comes back
+/// is used again within half a minute. No jitter: each task restarts on its own schedule.
+const RESTART: Backoff = Backoff::new(
+    Duration::from_millis(200),
+    Duration::from_secs(30),
+    Jitter::None,
+);
 /// A task that ran this long before failing is considered to have been healthy:
 /// its next failure starts the backoff from the beginning.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
@@ -63,7 +67,7 @@ impl Supervisor {
                 if started.elapsed() >= HEALTHY_RUN {
                     failures = 0;
                 }
-                let delay = restart_delay(failures);
+                let delay = RESTART.delay(failures);
                 failures = failures.saturating_add(1);
                 tokio::select! {
                     _ = tokio::time::sleep(delay) => {}
@@ -106,25 +110,12 @@ impl<T> Drop for AbortOnDrop<T> {
     }
 }
 
-fn restart_delay(failures: u32) -> Duration {
-    RESTART_BASE
-        .saturating_mul(2u32.saturating_pow(failures.min(16)))
-        .min(RESTART_MAX)
-}
-
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
-
-    #[test]
-    fn restart_delay_doubles_and_caps() {
-        assert_eq!(restart_delay(0), RESTART_BASE);
-        assert_eq!(restart_delay(1), RESTART_BASE * 2);
-        assert_eq!(restart_delay(40), RESTART_MAX);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_panicking_task_is_restarted_until_shutdown() {

@@ -1,7 +1,8 @@
 //! The model behind one trait; the provider is chosen by configuration.
 //!
-//! Providers make exactly one attempt per call: `crate::retry` owns timeouts, classification
-//! and backoff, so no layer multiplies the other's retries.
+//! Providers make exactly one attempt per call: `crate::retry` owns timeouts and backoff, so
+//! no layer multiplies the other's retries. Whether an error is worth another attempt is
+//! decided once, below, by [`LlmError`]'s [`Classify`] impl.
 
 mod builtin;
 mod guard;
@@ -18,8 +19,12 @@ pub use guard::{Guarded, check_input};
 pub use openai::{OpenAiClient, PROMPT_PREFIX, prompt};
 
 use crate::config::{LlmProvider, LlmSettings};
+use crate::failure::{Classify, Disposition};
 
-/// What went wrong in one model call. `crate::retry::is_retryable` decides what each means.
+/// The 4xx statuses a later attempt can fix (the set the OpenAI SDK retries); every 5xx too.
+const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
+
+/// What went wrong in one model call; its [`Classify`] impl says what each means.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LlmError {
     #[error("model call timed out")]
@@ -39,6 +44,24 @@ pub enum LlmError {
     InvalidInput(String),
     #[error("{0}")]
     Other(String),
+}
+
+impl Classify for LlmError {
+    /// Unknown errors are not retried: they are bugs until logs prove otherwise, and would
+    /// fail the same way every time.
+    fn disposition(&self) -> Disposition {
+        match self {
+            LlmError::Timeout | LlmError::Connect(_) => Disposition::TRANSIENT,
+            LlmError::Status {
+                status,
+                retry_after,
+                ..
+            } => Disposition::of_http_status(*status, &TRANSIENT_4XX, *retry_after),
+            LlmError::Malformed(_) | LlmError::InvalidInput(_) | LlmError::Other(_) => {
+                Disposition::Permanent
+            }
+        }
+    }
 }
 
 #[async_trait]
@@ -75,4 +98,42 @@ pub fn from_settings(settings: &LlmSettings) -> Result<Arc<dyn Llm>, LlmConfigEr
         }
     };
     Ok(Arc::new(Guarded::new(provider, settings.max_input_chars)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(code: u16, retry_after: Option<Duration>) -> LlmError {
+        LlmError::Status {
+            status: code,
+            retry_after,
+            message: String::new(),
+        }
+    }
+
+    #[test]
+    fn classification_matches_the_design() {
+        assert!(LlmError::Timeout.is_transient());
+        assert!(LlmError::Connect("reset".into()).is_transient());
+        for code in [408, 409, 429, 500, 502, 503, 504, 599] {
+            assert!(status(code, None).is_transient(), "{code} must retry");
+        }
+        for code in [400, 401, 403, 404, 413, 422] {
+            assert!(!status(code, None).is_transient(), "{code} must not retry");
+        }
+        assert!(!LlmError::Malformed("x".into()).is_transient());
+        assert!(!LlmError::InvalidInput("x".into()).is_transient());
+        assert!(!LlmError::Other("x".into()).is_transient());
+    }
+
+    #[test]
+    fn a_transient_status_carries_the_servers_retry_after() {
+        let after = Some(Duration::from_millis(1_500));
+        assert_eq!(
+            status(429, after).disposition(),
+            Disposition::Transient { retry_after: after }
+        );
+        assert_eq!(status(400, after).disposition(), Disposition::Permanent);
+    }
 }

@@ -1,8 +1,9 @@
 //! Client for any OpenAI-compatible `/chat/completions` endpoint (OpenAI, vLLM, llama.cpp
 //! server, Ollama, LiteLLM, ...).
 //!
-//! One HTTP request per call and no retries: `crate::retry` owns the wall-clock cap per call,
-//! classification and backoff. This module only turns what happened into an [`LlmError`].
+//! One HTTP request per call and no retries: `crate::retry` owns the wall-clock cap per call
+//! and backoff, [`LlmError`] its classification. This module only turns what happened into
+//! an [`LlmError`].
 
 use crate::http_client::{describe, excerpt};
 use std::fmt;

@@ -10,12 +10,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use reqwest::StatusCode;
 
-use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
+use super::{MailConfigError, Mailer, OutgoingEmail};
 use crate::config::MailSettings;
+use crate::failure::{Disposition, Failure};
 
 /// TCP + TLS to an email API takes well under a second; 5 s means it is down, and the row
 /// is retried after its backoff rather than holding its lease.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The 4xx statuses a later send can fix (timeout, rate limit); every 5xx too. Any other 4xx
+/// is the request's fault (the table in docs/providers.md).
+const TRANSIENT_4XX: [u16; 2] = [408, 429];
 /// Error bodies are read only for the excerpt; more than this is never useful.
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 
@@ -66,7 +70,7 @@ impl HttpMailer {
 
 #[async_trait]
 impl Mailer for HttpMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
         let response = self
             .http
             .post(self.url.clone())
@@ -74,7 +78,7 @@ impl Mailer for HttpMailer {
             .json(email)
             .send()
             .await
-            .map_err(|e| MailError::Transient(format!("mail API unreachable: {}", describe(e))))?;
+            .map_err(|e| Failure::Transient(format!("mail API unreachable: {}", describe(e))))?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
@@ -84,17 +88,12 @@ impl Mailer for HttpMailer {
             status.as_u16(),
             excerpt(response).await
         );
-        if is_transient(status) {
-            Err(MailError::Transient(message))
-        } else {
-            Err(MailError::Permanent(message))
-        }
+        Err(Failure::new(classify(status), message))
     }
 }
 
-/// 408, 429 and 5xx may succeed later; any other non-2xx is the request's fault.
-fn is_transient(status: StatusCode) -> bool {
-    matches!(status.as_u16(), 408 | 429) || status.is_server_error()
+fn classify(status: StatusCode) -> Disposition {
+    Disposition::of_http_status(status.as_u16(), &TRANSIENT_4XX, None)
 }
 
 async fn excerpt(mut response: reqwest::Response) -> String {
@@ -115,10 +114,16 @@ mod tests {
     #[test]
     fn classifies_statuses_like_the_contract() {
         for s in [408, 429, 500, 502, 503, 504] {
-            assert!(is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+            assert!(
+                classify(StatusCode::from_u16(s).unwrap()).is_transient(),
+                "{s}"
+            );
         }
         for s in [400, 401, 403, 404, 409, 413, 422] {
-            assert!(!is_transient(StatusCode::from_u16(s).unwrap()), "{s}");
+            assert!(
+                !classify(StatusCode::from_u16(s).unwrap()).is_transient(),
+                "{s}"
+            );
         }
     }
 

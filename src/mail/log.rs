@@ -5,14 +5,15 @@
 
 use async_trait::async_trait;
 
-use super::{MailError, Mailer, OutgoingEmail};
+use super::{Mailer, OutgoingEmail};
+use crate::failure::Failure;
 
 #[derive(Debug, Default)]
 pub struct LogMailer;
 
 #[async_trait]
 impl Mailer for LogMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
         // Info, not debug: with this provider the log line *is* the delivery.
         tracing::info!(
             from = %email.from,

@@ -16,6 +16,7 @@ pub use self::log::LogMailer;
 pub use self::smtp::{SmtpMailer, build_message, message_id};
 
 use crate::config::{MailProvider, MailSettings};
+use crate::failure::Failure;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutgoingEmail {
@@ -25,21 +26,13 @@ pub struct OutgoingEmail {
     pub text: String,
 }
 
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum MailError {
-    /// Worth trying again later (network, timeout, 408/429/5xx).
-    #[error("transient mail failure: {0}")]
-    Transient(String),
-    /// Will fail the same way every time; the outbox row needs a person.
-    #[error("permanent mail failure: {0}")]
-    Permanent(String),
-}
-
 #[async_trait]
 pub trait Mailer: Send + Sync {
     /// Send once. `dedupe_key` is the provider's idempotency key, so a resend after a crash
-    /// between send and commit is recognisable as the same message.
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError>;
+    /// between send and commit is recognisable as the same message. The provider classifies
+    /// its failures: transient (network, timeout, busy) is resent after the row's backoff,
+    /// permanent leaves the row for a person.
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure>;
 }
 
 /// A provider that cannot be built from the settings; names the setting to fix.

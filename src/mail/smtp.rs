@@ -13,8 +13,9 @@ use lettre::message::{Mailbox, Message};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use sha2::{Digest, Sha256};
 
-use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
+use super::{MailConfigError, Mailer, OutgoingEmail};
 use crate::config::MailSettings;
+use crate::failure::{Disposition, Failure};
 
 pub struct SmtpMailer {
     transport: AsyncSmtpTransport<Tokio1Executor>,
@@ -108,11 +109,11 @@ impl SmtpMailer {
 }
 
 /// Build the RFC 5322 message; a bad address fails the same way every time, so it is permanent.
-pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message, MailError> {
+pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message, Failure> {
     let parse = |what: &str, value: &str| {
         value
             .parse::<Mailbox>()
-            .map_err(|e| MailError::Permanent(format!("invalid {what} address {value:?}: {e}")))
+            .map_err(|e| Failure::Permanent(format!("invalid {what} address {value:?}: {e}")))
     };
     let from = parse("from", &email.from)?;
     let to = parse("to", &email.to)?;
@@ -124,21 +125,21 @@ pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message,
         .message_id(Some(message_id(dedupe_key, &domain)))
         .header(ContentType::TEXT_PLAIN)
         .body(email.text.clone())
-        .map_err(|e| MailError::Permanent(format!("cannot build the message: {e}")))
+        .map_err(|e| Failure::Permanent(format!("cannot build the message: {e}")))
 }
 
 #[async_trait]
 impl Mailer for SmtpMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
         let message = build_message(email, dedupe_key)?;
         match tokio::time::timeout(self.timeout, self.transport.send(message)).await {
-            Err(_) => Err(MailError::Transient(format!(
+            Err(_) => Err(Failure::Transient(format!(
                 "SMTP send to {} timed out after {:?}",
                 self.server, self.timeout
             ))),
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(classify(
-                &e,
+            Ok(Err(e)) => Err(Failure::new(
+                classify(&e),
                 self.scrub(format!("SMTP {}: {e}", self.server)),
             )),
         }
@@ -147,11 +148,11 @@ impl Mailer for SmtpMailer {
 
 /// 5xx replies will be refused again; 4xx replies, connection and TLS trouble and timeouts
 /// may pass later.
-fn classify(err: &lettre::transport::smtp::Error, message: String) -> MailError {
+fn classify(err: &lettre::transport::smtp::Error) -> Disposition {
     if err.is_permanent() {
-        MailError::Permanent(message)
+        Disposition::Permanent
     } else {
-        MailError::Transient(message)
+        Disposition::TRANSIENT
     }
 }
 
@@ -184,7 +185,7 @@ mod tests {
         };
         assert!(matches!(
             build_message(&email, "k"),
-            Err(MailError::Permanent(_))
+            Err(Failure::Permanent(_))
         ));
     }
 

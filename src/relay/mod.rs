@@ -2,14 +2,11 @@
 //! accepted, always with the row's dedupe key (at-least-once sends, provider-deduplicated).
 //!
 //! - `pass`: one claim-send-record round (`relay_once`), what tests call directly.
-//! - `backoff`: how long a row waits after a transient failure.
 //! - `run`: the long-running loop with idle polling, database backoff and shutdown.
 
-mod backoff;
 mod pass;
 mod run;
 
-pub use backoff::jittered_backoff;
 pub use pass::{PassReport, relay_once, relay_pass};
 pub use run::run;
 

@@ -6,11 +6,13 @@ use futures_util::future::join_all;
 use tracing::{error, info, warn};
 
 use super::RelayError;
-use super::backoff::jittered_backoff;
+use crate::backoff::{Backoff, Jitter};
+use crate::config::RelaySettings;
 use crate::context::Services;
 use crate::db::outbox::{self, OutboxRow};
 use crate::domain::SummaryReady;
-use crate::mail::{MailError, summary_ready_email};
+use crate::failure::Failure;
+use crate::mail::summary_ready_email;
 
 /// What one pass did, for the loop's pacing and for logs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -76,14 +78,6 @@ enum Outcome {
     LostClaim,
 }
 
-/// Why a send did not go through, decided once here for the whole relay.
-enum Failure {
-    /// Provider down, slow or rate-limiting: resend after the row's backoff.
-    Transient(String),
-    /// The same email would fail the same way every time: no futile attempts.
-    Permanent(String),
-}
-
 async fn deliver(services: &Services, row: &OutboxRow) -> Result<Outcome, RelayError> {
     let relay = &services.settings.relay;
     let pg = &services.pg;
@@ -98,8 +92,10 @@ async fn deliver(services: &Services, row: &OutboxRow) -> Result<Outcome, RelayE
             }
             Ok(Outcome::Sent)
         }
+        // Provider down, slow or rate-limiting: resend after the row's backoff.
         Err(Failure::Transient(err)) => {
-            let backoff = jittered_backoff(row.attempts, relay.backoff_ms, relay.max_backoff_ms);
+            let failures = u32::try_from(row.attempts).unwrap_or(0);
+            let backoff = row_backoff(relay).delay(failures);
             match outbox::mark_failed_transient(pg, row.id, row.claim_token, &err, backoff).await? {
                 None => Ok(lost_claim(row, &err)),
                 Some(attempts) if attempts >= relay.max_attempts => {
@@ -114,6 +110,7 @@ async fn deliver(services: &Services, row: &OutboxRow) -> Result<Outcome, RelayE
                 }
             }
         }
+        // The same email would fail the same way every time: no futile attempts.
         Err(Failure::Permanent(err)) => {
             if !outbox::mark_failed_permanent(pg, row.id, row.claim_token, &err).await? {
                 return Ok(lost_claim(row, &err));
@@ -123,6 +120,16 @@ async fn deliver(services: &Services, row: &OutboxRow) -> Result<Outcome, RelayE
             Ok(Outcome::Stuck)
         }
     }
+}
+
+/// Per row, from `relay.backoff_ms` doubling up to `relay.max_backoff_ms`. Equal jitter: a row
+/// has a limited number of attempts (see [`Jitter::Equal`]).
+fn row_backoff(relay: &RelaySettings) -> Backoff {
+    Backoff::new(
+        Duration::from_millis(relay.backoff_ms),
+        Duration::from_millis(relay.max_backoff_ms),
+        Jitter::Equal,
+    )
 }
 
 fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
@@ -149,9 +156,7 @@ async fn send(services: &Services, row: &OutboxRow) -> Result<(), Failure> {
     // The dedupe key is the provider's idempotency key: the same row always sends the same
     // key, so a resend after a crash between send and mark_sent is recognisably a duplicate.
     match tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key)).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e @ MailError::Transient(_))) => Err(Failure::Transient(e.to_string())),
-        Ok(Err(e @ MailError::Permanent(_))) => Err(Failure::Permanent(e.to_string())),
+        Ok(result) => result,
         Err(_) => Err(Failure::Transient(format!(
             "mail provider did not answer within {} ms",
             mail.timeout_ms

@@ -5,15 +5,15 @@ use std::time::Duration;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::RelayError;
-use super::backoff::jittered_backoff;
 use super::pass::relay_pass;
+use crate::backoff::{Backoff, Jitter};
 use crate::context::Services;
 use crate::shutdown::Shutdown;
 
 /// Ceiling for the wait after database errors: Postgres restarting or failing over takes
 /// seconds to a minute; polling it faster helps nobody, and 30 s bounds how late the relay
 /// notices it is back.
-const DB_BACKOFF_MAX_MS: u64 = 30_000;
+const DB_BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Drain the outbox until `shutdown`. `name` identifies this task in logs.
 ///
@@ -29,7 +29,10 @@ pub async fn run(services: Services, name: String, shutdown: Shutdown) -> Result
 async fn drive(services: Services, shutdown: Shutdown) -> Result<(), RelayError> {
     let relay = services.settings.relay.clone();
     let poll = Duration::from_millis(relay.poll_ms);
-    let mut db_failures: i32 = 0;
+    // Equal jitter, from the poll interval: the relay tasks of every process saw the same
+    // database go away, and should not all come back in the same instant.
+    let db_backoff = Backoff::new(poll, DB_BACKOFF_MAX, Jitter::Equal);
+    let mut db_failures: u32 = 0;
     info!("outbox relay started");
     while !shutdown.is_triggered() {
         let wait = match relay_pass(&services).await {
@@ -45,7 +48,7 @@ async fn drive(services: Services, shutdown: Shutdown) -> Result<(), RelayError>
                 poll
             }
             Err(e) => {
-                let wait = jittered_backoff(db_failures, relay.poll_ms, DB_BACKOFF_MAX_MS);
+                let wait = db_backoff.delay(db_failures);
                 db_failures = db_failures.saturating_add(1);
                 warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbox relay pass failed");
                 wait

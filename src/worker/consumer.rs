@@ -6,11 +6,13 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use super::handler::{JobError, JobOutcome, handle_summary_job};
+use super::handler::{JobOutcome, handle_summary_job};
+use crate::backoff::{Backoff, Jitter};
 use crate::config::WorkerSettings;
 use crate::context::Services;
 use crate::db::summaries;
 use crate::domain::Job;
+use crate::failure::Failure;
 use crate::shutdown::Shutdown;
 use crate::stream::consumer_group::{self as group, CURSOR_START, Delivery};
 use crate::stream::{dead_letters, job_entry};
@@ -19,9 +21,14 @@ use crate::stream::{dead_letters, job_entry};
 /// other, so a prefetched entry would sit idle in our PEL and could be reclaimed (and paid
 /// for twice) while it waits. Parallelism comes from more consumers instead.
 const BATCH: usize = 1;
-/// First and longest pause after Redis failed, so an outage is not a busy loop of errors.
-const MIN_ERROR_BACKOFF: Duration = Duration::from_secs(1);
-const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(10);
+/// Pause after a failed pass, from 1 s doubling up to 10 s, so a Redis outage is not a busy
+/// loop of errors and a Redis that is back is used again within seconds. No jitter: every
+/// consumer has its own loop and its own moment of failure.
+const ERROR_BACKOFF: Backoff = Backoff::new(
+    Duration::from_secs(1),
+    Duration::from_secs(10),
+    Jitter::None,
+);
 /// How often each consumer removes dead consumers: a couple of cheap commands, and dead
 /// consumers only cost a line in XINFO meanwhile.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
@@ -195,14 +202,14 @@ impl Consumer {
                 tracing::info!(outcome = label, "job finished");
                 Ok(())
             }
-            Err(JobError::Transient(reason)) => {
+            Err(Failure::Transient(reason)) => {
                 // Leave it pending: XAUTOCLAIM redelivers it after claim_idle_ms, which
                 // doubles as a coarse backoff between deliveries.
                 self.count("retry");
                 tracing::warn!(%reason, "job failed; will be redelivered");
                 Ok(())
             }
-            Err(e @ JobError::Permanent(_)) => {
+            Err(e @ Failure::Permanent(_)) => {
                 self.dead_letter(conn, delivery, &e.to_string()).await
             }
         }
@@ -281,7 +288,7 @@ impl Consumer {
 /// period; an aborted job simply stays pending and is reclaimed).
 pub async fn run(services: Services, name: String, shutdown: Shutdown) -> Result<(), WorkerError> {
     let mut consumer = Consumer::new(services, name);
-    let mut error_backoff = MIN_ERROR_BACKOFF;
+    let mut failures = 0;
     let mut group_ready = false;
     let mut next_maintenance = Instant::now();
     tracing::info!(consumer = %consumer.name(), "consumer started");
@@ -299,16 +306,17 @@ pub async fn run(services: Services, name: String, shutdown: Shutdown) -> Result
         }
         .await;
         match result {
-            Ok(_) => error_backoff = MIN_ERROR_BACKOFF,
+            Ok(_) => failures = 0,
             Err(e) => {
-                tracing::warn!(consumer = %consumer.name(), error = %e, retry_in_ms = error_backoff.as_millis() as u64, "consumer pass failed");
+                let wait = ERROR_BACKOFF.delay(failures);
+                failures = failures.saturating_add(1);
+                tracing::warn!(consumer = %consumer.name(), error = %e, retry_in_ms = wait.as_millis() as u64, "consumer pass failed");
                 // The group may be gone (Redis restarted without persistence): recreate it.
                 group_ready = false;
                 tokio::select! {
-                    _ = tokio::time::sleep(error_backoff) => {}
+                    _ = tokio::time::sleep(wait) => {}
                     _ = shutdown.wait() => {}
                 }
-                error_backoff = (error_backoff * 2).min(MAX_ERROR_BACKOFF);
             }
         }
     }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use crate::context::Services;
 use crate::db::summaries::{self, CommitOutcome};
 use crate::domain::Job;
+use crate::failure::Failure;
 use crate::retry::{self, Deadline, RetryPolicy};
 
 /// What became of one delivery that did not fail.
@@ -17,24 +18,17 @@ pub enum JobOutcome {
     Duplicate,
 }
 
-/// Decided once, here, from the classifier; the consumer only acts on it.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum JobError {
-    /// A later delivery may succeed: leave the message pending.
-    #[error("transient: {0}")]
-    Transient(String),
-    /// Will fail the same way every time: dead-letter it now.
-    #[error("permanent: {0}")]
-    Permanent(String),
-}
-
 /// Process one job. Sends nothing itself: the relay sends the email from the outbox row.
-pub async fn handle_summary_job(services: &Services, job: &Job) -> Result<JobOutcome, JobError> {
+///
+/// A transient [`Failure`] leaves the message pending for a later delivery; a permanent one
+/// (decided by the model error's classification) dead-letters it. Database errors are
+/// transient: Postgres comes back.
+pub async fn handle_summary_job(services: &Services, job: &Job) -> Result<JobOutcome, Failure> {
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `commit_with_outbox` is the guarantee; this only saves money.
     if summaries::exists(&services.pg, job.job_id)
         .await
-        .map_err(|e| JobError::Transient(e.to_string()))?
+        .map_err(|e| Failure::Transient(e.to_string()))?
     {
         return Ok(JobOutcome::Duplicate);
     }
@@ -49,17 +43,11 @@ pub async fn handle_summary_job(services: &Services, job: &Job) -> Result<JobOut
         Some(&services.metrics),
     )
     .await
-    .map_err(|e| {
-        if e.is_transient() {
-            JobError::Transient(e.to_string())
-        } else {
-            JobError::Permanent(e.to_string())
-        }
-    })?;
+    .map_err(|e| Failure::of(&e))?;
 
     match summaries::commit_with_outbox(&services.pg, job, &summary).await {
         Ok(CommitOutcome::Inserted) => Ok(JobOutcome::Done),
         Ok(CommitOutcome::Duplicate) => Ok(JobOutcome::Duplicate),
-        Err(e) => Err(JobError::Transient(e.to_string())),
+        Err(e) => Err(Failure::Transient(e.to_string())),
     }
 }

@@ -4,4 +4,4 @@ mod consumer;
 mod handler;
 
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name, run};
-pub use handler::{JobError, JobOutcome, handle_summary_job};
+pub use handler::{JobOutcome, handle_summary_job};

@@ -9,8 +9,8 @@ use serde_json::Value;
 use summaryd::admin;
 use summaryd::context::Services;
 use summaryd::domain::{Email, Job, JobId, TenantId};
+use summaryd::failure::Failure;
 use summaryd::llm::LlmError;
-use summaryd::mail::MailError;
 use summaryd::relay::relay_once;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
@@ -179,7 +179,7 @@ async fn replaying_a_job_that_already_finished_makes_no_second_summary_or_email(
 async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     let env = TestEnv::new().await;
     let mailer = Arc::new(FakeMailer::with(
-        vec![MailStep::Fail(MailError::Permanent(
+        vec![MailStep::Fail(Failure::Permanent(
             "550 mailbox unavailable".into(),
         ))],
         MailStep::Deliver,

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 use chrono::Utc;
 use summaryd::config::{LlmProvider, LlmSettings, Settings};
 use summaryd::domain::{Email, Job, JobId, TenantId};
+use summaryd::failure::Classify;
 use summaryd::llm::{LlmError, OpenAiClient};
 use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
 use summaryd::stream::consumer_group::pending_count;

@@ -6,8 +6,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 use summaryd::config::{LlmProvider, LlmSettings, MailProvider, MailSettings, Settings};
+use summaryd::failure::Failure;
 use summaryd::llm::{self, Llm, LlmError, OpenAiClient};
-use summaryd::mail::{self, HttpMailer, MailError, Mailer, OutgoingEmail, SmtpMailer};
+use summaryd::mail::{self, HttpMailer, Mailer, OutgoingEmail, SmtpMailer};
 
 use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
 use crate::shared::log_capture::Captured;
@@ -425,7 +426,7 @@ async fn http_mail_classifies_provider_answers() {
         sink.set_reply(Reply::text(status, "try later"));
         let got = mailer.send(&email(), "k1").await;
         assert!(
-            matches!(got, Err(MailError::Transient(_))),
+            matches!(got, Err(Failure::Transient(_))),
             "{status}: {got:?}"
         );
     }
@@ -435,7 +436,7 @@ async fn http_mail_classifies_provider_answers() {
             json!({"message": "recipient domain blocked"}),
         ));
         match mailer.send(&email(), "k1").await {
-            Err(MailError::Permanent(m)) => {
+            Err(Failure::Permanent(m)) => {
                 assert!(
                     m.contains(&status.to_string()) && m.contains("recipient domain blocked"),
                     "{m}"
@@ -461,7 +462,7 @@ async fn http_mail_unreachable_or_stalled_provider_is_transient() {
         .unwrap()
         .send(&email(), "k")
         .await;
-    assert!(matches!(got, Err(MailError::Transient(_))), "{got:?}");
+    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
 
     let stalled = HttpStub::start(Reply::Hang).await;
     settings.http_url = Some(stalled.url("/send"));
@@ -470,7 +471,7 @@ async fn http_mail_unreachable_or_stalled_provider_is_transient() {
     let got = tokio::time::timeout(Duration::from_secs(5), mailer.send(&email(), "k"))
         .await
         .expect("SUMMARYD_MAIL_TIMEOUT_MS must bound a send to a provider that never answers");
-    assert!(matches!(got, Err(MailError::Transient(_))), "{got:?}");
+    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
 }
 
 // ---- SMTP ----------------------------------------------------------------------------------
@@ -534,14 +535,14 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
     sink.reject_rcpt_with("451 4.3.0 mailbox temporarily unavailable");
     let got = mailer.send(&email(), "k").await;
     assert!(
-        matches!(&got, Err(MailError::Transient(m)) if m.contains("451")),
+        matches!(&got, Err(Failure::Transient(m)) if m.contains("451")),
         "{got:?}"
     );
 
     sink.reject_rcpt_with("550 5.1.1 no such user");
     let got = mailer.send(&email(), "k").await;
     assert!(
-        matches!(&got, Err(MailError::Permanent(m)) if m.contains("550")),
+        matches!(&got, Err(Failure::Permanent(m)) if m.contains("550")),
         "{got:?}"
     );
     assert!(sink.messages().is_empty(), "nothing was accepted");
@@ -549,7 +550,7 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
     let mut bad_to = email();
     bad_to.to = "not an address".into();
     let got = mailer.send(&bad_to, "k").await;
-    assert!(matches!(got, Err(MailError::Permanent(_))), "{got:?}");
+    assert!(matches!(got, Err(Failure::Permanent(_))), "{got:?}");
 
     let mut settings = mail_settings(MailProvider::Smtp);
     settings.smtp_url = Some(closed_port_url("").replace("http://", "smtp://"));
@@ -557,7 +558,7 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
         .unwrap()
         .send(&email(), "k")
         .await;
-    assert!(matches!(got, Err(MailError::Transient(_))), "{got:?}");
+    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
 }
 
 #[tokio::test]
@@ -572,7 +573,7 @@ async fn smtp_server_that_never_greets_is_cut_by_the_mail_timeout() {
         .await
         .expect("SUMMARYD_MAIL_TIMEOUT_MS must bound a send to a silent SMTP server");
 
-    assert!(matches!(got, Err(MailError::Transient(_))), "{got:?}");
+    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
 }
 
 #[tokio::test]

@@ -12,8 +12,9 @@ use summaryd::context::Services;
 use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
+use summaryd::failure::Failure;
 use summaryd::mail::{
-    LogMailer, MailError, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
+    LogMailer, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
 use summaryd::relay::{relay_once, run};
 use summaryd::shutdown::Shutdown;
@@ -120,7 +121,7 @@ fn sent_keys(mailer: &FakeMailer) -> Vec<String> {
 async fn provider_down_then_up_sends_exactly_one_email_with_the_dedupe_key() {
     let env = TestEnv::new().await;
     let mailer = Arc::new(FakeMailer::with(
-        vec![MailStep::Fail(MailError::Transient(
+        vec![MailStep::Fail(Failure::Transient(
             "503 from provider".into(),
         ))],
         MailStep::Deliver,
@@ -282,7 +283,7 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
     let settings = fast_settings(&env);
     let max = settings.relay.max_attempts;
     let mailer = Arc::new(FakeMailer::with(
-        vec![MailStep::Fail(MailError::Permanent(
+        vec![MailStep::Fail(Failure::Permanent(
             "422 recipient rejected".into(),
         ))],
         MailStep::Deliver,
@@ -387,7 +388,7 @@ async fn transient_failures_up_to_max_attempts_leave_the_row_stuck() {
     let max = settings.relay.max_attempts;
     let mailer = Arc::new(FakeMailer::with(
         vec![],
-        MailStep::Fail(MailError::Transient("connection refused".into())),
+        MailStep::Fail(Failure::Transient("connection refused".into())),
     ));
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;

@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use summaryd::failure::Classify;
 use summaryd::llm::LlmError;
 use summaryd::metrics::Metrics;
 use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};

@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use summaryd::failure::Failure;
 use summaryd::llm::{Llm, LlmError};
-use summaryd::mail::{MailError, Mailer, OutgoingEmail};
+use summaryd::mail::{Mailer, OutgoingEmail};
 
 use crate::shared::script::Script;
 
@@ -118,7 +119,7 @@ impl Llm for FakeLlm {
 #[derive(Debug, Clone)]
 pub enum MailStep {
     Deliver,
-    Fail(MailError),
+    Fail(Failure),
     /// Record the email as delivered, then panic: a crash after the provider accepted the
     /// message but before the relay committed `sent_at`.
     DeliverThenCrash,
@@ -165,7 +166,7 @@ impl Default for FakeMailer {
 
 #[async_trait]
 impl Mailer for FakeMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         let step = self.script.next();
         match step {

@@ -84,7 +84,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let roles = Roles::of(&[Role::Worker, Role::Relay]);
     let app = Application::build(settings.clone(), roles, llm, Arc::new(LogMailer), true).await?;
-    let services = app.services().clone();
+    let services = app.handles().clone();
     let shutdown = Shutdown::new();
     let running = tokio::spawn(app.run(shutdown.clone()));
 

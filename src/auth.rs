@@ -13,6 +13,7 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
+use crate::config::AuthSettings;
 use crate::domain::TenantId;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +58,21 @@ pub enum Denied {
     RateLimited(Duration),
 }
 
+/// The token store the API authenticates with, loaded once at start-up: `None` (tenants from
+/// `X-Tenant-Id`, with a warning) when no tokens file is configured. A file that cannot be
+/// read or parsed is an error, so the process refuses to start rather than run unprotected.
+pub fn from_settings(settings: &AuthSettings) -> Result<Option<TokenStore>, AuthFileError> {
+    match &settings.tokens_file {
+        Some(path) => TokenStore::load(path).map(Some),
+        None => {
+            tracing::warn!(
+                "SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated"
+            );
+            Ok(None)
+        }
+    }
+}
+
 impl TokenStore {
     pub fn load(path: &Path) -> Result<Self, AuthFileError> {
         let invalid = |reason: String| AuthFileError::Invalid {
@@ -65,14 +81,6 @@ impl TokenStore {
         };
         let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
         Self::parse(&text).map_err(invalid)
-    }
-
-    /// Refuses every token: what a process uses when its tokens file became unreadable after
-    /// start-up, so a broken file can never fall back to unauthenticated access.
-    pub fn deny_all() -> Self {
-        Self {
-            entries: Vec::new(),
-        }
     }
 
     pub fn parse(text: &str) -> Result<Self, String> {

@@ -405,6 +405,14 @@ impl Settings {
         Ok(settings)
     }
 
+    /// Log a warning for each `SUMMARYD_*` variable that names no setting; once logging is
+    /// set up, which needs the settings first.
+    pub fn warn_about_ignored_env_vars() {
+        for name in Self::ignored_env_vars() {
+            tracing::warn!(variable = %name, "environment variable names no setting; ignored");
+        }
+    }
+
     /// `SUMMARYD_*` variables that name no setting, to be warned about. They are ignored
     /// rather than fatal because orchestrators inject such names: Kubernetes service links
     /// give every pod `SUMMARYD_API_PORT`, `SUMMARYD_API_SERVICE_HOST`, … for a Service
@@ -480,11 +488,6 @@ impl Settings {
         }
         if self.key_prefix.chars().any(|c| c.is_whitespace()) {
             return bad("SUMMARYD_KEY_PREFIX", "must not contain whitespace");
-        }
-        if let Some(path) = &self.auth.tokens_file
-            && let Err(e) = crate::auth::TokenStore::load(path)
-        {
-            return Err(ConfigError::Invalid(e.to_string()));
         }
         if let Some(ops) = self.ops.listen
             && ops == self.listen

@@ -9,7 +9,7 @@ pub mod auth;
 pub mod backoff;
 pub mod cli;
 pub mod config;
-pub mod context;
+pub mod connections;
 pub mod db;
 pub mod domain;
 pub mod durability;

@@ -1,13 +1,15 @@
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
+use summaryd::admin::{AdminCommand, AdminError};
 use summaryd::app::Application;
-use summaryd::cli::{Cli, Command, DlqCommand, OutboxCommand, ServeArgs};
+use summaryd::cli::{Cli, Command, ServeArgs};
 use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
 use summaryd::shutdown::{Shutdown, os_signal};
-use tracing::{error, warn};
+use tracing::error;
 
-/// Contract §1: 0 ok, 1 runtime failure, 2 usage or configuration error.
+/// 0 ok, 1 runtime failure, 2 usage or configuration error.
 const EXIT_RUNTIME: u8 = 1;
 const EXIT_CONFIG: u8 = 2;
 
@@ -21,30 +23,24 @@ fn main() -> ExitCode {
         }
     };
     let config = cli.config.as_deref();
-    match cli.command {
-        Command::Serve(args) => runtime.block_on(serve(config, args)),
-        Command::Migrate => runtime.block_on(migrate(config)),
-        Command::Dlq(cmd) => runtime.block_on(admin(config, AdminCommand::Dlq(cmd))),
-        Command::Outbox(cmd) => runtime.block_on(admin(config, AdminCommand::Outbox(cmd))),
-    }
+    runtime.block_on(async {
+        match cli.command {
+            Command::Serve(args) => serve(config, args).await,
+            Command::Migrate => migrate(config).await,
+            Command::Dlq(cmd) => admin(config, AdminCommand::Dlq(cmd)).await,
+            Command::Outbox(cmd) => admin(config, AdminCommand::Outbox(cmd)).await,
+        }
+    })
 }
 
-enum AdminCommand {
-    Dlq(DlqCommand),
-    Outbox(OutboxCommand),
-}
-
-fn load_settings(
-    config: Option<&std::path::Path>,
-    flags: &FlagOverrides,
-) -> Result<Settings, ExitCode> {
+fn load_settings(config: Option<&Path>, flags: &FlagOverrides) -> Result<Settings, ExitCode> {
     Settings::load(config, flags).map_err(|e| {
         eprintln!("summaryd: {e}");
         ExitCode::from(EXIT_CONFIG)
     })
 }
 
-async fn serve(config: Option<&std::path::Path>, args: ServeArgs) -> ExitCode {
+async fn serve(config: Option<&Path>, args: ServeArgs) -> ExitCode {
     let flags = FlagOverrides {
         listen: args.listen,
         worker: args.consumers.map(|consumers| WorkerFlags { consumers }),
@@ -55,42 +51,16 @@ async fn serve(config: Option<&std::path::Path>, args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     summaryd::telemetry::init(settings.log.format);
-    for name in Settings::ignored_env_vars() {
-        warn!(variable = %name, "environment variable names no setting; ignored");
-    }
-    if settings.worker.claim_idle_ms <= settings.job_budget_ms {
-        // Correct either way (the handler is idempotent), but a live worker still inside its
-        // budget would have its message claimed from under it and the model paid twice.
-        warn!(
-            claim_idle_ms = settings.worker.claim_idle_ms,
-            job_budget_ms = settings.job_budget_ms,
-            "SUMMARYD_WORKER_CLAIM_IDLE_MS should exceed SUMMARYD_JOB_BUDGET_MS (the slowest successful delivery)"
-        );
-    }
-    if settings.auth.tokens_file.is_none() {
-        warn!(
-            "SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated"
-        );
-    }
-    let llm = match summaryd::llm::from_settings(&settings.llm) {
-        Ok(llm) => llm,
-        Err(e) => {
-            error!("{e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let mailer = match summaryd::mail::from_settings(&settings.mail) {
-        Ok(m) => m,
-        Err(e) => {
-            error!("{e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
-    let app = match Application::build(settings, args.roles, llm, mailer, !args.no_migrate).await {
+    let app = match Application::from_settings(settings, args.roles, !args.no_migrate).await {
         Ok(app) => app,
         Err(e) => {
             error!("cannot start: {e}");
-            return ExitCode::from(EXIT_RUNTIME);
+            let code = if e.is_configuration() {
+                EXIT_CONFIG
+            } else {
+                EXIT_RUNTIME
+            };
+            return ExitCode::from(code);
         }
     };
     let shutdown = Shutdown::new();
@@ -108,7 +78,7 @@ async fn serve(config: Option<&std::path::Path>, args: ServeArgs) -> ExitCode {
     }
 }
 
-async fn migrate(config: Option<&std::path::Path>) -> ExitCode {
+async fn migrate(config: Option<&Path>) -> ExitCode {
     let settings = match load_settings(config, &FlagOverrides::default()) {
         Ok(s) => s,
         Err(code) => return code,
@@ -126,48 +96,21 @@ async fn migrate(config: Option<&std::path::Path>) -> ExitCode {
 }
 
 /// Operator commands: output goes to stdout (table or JSON lines), diagnostics to stderr.
-async fn admin(config: Option<&std::path::Path>, command: AdminCommand) -> ExitCode {
-    use summaryd::admin;
+async fn admin(config: Option<&Path>, command: AdminCommand) -> ExitCode {
     let settings = match load_settings(config, &FlagOverrides::default()) {
         Ok(s) => s,
         Err(code) => return code,
     };
-    // Admin commands never call the model or send mail; the defaults need no network.
-    let services = match summaryd::context::Services::new(
-        settings,
-        std::sync::Arc::new(summaryd::llm::BuiltinSummariser),
-        std::sync::Arc::new(summaryd::mail::LogMailer),
-    ) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("summaryd: {e}");
-            return ExitCode::from(EXIT_CONFIG);
-        }
-    };
     let mut out = std::io::stdout().lock();
-    let result = match command {
-        AdminCommand::Dlq(DlqCommand::List { limit, json }) => {
-            admin::dlq::list(&services, limit, json, &mut out).await
-        }
-        AdminCommand::Dlq(DlqCommand::Replay { ids, all }) => {
-            admin::dlq::replay(&services, &ids, all, &mut out)
-                .await
-                .map(|_| ())
-        }
-        AdminCommand::Outbox(OutboxCommand::Stuck { json }) => {
-            admin::outbox::stuck(&services, json, &mut out).await
-        }
-        AdminCommand::Outbox(OutboxCommand::Retry { ids, all }) => {
-            admin::outbox::retry(&services, &ids, all, &mut out)
-                .await
-                .map(|_| ())
-        }
-    };
-    match result {
+    match summaryd::admin::run(&settings, command, &mut out).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("summaryd: {e}");
-            ExitCode::from(EXIT_RUNTIME)
+            let code = match e {
+                AdminError::Setup(_) => EXIT_CONFIG,
+                _ => EXIT_RUNTIME,
+            };
+            ExitCode::from(code)
         }
     }
 }

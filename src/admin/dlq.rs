@@ -4,7 +4,7 @@ use std::io::Write;
 
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
-use crate::context::Services;
+use crate::keys::RedisKeys;
 use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayOutcome};
 
 impl Row for DeadLetter {
@@ -21,13 +21,14 @@ impl Row for DeadLetter {
 }
 
 pub async fn list(
-    services: &Services,
+    redis: &deadpool_redis::Pool,
+    keys: &RedisKeys,
     limit: usize,
     json: bool,
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
-    let mut conn = services.redis.get().await?;
-    let rows = dlq::list(&mut conn, &services.keys, limit).await?;
+    let mut conn = redis.get().await?;
+    let rows = dlq::list(&mut conn, keys, limit).await?;
     print_rows(out, &rows, json)?;
     Ok(())
 }
@@ -35,20 +36,21 @@ pub async fn list(
 /// Replay the given dead entries (or all). Returns how many went back onto the stream;
 /// unknown ids are reported and skipped, so running the same replay twice is harmless.
 pub async fn replay(
-    services: &Services,
+    redis: &deadpool_redis::Pool,
+    keys: &RedisKeys,
     ids: &[String],
     all: bool,
     out: &mut impl Write,
 ) -> Result<usize, AdminError> {
-    let mut conn = services.redis.get().await?;
+    let mut conn = redis.get().await?;
     let ids = if all {
-        dlq::all_ids(&mut conn, &services.keys).await?
+        dlq::all_ids(&mut conn, keys).await?
     } else {
         ids.to_vec()
     };
     let mut replayed = 0;
     for id in &ids {
-        match dlq::replay(&mut conn, &services.keys, id).await? {
+        match dlq::replay(&mut conn, keys, id).await? {
             ReplayOutcome::Replayed { job_id, stream_id } => {
                 replayed += 1;
                 writeln!(out, "replayed {id}: job {job_id} queued as {stream_id}")?;

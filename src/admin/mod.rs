@@ -1,12 +1,23 @@
 //! Operator commands (`docs/reference.md`, Command line): inspect and recover what landed in
-//! a dead-letter place.
+//! a dead-letter place. Each command opens only the connection it needs: `dlq` Redis,
+//! `outbox` Postgres.
 
 pub mod dlq;
 pub mod outbox;
 pub mod output;
 
+use std::io::Write;
+
+use crate::cli::{DlqCommand, OutboxCommand};
+use crate::config::Settings;
+use crate::connections::{self, ConnectError};
+use crate::keys::RedisKeys;
+
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
+    /// The connection could not even be set up (e.g. a malformed URL): a configuration error.
+    #[error(transparent)]
+    Setup(#[from] ConnectError),
     #[error("Redis: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("Redis pool: {0}")]
@@ -17,4 +28,52 @@ pub enum AdminError {
     Replay(#[from] crate::stream::dead_letters::ReplayError),
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+}
+
+/// An operator command, as the command line names it.
+pub enum AdminCommand {
+    Dlq(DlqCommand),
+    Outbox(OutboxCommand),
+}
+
+/// Run `command`, writing its output to `out` (a table or JSON lines).
+pub async fn run(
+    settings: &Settings,
+    command: AdminCommand,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
+    match command {
+        AdminCommand::Dlq(command) => run_dlq(settings, command, out).await,
+        AdminCommand::Outbox(command) => run_outbox(settings, command, out).await,
+    }
+}
+
+async fn run_dlq(
+    settings: &Settings,
+    command: DlqCommand,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
+    let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
+    let keys = RedisKeys::new(settings.key_prefix.clone());
+    match command {
+        DlqCommand::List { limit, json } => dlq::list(&redis, &keys, limit, json, out).await,
+        DlqCommand::Replay { ids, all } => {
+            dlq::replay(&redis, &keys, &ids, all, out).await.map(|_| ())
+        }
+    }
+}
+
+async fn run_outbox(
+    settings: &Settings,
+    command: OutboxCommand,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
+    let pg = connections::pg_pool(settings)?;
+    let max_attempts = settings.relay.max_attempts;
+    match command {
+        OutboxCommand::Stuck { json } => outbox::stuck(&pg, max_attempts, json, out).await,
+        OutboxCommand::Retry { ids, all } => outbox::retry(&pg, max_attempts, &ids, all, out)
+            .await
+            .map(|_| ()),
+    }
 }

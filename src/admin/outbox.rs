@@ -4,7 +4,6 @@ use std::io::Write;
 
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
-use crate::context::Services;
 use crate::db::outbox::{self, StuckRow};
 
 impl Row for StuckRow {
@@ -30,25 +29,28 @@ impl Row for StuckRow {
     }
 }
 
+/// Rows that need a person: failed permanently, or `max_attempts` (`relay.max_attempts`) used up.
 pub async fn stuck(
-    services: &Services,
+    pg: &deadpool_postgres::Pool,
+    max_attempts: i32,
     json: bool,
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
-    let rows = outbox::stuck(&services.pg, services.settings.relay.max_attempts).await?;
+    let rows = outbox::stuck(pg, max_attempts).await?;
     print_rows(out, &rows, json)?;
     Ok(())
 }
 
 /// Make stuck rows eligible for the relay again; returns how many were reset.
 pub async fn retry(
-    services: &Services,
+    pg: &deadpool_postgres::Pool,
+    max_attempts: i32,
     ids: &[i64],
     all: bool,
     out: &mut impl Write,
 ) -> Result<u64, AdminError> {
     let ids = if all { None } else { Some(ids) };
-    let n = outbox::retry(&services.pg, services.settings.relay.max_attempts, ids).await?;
+    let n = outbox::retry(pg, max_attempts, ids).await?;
     writeln!(out, "{n} outbox row(s) will be sent again")?;
     Ok(n)
 }

@@ -8,8 +8,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::problem::{ApiError, Problem};
-use super::state::ApiState;
-use crate::context::Services;
+use super::state::{ApiServices, ApiState};
 
 /// Kubelet's default probe timeout is 1 s; each check must answer well inside it, and the
 /// checks run concurrently, so a dead dependency cannot make the probe itself time out.
@@ -98,7 +97,7 @@ async fn bounded(check: impl Future<Output = Result<(), String>>) -> Result<(), 
         .unwrap_or_else(|_| Err(format!("no answer within {CHECK_TIMEOUT:?}")))
 }
 
-async fn check_redis(services: &Services) -> Result<(), String> {
+async fn check_redis(services: &ApiServices) -> Result<(), String> {
     let mut conn = services.redis.get().await.map_err(|e| e.to_string())?;
     let _: String = redis::cmd("PING")
         .query_async(&mut conn)
@@ -107,7 +106,7 @@ async fn check_redis(services: &Services) -> Result<(), String> {
     Ok(())
 }
 
-async fn check_postgres(services: &Services) -> Result<(), String> {
+async fn check_postgres(services: &ApiServices) -> Result<(), String> {
     let client = services.pg.get().await.map_err(|e| e.to_string())?;
     client
         .simple_query("SELECT 1")

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::IdempotencySettings;
-use crate::context::SharedRedis;
+use crate::connections::SharedRedis;
 use crate::domain::Job;
 use crate::keys::RedisKeys;
 use crate::metrics::Metrics;

@@ -6,8 +6,7 @@ use std::time::Duration;
 use actix_web::dev::ServiceResponse;
 use actix_web::{HttpResponse, web};
 
-use super::state::ApiState;
-use crate::context::Services;
+use super::state::{ApiServices, ApiState};
 use crate::metrics::Metrics;
 
 /// A scrape must stay fast even with a dependency down (Prometheus' default scrape timeout
@@ -53,7 +52,7 @@ pub async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
 }
 
 /// Refresh the gauges that are read from Redis and Postgres; skip silently what fails.
-async fn refresh_gauges(services: &Services) {
+async fn refresh_gauges(services: &ApiServices) {
     let m = &services.metrics;
     let (pending, dead, unsent) = tokio::join!(
         bounded(stream_pending(services)),
@@ -75,20 +74,20 @@ async fn bounded<E>(f: impl Future<Output = Result<i64, E>>) -> Option<i64> {
     tokio::time::timeout(GAUGE_TIMEOUT, f).await.ok()?.ok()
 }
 
-async fn stream_pending(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
+async fn stream_pending(services: &ApiServices) -> Result<i64, Box<dyn std::error::Error>> {
     let mut conn = services.redis.get().await?;
     // NOGROUP before the first worker created the group is an error we skip.
     let n = crate::stream::consumer_group::pending_count(&mut conn, &services.keys).await?;
     Ok(i64::try_from(n)?)
 }
 
-async fn dead_letters(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
+async fn dead_letters(services: &ApiServices) -> Result<i64, Box<dyn std::error::Error>> {
     let mut conn = services.redis.get().await?;
     let n = crate::stream::dead_letters::count(&mut conn, &services.keys).await?;
     Ok(i64::try_from(n)?)
 }
 
-async fn outbox_unsent(services: &Services) -> Result<i64, Box<dyn std::error::Error>> {
+async fn outbox_unsent(services: &ApiServices) -> Result<i64, Box<dyn std::error::Error>> {
     Ok(crate::db::outbox::count_unsent(&services.pg).await?)
 }
 

@@ -17,5 +17,5 @@ pub mod tenant;
 pub use idempotency::{IdempotencyStore, Outcome, StoreError, StoredResponse};
 pub use problem::{ApiError, Problem};
 pub use server::{HttpServers, app, build_server, configure, serve_until_shutdown};
-pub use state::ApiState;
+pub use state::{ApiServices, ApiState};
 pub use tenant::Tenant;

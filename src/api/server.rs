@@ -10,9 +10,9 @@ use actix_web::dev::{Server, Service, ServiceFactory, ServiceRequest, ServiceRes
 use actix_web::{App, HttpServer, ResponseError, web};
 
 use super::problem::ApiError;
-use super::state::ApiState;
+use super::state::{ApiServices, ApiState};
 use super::{health, metrics, openapi, summaries};
-use crate::context::Services;
+
 use crate::metrics::Metrics;
 use crate::roles::{Role, Roles};
 use crate::shutdown::Shutdown;
@@ -20,7 +20,7 @@ use crate::shutdown::Shutdown;
 /// Routes, shared state and fallbacks. Ops routes are served on every role; `/v1/*` only
 /// with role api, so a worker-only process answers 404 there.
 pub fn configure(
-    services: Services,
+    services: ApiServices,
     roles: Roles,
     shutdown: Shutdown,
 ) -> impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static {
@@ -36,7 +36,7 @@ enum Routes {
     Ops,
 }
 
-fn state(services: Services, roles: Roles, shutdown: Shutdown) -> web::Data<ApiState> {
+fn state(services: ApiServices, roles: Roles, shutdown: Shutdown) -> web::Data<ApiState> {
     metrics::init_series(&services.metrics);
     web::Data::new(ApiState::new(services, roles, shutdown))
 }
@@ -77,7 +77,7 @@ fn routes(
 
 /// The whole application, for `HttpServer` and for `actix_web::test::init_service`.
 pub fn app(
-    services: Services,
+    services: ApiServices,
     roles: Roles,
     shutdown: Shutdown,
 ) -> App<
@@ -135,7 +135,7 @@ pub struct HttpServers {
 /// The HTTP servers. They do not watch signals (the supervisor owns them) and do not stop
 /// on `shutdown` by themselves: run them with [`serve_until_shutdown`].
 pub fn build_server(
-    services: Services,
+    services: ApiServices,
     roles: Roles,
     shutdown: Shutdown,
     listener: TcpListener,

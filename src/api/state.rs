@@ -4,42 +4,51 @@ use std::sync::Arc;
 
 use crate::api::idempotency::IdempotencyStore;
 use crate::auth::TokenStore;
-use crate::context::Services;
+use crate::config::Settings;
+use crate::connections::SharedRedis;
+use crate::keys::RedisKeys;
+use crate::metrics::Metrics;
 use crate::roles::Roles;
 use crate::shutdown::Shutdown;
 
-pub struct ApiState {
-    pub services: Services,
-    pub roles: Roles,
-    /// Once triggered, /readyz answers 503 so load balancers stop sending traffic.
-    pub shutdown: Shutdown,
-    pub idempotency: IdempotencyStore,
+/// What the HTTP side uses: `/v1/summaries` (role api) and the operations routes every
+/// process serves (readiness, metrics). No model, no mailer: the API only enqueues and reads.
+#[derive(Clone)]
+pub struct ApiServices {
+    pub settings: Arc<Settings>,
+    pub keys: RedisKeys,
+    /// Dedicated connections, for readiness checks and the stream gauges at scrape time.
+    pub redis: deadpool_redis::Pool,
+    /// Per-thread multiplexed connections for the short commands requests make.
+    pub redis_shared: SharedRedis,
+    /// GET reads finished summaries; the outbox gauge reads the outbox.
+    pub pg: deadpool_postgres::Pool,
+    pub metrics: Arc<Metrics>,
     /// Token mode when a tokens file is configured; `None`: tenant from `X-Tenant-Id`.
     pub auth: Option<Arc<TokenStore>>,
 }
 
+pub struct ApiState {
+    pub services: ApiServices,
+    pub roles: Roles,
+    /// Once triggered, /readyz answers 503 so load balancers stop sending traffic.
+    pub shutdown: Shutdown,
+    pub idempotency: IdempotencyStore,
+}
+
 impl ApiState {
-    pub fn new(services: Services, roles: Roles, shutdown: Shutdown) -> Self {
+    pub fn new(services: ApiServices, roles: Roles, shutdown: Shutdown) -> Self {
         let idempotency = IdempotencyStore::new(
             services.redis_shared.clone(),
             services.keys.clone(),
             services.metrics.clone(),
             &services.settings.idempotency,
         );
-        let auth = services.settings.auth.tokens_file.as_deref().map(|path| {
-            // Settings validation already loaded this file once; if it broke since, refuse
-            // everyone rather than fall back to unauthenticated tenants.
-            Arc::new(TokenStore::load(path).unwrap_or_else(|e| {
-                tracing::error!(error = %e, "tokens file unreadable: refusing all requests");
-                TokenStore::deny_all()
-            }))
-        });
         Self {
             services,
             roles,
             shutdown,
             idempotency,
-            auth,
         }
     }
 }

@@ -67,7 +67,7 @@ impl FromRequest for Tenant {
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
         let store = req
             .app_data::<web::Data<ApiState>>()
-            .and_then(|state| state.auth.clone());
+            .and_then(|state| state.services.auth.clone());
         ready(match store {
             Some(store) => Self::from_token(req.headers(), &store),
             None => Self::from_headers(req.headers()),

@@ -10,7 +10,22 @@ mod run;
 pub use pass::{PassReport, relay_once, relay_pass};
 pub use run::run;
 
+use std::sync::Arc;
+
+use crate::config::Settings;
 use crate::db::DbError;
+use crate::mail::Mailer;
+use crate::metrics::Metrics;
+
+/// What the relay uses: the outbox table (Postgres) and the mail provider. No Redis: the
+/// relay starts where the worker's commit ends.
+#[derive(Clone)]
+pub struct RelayServices {
+    pub settings: Arc<Settings>,
+    pub pg: deadpool_postgres::Pool,
+    pub mailer: Arc<dyn Mailer>,
+    pub metrics: Arc<Metrics>,
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum RelayError {

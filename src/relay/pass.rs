@@ -5,10 +5,9 @@ use std::time::Duration;
 use futures_util::future::join_all;
 use tracing::{error, info, warn};
 
-use super::RelayError;
+use super::{RelayError, RelayServices};
 use crate::backoff::{Backoff, Jitter};
 use crate::config::RelaySettings;
-use crate::context::Services;
 use crate::db::outbox::{self, OutboxRow};
 use crate::domain::SummaryReady;
 use crate::failure::Failure;
@@ -30,12 +29,12 @@ pub struct PassReport {
 }
 
 /// Claim due rows, send them, record the outcomes. Returns the number of rows sent.
-pub async fn relay_once(services: &Services) -> Result<usize, RelayError> {
+pub async fn relay_once(services: &RelayServices) -> Result<usize, RelayError> {
     Ok(relay_pass(services).await?.sent)
 }
 
 /// `relay_once` with the full report.
-pub async fn relay_pass(services: &Services) -> Result<PassReport, RelayError> {
+pub async fn relay_pass(services: &RelayServices) -> Result<PassReport, RelayError> {
     let relay = &services.settings.relay;
     let rows = outbox::claim_due(
         &services.pg,
@@ -78,7 +77,7 @@ enum Outcome {
     LostClaim,
 }
 
-async fn deliver(services: &Services, row: &OutboxRow) -> Result<Outcome, RelayError> {
+async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, RelayError> {
     let relay = &services.settings.relay;
     let pg = &services.pg;
     match send(services, row).await {
@@ -139,7 +138,7 @@ fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
 }
 
 /// Compose and hand the row to the provider once, under a wall-clock cap.
-async fn send(services: &Services, row: &OutboxRow) -> Result<(), Failure> {
+async fn send(services: &RelayServices, row: &OutboxRow) -> Result<(), Failure> {
     if row.topic != SummaryReady::TOPIC {
         return Err(Failure::Permanent(format!(
             "no email is defined for outbox topic {:?}",

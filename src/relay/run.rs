@@ -4,10 +4,9 @@ use std::time::Duration;
 
 use tracing::{Instrument, info, info_span, warn};
 
-use super::RelayError;
 use super::pass::relay_pass;
+use super::{RelayError, RelayServices};
 use crate::backoff::{Backoff, Jitter};
-use crate::context::Services;
 use crate::shutdown::Shutdown;
 
 /// Ceiling for the wait after database errors: Postgres restarting or failing over takes
@@ -21,12 +20,16 @@ const DB_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// pass starts at once; otherwise the task waits `relay.poll_ms`. Database errors back off
 /// exponentially instead of spinning. On shutdown no new batch is claimed; the sends of the
 /// current pass finish (each is capped by the mail timeout, well inside the drain grace).
-pub async fn run(services: Services, name: String, shutdown: Shutdown) -> Result<(), RelayError> {
+pub async fn run(
+    services: RelayServices,
+    name: String,
+    shutdown: Shutdown,
+) -> Result<(), RelayError> {
     let span = info_span!("relay", relay = %name);
     drive(services, shutdown).instrument(span).await
 }
 
-async fn drive(services: Services, shutdown: Shutdown) -> Result<(), RelayError> {
+async fn drive(services: RelayServices, shutdown: Shutdown) -> Result<(), RelayError> {
     let relay = services.settings.relay.clone();
     let poll = Duration::from_millis(relay.poll_ms);
     // Equal jitter, from the poll interval: the relay tasks of every process saw the same

@@ -6,10 +6,10 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
+use super::WorkerServices;
 use super::handler::{JobOutcome, handle_summary_job};
 use crate::backoff::{Backoff, Jitter};
 use crate::config::WorkerSettings;
-use crate::context::Services;
 use crate::db::summaries;
 use crate::domain::Job;
 use crate::failure::Failure;
@@ -67,7 +67,7 @@ impl From<&WorkerSettings> for ConsumerConfig {
 }
 
 pub struct Consumer {
-    services: Services,
+    services: WorkerServices,
     name: String,
     pub config: ConsumerConfig,
     /// XAUTOCLAIM cursor, kept across calls so each call continues the scan instead of
@@ -85,7 +85,7 @@ pub fn consumer_name(index: usize) -> String {
 }
 
 impl Consumer {
-    pub fn new(services: Services, name: impl Into<String>) -> Self {
+    pub fn new(services: WorkerServices, name: impl Into<String>) -> Self {
         let config = ConsumerConfig::from(&services.settings.worker);
         Self {
             services,
@@ -286,7 +286,11 @@ impl Consumer {
 /// Run one consumer until shutdown. Shutdown is checked between passes: no new work is
 /// taken after it, and the job in hand finishes (the supervisor aborts us after the grace
 /// period; an aborted job simply stays pending and is reclaimed).
-pub async fn run(services: Services, name: String, shutdown: Shutdown) -> Result<(), WorkerError> {
+pub async fn run(
+    services: WorkerServices,
+    name: String,
+    shutdown: Shutdown,
+) -> Result<(), WorkerError> {
     let mut consumer = Consumer::new(services, name);
     let mut failures = 0;
     let mut group_ready = false;

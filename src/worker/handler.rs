@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::context::Services;
+use super::WorkerServices;
 use crate::db::summaries::{self, CommitOutcome};
 use crate::domain::Job;
 use crate::failure::Failure;
@@ -23,7 +23,10 @@ pub enum JobOutcome {
 /// A transient [`Failure`] leaves the message pending for a later delivery; a permanent one
 /// (decided by the model error's classification) dead-letters it. Database errors are
 /// transient: Postgres comes back.
-pub async fn handle_summary_job(services: &Services, job: &Job) -> Result<JobOutcome, Failure> {
+pub async fn handle_summary_job(
+    services: &WorkerServices,
+    job: &Job,
+) -> Result<JobOutcome, Failure> {
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `commit_with_outbox` is the guarantee; this only saves money.
     if summaries::exists(&services.pg, job.job_id)

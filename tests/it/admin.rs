@@ -7,7 +7,6 @@ use std::sync::Arc;
 use chrono::Utc;
 use serde_json::Value;
 use summaryd::admin;
-use summaryd::context::Services;
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::failure::Failure;
 use summaryd::llm::LlmError;
@@ -72,7 +71,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
         Step::Ok(String::new()),
     ));
     let mailer = Arc::new(FakeMailer::new());
-    let services: Services = env
+    let services = env
         .services()
         .llm(llm.clone())
         .mailer(mailer.clone())
@@ -81,13 +80,13 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     let msg = job(1);
     let mut redis = services.redis.get().await.unwrap();
     enqueue(&mut redis, &services.keys, &msg).await.unwrap();
-    let mut consumer = Consumer::new(services.clone(), "w-1");
+    let mut consumer = Consumer::new(services.worker(), "w-1");
     consumer.ensure_group().await.unwrap();
     assert_eq!(consumer.run_once().await.unwrap(), 1);
     assert_eq!(llm.calls(), 1, "a 400 is not retried");
 
     let mut listed = Vec::new();
-    admin::dlq::list(&services, 10, true, &mut listed)
+    admin::dlq::list(&services.redis, &services.keys, 10, true, &mut listed)
         .await
         .unwrap();
     let listed = output(listed);
@@ -106,20 +105,32 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
 
     let dead_id = entries[0]["id"].as_str().unwrap().to_owned();
     let mut out = Vec::new();
-    let replayed = admin::dlq::replay(&services, std::slice::from_ref(&dead_id), false, &mut out)
-        .await
-        .unwrap();
+    let replayed = admin::dlq::replay(
+        &services.redis,
+        &services.keys,
+        std::slice::from_ref(&dead_id),
+        false,
+        &mut out,
+    )
+    .await
+    .unwrap();
     assert_eq!(replayed, 1);
     assert_eq!(get_status(&base, msg.job_id).await["status"], "queued");
     // Running the same replay again finds nothing to do.
-    let again = admin::dlq::replay(&services, &[dead_id], false, &mut Vec::new())
-        .await
-        .unwrap();
+    let again = admin::dlq::replay(
+        &services.redis,
+        &services.keys,
+        &[dead_id],
+        false,
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(again, 0);
 
     assert_eq!(consumer.run_once().await.unwrap(), 1);
-    relay_once(&services).await.unwrap();
-    relay_once(&services).await.unwrap();
+    relay_once(&services.relay()).await.unwrap();
+    relay_once(&services.relay()).await.unwrap();
     let done = get_status(&base, msg.job_id).await;
     assert_eq!(done["status"], "done");
     assert_eq!(
@@ -132,7 +143,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     assert_eq!(env.count("outbox").await, 1);
     assert_eq!(mailer.sent().len(), 1);
     let mut listed = Vec::new();
-    admin::dlq::list(&services, 10, true, &mut listed)
+    admin::dlq::list(&services.redis, &services.keys, 10, true, &mut listed)
         .await
         .unwrap();
     assert!(output(listed).is_empty(), "dead-letter stream is empty");
@@ -158,17 +169,17 @@ async fn replaying_a_job_that_already_finished_makes_no_second_summary_or_email(
     // other finishes; replaying the dead copy must collapse into a duplicate.
     enqueue(&mut redis, &services.keys, &msg).await.unwrap();
     enqueue(&mut redis, &services.keys, &msg).await.unwrap();
-    let mut consumer = Consumer::new(services.clone(), "w-1");
+    let mut consumer = Consumer::new(services.worker(), "w-1");
     consumer.ensure_group().await.unwrap();
     consumer.run_once().await.unwrap();
     consumer.run_once().await.unwrap();
     assert_eq!(env.count("summaries").await, 1);
-    let replayed = admin::dlq::replay(&services, &[], true, &mut Vec::new())
+    let replayed = admin::dlq::replay(&services.redis, &services.keys, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(replayed, 1);
     consumer.run_once().await.unwrap();
-    relay_once(&services).await.unwrap();
+    relay_once(&services.relay()).await.unwrap();
     assert_eq!(llm.calls(), 2, "the replayed duplicate skips the model");
     assert_eq!(env.count("summaries").await, 1);
     assert_eq!(env.count("outbox").await, 1);
@@ -189,19 +200,29 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     summaryd::db::summaries::commit_with_outbox(&services.pg, &msg, "The summary.")
         .await
         .unwrap();
-    assert_eq!(relay_once(&services).await.unwrap(), 0);
+    assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
 
     let mut table = Vec::new();
-    admin::outbox::stuck(&services, false, &mut table)
-        .await
-        .unwrap();
+    admin::outbox::stuck(
+        &services.pg,
+        services.settings.relay.max_attempts,
+        false,
+        &mut table,
+    )
+    .await
+    .unwrap();
     let table = output(table);
     assert!(table.starts_with("id"), "{table}");
     assert!(table.contains("550 mailbox unavailable"), "{table}");
     let mut json = Vec::new();
-    admin::outbox::stuck(&services, true, &mut json)
-        .await
-        .unwrap();
+    admin::outbox::stuck(
+        &services.pg,
+        services.settings.relay.max_attempts,
+        true,
+        &mut json,
+    )
+    .await
+    .unwrap();
     let row: Value = serde_json::from_str(output(json).trim()).unwrap();
     let fields: Vec<&str> = row
         .as_object()
@@ -224,25 +245,42 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(row["attempts"], 1);
 
     // Nothing is resent until a person says so.
-    assert_eq!(relay_once(&services).await.unwrap(), 0);
+    assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 1);
     let id = row["id"].as_i64().unwrap();
-    let n = admin::outbox::retry(&services, &[id], false, &mut Vec::new())
-        .await
-        .unwrap();
+    let n = admin::outbox::retry(
+        &services.pg,
+        services.settings.relay.max_attempts,
+        &[id],
+        false,
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(n, 1);
-    assert_eq!(relay_once(&services).await.unwrap(), 1);
+    assert_eq!(relay_once(&services.relay()).await.unwrap(), 1);
     assert_eq!(mailer.sent().len(), 1);
     let mut after = Vec::new();
-    admin::outbox::stuck(&services, true, &mut after)
-        .await
-        .unwrap();
+    admin::outbox::stuck(
+        &services.pg,
+        services.settings.relay.max_attempts,
+        true,
+        &mut after,
+    )
+    .await
+    .unwrap();
     assert!(output(after).is_empty());
     // A retry of a row that was sent resends nothing.
-    let n = admin::outbox::retry(&services, &[], true, &mut Vec::new())
-        .await
-        .unwrap();
+    let n = admin::outbox::retry(
+        &services.pg,
+        services.settings.relay.max_attempts,
+        &[],
+        true,
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(n, 0);
-    assert_eq!(relay_once(&services).await.unwrap(), 0);
+    assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.sent().len(), 1);
 }

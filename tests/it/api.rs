@@ -82,7 +82,7 @@ fn spoilt_post(n: usize, changes: &[(&str, Option<&str>)], body: &str) -> TestRe
 async fn every_bad_input_is_a_problem_naming_what_to_fix_and_enqueues_nothing() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let long_key = "k".repeat(129);
     let over_limit = format!(
         r#"{{"text":"{}","notify":"a@b.co"}}"#,
@@ -137,7 +137,7 @@ async fn text_over_the_model_context_is_413_naming_text_and_never_queued() {
     let mut settings = env.settings.clone();
     settings.llm.max_input_chars = 20;
     let services = env.services().settings(settings).build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     // 21 characters but far below the byte limit: only the context budget refuses it.
     let body = r#"{"text":"ééééééééééééééééééééé","notify":"a@b.co"}"#;
     let res = test::call_service(
@@ -174,7 +174,7 @@ async fn redis_unavailable_is_503_with_retry_after_never_500() {
     // Nothing listens on port 1: connection refused at once.
     settings.redis_url = "redis://127.0.0.1:1".into();
     let services = env.services().settings(settings).build();
-    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
 
     let res =
         test::call_service(&app, post("acme", "redis-down-key-0001", BODY).to_request()).await;
@@ -193,7 +193,7 @@ async fn redis_unavailable_is_503_with_retry_after_never_500() {
 async fn get_reports_queued_then_done_with_rfc3339_timestamps() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res =
         test::call_service(&app, post("acme", "get-states-key-0001", BODY).to_request()).await;
     assert_eq!(res.status(), StatusCode::ACCEPTED);
@@ -233,7 +233,7 @@ async fn get_reports_queued_then_done_with_rfc3339_timestamps() {
 async fn get_reports_failed_with_the_dead_letter_reason() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res =
         test::call_service(&app, post("acme", "get-failed-key-0001", BODY).to_request()).await;
     let job_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
@@ -260,7 +260,7 @@ async fn get_reports_failed_with_the_dead_letter_reason() {
 async fn get_is_404_for_other_tenants_unknown_and_malformed_ids() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res =
         test::call_service(&app, post("acme", "tenant-404-key-0001", BODY).to_request()).await;
     let queued_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
@@ -300,7 +300,7 @@ async fn get_with_postgres_down_is_503() {
     let mut settings = env.settings.clone();
     settings.database_url = "postgres://postgres@127.0.0.1:1/summaryd".into();
     let services = env.services().settings(settings).build();
-    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(
         &app,
         get("acme", &uuid::Uuid::new_v4().to_string()).to_request(),
@@ -315,7 +315,7 @@ async fn healthz_is_200_and_readyz_follows_dependencies_and_shutdown() {
     let env = TestEnv::new().await;
     let shutdown = Shutdown::new();
     let services = env.services().build();
-    let app = test::init_service(api::app(services, Roles::all(), shutdown.clone())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), shutdown.clone())).await;
 
     let res = test::call_service(&app, TestRequest::get().uri("/healthz").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
@@ -339,14 +339,14 @@ async fn readyz_checks_only_the_dependencies_of_the_enabled_roles() {
     settings.redis_url = "redis://127.0.0.1:1".into();
     let dead_redis = env.services().settings(settings).build();
 
-    let app = test::init_service(api::app(dead_redis.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(dead_redis.api(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, TestRequest::get().uri("/readyz").to_request()).await;
     let p = assert_problem(res, 503).await;
     assert!(p["detail"].as_str().unwrap().contains("redis"), "{p}");
 
     // A relay needs only Postgres.
     let relay = Roles::of(&[Role::Relay]);
-    let app = test::init_service(api::app(dead_redis, relay, Shutdown::new())).await;
+    let app = test::init_service(api::app(dead_redis.api(), relay, Shutdown::new())).await;
     let res = test::call_service(&app, TestRequest::get().uri("/readyz").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     assert_eq!(json_body(res).await["checks"], json!({"postgres": "ok"}));
@@ -356,7 +356,7 @@ async fn readyz_checks_only_the_dependencies_of_the_enabled_roles() {
 async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, post("acme", "metrics-key-000001", BODY).to_request()).await;
     assert_eq!(res.status(), StatusCode::ACCEPTED);
     let job_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
@@ -430,7 +430,7 @@ async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates(
 async fn openapi_describes_every_route_and_status() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, TestRequest::get().uri("/openapi.json").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     let doc = json_body(res).await;
@@ -472,7 +472,7 @@ async fn openapi_describes_every_route_and_status() {
 async fn unknown_routes_and_wrong_methods_are_problems() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, TestRequest::get().uri("/v2/nothing").to_request()).await;
     assert_problem(res, 404).await;
     let res = test::call_service(&app, TestRequest::put().uri("/v1/summaries").to_request()).await;
@@ -488,7 +488,7 @@ async fn worker_only_server_serves_ops_routes_but_not_v1() {
     let base = format!("http://{}", listener.local_addr().unwrap());
     let shutdown = Shutdown::new();
     let server = api::build_server(
-        services,
+        services.api(),
         Roles::of(&[Role::Worker]),
         shutdown.clone(),
         listener,
@@ -535,7 +535,7 @@ async fn chunked_body_over_the_limit_is_413_without_content_length() {
     let addr = listener.local_addr().unwrap();
     let shutdown = Shutdown::new();
     let server = api::build_server(
-        env.services().settings(settings).build(),
+        env.services().settings(settings).build().api(),
         Roles::all(),
         shutdown.clone(),
         listener,

@@ -59,7 +59,7 @@ async fn the_token_names_the_tenant_and_bad_tokens_are_401() {
     let env = TestEnv::new().await;
     let file = tokens_file("");
     let services = env.services().settings(settings_with(&env, &file)).build();
-    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
 
     let key = "token-mode-key-00001";
     let res = test::call_service(&app, post(Some("acme-secret-token"), key).to_request()).await;
@@ -117,7 +117,7 @@ async fn a_tenant_over_its_rate_gets_429_with_retry_after() {
     let env = TestEnv::new().await;
     let file = tokens_file("rate_per_s = 0.01\nburst = 2");
     let services = env.services().settings(settings_with(&env, &file)).build();
-    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     for n in 0..2 {
         let res = test::call_service(
             &app,

@@ -11,7 +11,6 @@ use futures_util::future::join_all;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use summaryd::api::{self, IdempotencyStore, Outcome, StoreError, StoredResponse};
-use summaryd::context::Services;
 use summaryd::domain::{IdempotencyKey, Job, SummaryRequest, TenantId};
 use summaryd::keys::ScopedKey;
 use summaryd::roles::Roles;
@@ -19,6 +18,7 @@ use summaryd::shutdown::Shutdown;
 
 use crate::shared::TestEnv;
 use crate::shared::api_requests::*;
+use crate::shared::test_env::Services;
 
 const OTHER_BODY: &str = r#"{"text":"A different document.","notify":"ops@example.com"}"#;
 
@@ -76,7 +76,7 @@ async fn job_state(env: &TestEnv, job_id: &str) -> std::collections::HashMap<Str
 async fn new_key_enqueues_once_and_replay_returns_the_same_body_without_enqueueing() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "replay-key-0000001";
 
     let first = test::call_service(&app, post("acme", key, BODY).to_request()).await;
@@ -130,7 +130,7 @@ async fn new_key_enqueues_once_and_replay_returns_the_same_body_without_enqueuei
 async fn job_id_is_the_uuid_v5_of_the_scoped_key() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services, Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "uuid-v5-key-000001";
     let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
     let job_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
@@ -149,7 +149,7 @@ async fn job_id_is_the_uuid_v5_of_the_scoped_key() {
 async fn concurrent_requests_with_one_key_enqueue_exactly_once() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "concurrent-key-0001";
     let calls = (0..10).map(|_| test::call_service(&app, post("acme", key, BODY).to_request()));
     let responses = join_all(calls).await;
@@ -188,7 +188,7 @@ async fn contenders_on_separate_connections_enqueue_exactly_once() {
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(8));
     let tasks: Vec<_> = (0..8)
         .map(|_| {
-            // Separate Services: separate shared connections, like separate API processes.
+            // Separate services: separate shared connections, like separate API processes.
             let contender = env.services().build();
             let (start, redis_key, fp, msg) =
                 (start.clone(), redis_key.clone(), fp.clone(), msg.clone());
@@ -237,7 +237,7 @@ async fn contenders_on_separate_connections_enqueue_exactly_once() {
 async fn racing_different_bodies_on_one_key_enqueue_once_and_the_other_body_gets_422() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "race-bodies-key-001";
     let calls = (0..10).map(|i| {
         let body = if i % 2 == 0 { BODY } else { OTHER_BODY };
@@ -268,7 +268,7 @@ async fn racing_different_bodies_on_one_key_enqueue_once_and_the_other_body_gets
 async fn same_key_with_a_different_body_is_422_and_enqueues_nothing() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "mismatch-key-00001";
     let first = test::call_service(&app, post("acme", key, BODY).to_request()).await;
     assert_eq!(first.status(), StatusCode::ACCEPTED);
@@ -292,7 +292,7 @@ async fn same_key_with_a_different_body_is_422_and_enqueues_nothing() {
 async fn keys_are_scoped_per_tenant() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "shared-key-0000001";
     let mut ids = Vec::new();
     for tenant in ["acme", "globex"] {
@@ -331,7 +331,7 @@ async fn keys_are_scoped_per_tenant() {
 async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "failed-enqueue-key-1";
     let stream_key = format!("{}jobs:summaries", env.settings.key_prefix);
     let mut r = env.redis().await;
@@ -365,7 +365,7 @@ async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
 async fn an_in_progress_marker_of_an_older_version_is_409_and_never_overwritten() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "old-marker-key-0001";
     let marker = json!({"state": "in_progress", "fp": fingerprint(BODY), "token": "t"});
     let mut r = env.redis().await;
@@ -396,7 +396,7 @@ async fn an_in_progress_marker_of_an_older_version_is_409_and_never_overwritten(
 async fn the_shared_connection_is_replaced_after_redis_drops_it() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let app = test::init_service(api::app(services.clone(), Roles::all(), Shutdown::new())).await;
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let res = test::call_service(&app, post("acme", "before-drop-key-01", BODY).to_request()).await;
     assert_eq!(res.status(), StatusCode::ACCEPTED);
 

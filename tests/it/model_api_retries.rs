@@ -12,7 +12,7 @@ use summaryd::llm::{LlmError, OpenAiClient};
 use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
 use summaryd::stream::consumer_group::pending_count;
 use summaryd::stream::enqueue;
-use summaryd::worker::Consumer;
+use summaryd::worker::{Consumer, WorkerServices};
 
 use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
 use crate::shared::{FakeMailer, TestEnv};
@@ -134,7 +134,7 @@ fn job() -> Job {
 }
 
 /// A worker whose model is the OpenAI client pointed at `url`.
-async fn worker(env: &TestEnv, url: &str) -> (Consumer, summaryd::context::Services) {
+async fn worker(env: &TestEnv, url: &str) -> (Consumer, WorkerServices) {
     let mut settings = env.settings.clone();
     settings.llm = settings_for(url);
     let llm = summaryd::llm::from_settings(&settings.llm).unwrap();
@@ -143,7 +143,8 @@ async fn worker(env: &TestEnv, url: &str) -> (Consumer, summaryd::context::Servi
         .settings(settings)
         .llm(llm)
         .mailer(Arc::new(FakeMailer::new()))
-        .build();
+        .build()
+        .worker();
     let consumer = Consumer::new(services.clone(), "w-1");
     consumer.ensure_group().await.unwrap();
     let mut redis = services.redis.get().await.unwrap();

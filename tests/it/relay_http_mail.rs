@@ -6,7 +6,7 @@ use summaryd::admin;
 use summaryd::config::MailProvider;
 use summaryd::db::summaries::commit_with_outbox;
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
-use summaryd::relay::relay_once;
+use summaryd::relay::{RelayServices, relay_once};
 
 use crate::shared::TestEnv;
 use crate::shared::http_stub::{HttpStub, Reply};
@@ -23,13 +23,17 @@ fn job(n: u32) -> Job {
 
 /// Services whose mailer is the real `http` provider pointed at `sink`, with no backoff
 /// between a transient failure and the next pass.
-fn services(env: &TestEnv, sink: &HttpStub) -> summaryd::context::Services {
+fn services(env: &TestEnv, sink: &HttpStub) -> RelayServices {
     let mut settings = env.settings.clone();
     settings.mail.provider = MailProvider::Http;
     settings.mail.http_url = Some(sink.url("/v1/emails"));
     settings.relay.backoff_ms = 0;
     let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
-    env.services().settings(settings).mailer(mailer).build()
+    env.services()
+        .settings(settings)
+        .mailer(mailer)
+        .build()
+        .relay()
 }
 
 #[tokio::test]
@@ -99,9 +103,14 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
 
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     let mut stuck = Vec::new();
-    admin::outbox::stuck(&services, true, &mut stuck)
-        .await
-        .unwrap();
+    admin::outbox::stuck(
+        &services.pg,
+        services.settings.relay.max_attempts,
+        true,
+        &mut stuck,
+    )
+    .await
+    .unwrap();
     let stuck = String::from_utf8(stuck).unwrap();
     let row: serde_json::Value = serde_json::from_str(stuck.trim()).unwrap();
     assert_eq!(row["dedupe_key"], SummaryReady::dedupe_key(msg.job_id));
@@ -110,9 +119,15 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     assert_eq!(sink.requests().len(), 1);
 
-    let n = admin::outbox::retry(&services, &[], true, &mut Vec::new())
-        .await
-        .unwrap();
+    let n = admin::outbox::retry(
+        &services.pg,
+        services.settings.relay.max_attempts,
+        &[],
+        true,
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(n, 1);
     assert_eq!(relay_once(&services).await.unwrap(), 1);
     assert_eq!(sink.requests().len(), 2);

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use chrono::Utc;
 use summaryd::config::Settings;
-use summaryd::context::Services;
 use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
@@ -16,7 +15,7 @@ use summaryd::failure::Failure;
 use summaryd::mail::{
     LogMailer, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
-use summaryd::relay::{relay_once, run};
+use summaryd::relay::{RelayServices, relay_once, run};
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::fakes::MailStep;
@@ -37,11 +36,12 @@ fn fast_settings(env: &TestEnv) -> Settings {
     s
 }
 
-fn services(env: &TestEnv, settings: Settings, mailer: &Arc<FakeMailer>) -> Services {
+fn services(env: &TestEnv, settings: Settings, mailer: &Arc<FakeMailer>) -> RelayServices {
     env.services()
         .settings(settings)
         .mailer(mailer.clone())
         .build()
+        .relay()
 }
 
 fn summary_text(n: u32) -> String {
@@ -49,7 +49,7 @@ fn summary_text(n: u32) -> String {
 }
 
 /// What the worker does when a job finishes: the summary and its outbox row, committed together.
-async fn commit_job(services: &Services, n: u32) -> JobId {
+async fn commit_job(services: &RelayServices, n: u32) -> JobId {
     let msg = Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:relay-{n}")),
         tenant: TenantId::parse("acme").unwrap(),
@@ -197,7 +197,7 @@ async fn two_relays_at_once_deliver_each_row_exactly_once() {
         jobs.push(commit_job(&svc, n).await);
     }
 
-    let drain = |svc: Services| async move {
+    let drain = |svc: RelayServices| async move {
         let mut sent = 0;
         loop {
             match relay_once(&svc).await.unwrap() {

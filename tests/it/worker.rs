@@ -13,7 +13,6 @@ use redis::streams::{
     StreamPendingCountReply, StreamPendingReply, StreamReadOptions, StreamReadReply,
 };
 use summaryd::config::Settings;
-use summaryd::context::Services;
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
 use summaryd::keys::GROUP;
 use summaryd::llm::LlmError;
@@ -25,6 +24,7 @@ use summaryd::stream::{enqueue, job_entry};
 use summaryd::worker::{Consumer, JobOutcome, consumer_name, handle_summary_job, run};
 
 use crate::shared::fakes::Step;
+use crate::shared::test_env::Services;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv};
 
 /// Long enough that nothing in a test becomes idle by itself.
@@ -71,8 +71,8 @@ impl World {
 
     /// Two relay passes, as the design's crash test runs them.
     async fn relay_twice(&self) {
-        relay_once(&self.services).await.unwrap();
-        relay_once(&self.services).await.unwrap();
+        relay_once(&self.services.relay()).await.unwrap();
+        relay_once(&self.services.relay()).await.unwrap();
     }
 
     /// Dedupe keys of every email the fake provider accepted.
@@ -81,7 +81,7 @@ impl World {
     }
 
     fn consumer(&self, name: &str, claim_idle_ms: u64) -> Consumer {
-        let mut c = Consumer::new(self.services.clone(), name);
+        let mut c = Consumer::new(self.services.worker(), name);
         c.config.claim_idle_ms = claim_idle_ms;
         c
     }
@@ -225,7 +225,7 @@ async fn crash_between_commit_and_xack_runs_the_model_once() {
     // Worker A reads and fully processes the job (DB commit included)...
     let (_, read) = w.read_as("w-a").await;
     assert_eq!(
-        handle_summary_job(&w.services, &read).await,
+        handle_summary_job(&w.services.worker(), &read).await,
         Ok(JobOutcome::Done)
     );
     // ...then dies before XACK: the entry is still pending against w-a.
@@ -287,9 +287,10 @@ async fn slow_worker_and_reclaimer_racing_write_one_outbox_row() {
     let w = World::new(FakeLlm::slow(Duration::from_millis(200))).await;
     let msg = job("racing");
 
+    let (slow, reclaimer) = (w.services.worker(), w.services.worker());
     let (a, b) = tokio::join!(
-        handle_summary_job(&w.services, &msg),
-        handle_summary_job(&w.services, &msg)
+        handle_summary_job(&slow, &msg),
+        handle_summary_job(&reclaimer, &msg)
     );
     let mut outcomes = vec![a.unwrap(), b.unwrap()];
     outcomes.sort_by_key(|o| *o == JobOutcome::Duplicate);
@@ -491,7 +492,7 @@ async fn finished_job_out_of_deliveries_is_acknowledged_not_dead_lettered() {
     let msg_id = w.enqueue(&msg).await;
     let (_, read) = w.read_as("w-a").await;
     assert_eq!(
-        handle_summary_job(&w.services, &read).await,
+        handle_summary_job(&w.services.worker(), &read).await,
         Ok(JobOutcome::Done)
     );
     w.make_idle(&msg_id).await;
@@ -516,7 +517,7 @@ async fn eight_consumers_process_sixteen_jobs_eight_at_a_time() {
     }
     let shutdown = Shutdown::new();
     let tasks: Vec<_> = (0..8)
-        .map(|i| tokio::spawn(run(w.services.clone(), format!("w-{i}"), shutdown.clone())))
+        .map(|i| tokio::spawn(run(w.services.worker(), format!("w-{i}"), shutdown.clone())))
         .collect();
 
     let mut done = 0;
@@ -542,7 +543,7 @@ async fn eight_consumers_process_sixteen_jobs_eight_at_a_time() {
 async fn run_stops_promptly_on_shutdown_and_finishes_the_job_in_hand() {
     let mut w = World::new(FakeLlm::slow(Duration::from_millis(300))).await;
     let shutdown = Shutdown::new();
-    let task = tokio::spawn(run(w.services.clone(), "w-stop".into(), shutdown.clone()));
+    let task = tokio::spawn(run(w.services.worker(), "w-stop".into(), shutdown.clone()));
     let msg = job("in-hand-at-shutdown");
     w.enqueue(&msg).await;
     for _ in 0..200 {

@@ -4,12 +4,12 @@
 use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
 use serde_json::Value;
-use summaryd::context::Services;
 use summaryd::domain::{IdempotencyKey, Job, TenantId};
 use summaryd::keys::ScopedKey;
 use summaryd::stream::job_entry;
 
 use crate::shared::TestEnv;
+use crate::shared::test_env::Services;
 
 pub const BODY: &str =
     r#"{"text":"Quarterly numbers are up. Churn is down.","notify":"ops@example.com"}"#;

@@ -1,18 +1,20 @@
 //! The isolated world a test runs in: its own Postgres database (copied from a migrated
 //! template) and its own Redis key prefix, so tests run in parallel against the real
-//! services; and the one place tests build `Services` and the `Application` from it.
+//! services; and the one place tests build the services and the `Application` from it.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
-use summaryd::app::Application;
+use summaryd::api::ApiServices;
+use summaryd::app::{Application, Handles};
 use summaryd::config::Settings;
-use summaryd::context::Services;
 use summaryd::llm::Llm;
 use summaryd::mail::Mailer;
+use summaryd::relay::RelayServices;
 use summaryd::roles::Roles;
+use summaryd::worker::WorkerServices;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
@@ -159,7 +161,11 @@ impl Build {
     }
 
     pub fn build(self) -> Services {
-        Services::new(self.settings, self.llm, self.mailer).expect("services")
+        Services {
+            handles: Handles::new(self.settings).expect("handles"),
+            llm: self.llm,
+            mailer: self.mailer,
+        }
     }
 
     /// The whole application with `roles`, on the database the env already migrated.
@@ -167,6 +173,39 @@ impl Build {
         Application::build(self.settings, roles, self.llm, self.mailer, false)
             .await
             .expect("build app")
+    }
+}
+
+/// Every handle of one process plus the fakes, as `Application` wires them: a test takes the
+/// services of the role it drives (`worker()`, `relay()`, `api()`), and reads pools, keys
+/// and metrics directly through `Deref`.
+#[derive(Clone)]
+pub struct Services {
+    pub handles: Handles,
+    pub llm: Arc<dyn Llm>,
+    pub mailer: Arc<dyn Mailer>,
+}
+
+impl Services {
+    pub fn worker(&self) -> WorkerServices {
+        self.handles.worker(self.llm.clone())
+    }
+
+    pub fn relay(&self) -> RelayServices {
+        self.handles.relay(self.mailer.clone())
+    }
+
+    /// With the settings' tokens file loaded, as the api role loads it at start-up.
+    pub fn api(&self) -> ApiServices {
+        let auth = summaryd::auth::from_settings(&self.settings.auth).expect("tokens file");
+        self.handles.api(auth.map(Arc::new))
+    }
+}
+
+impl std::ops::Deref for Services {
+    type Target = Handles;
+    fn deref(&self) -> &Handles {
+        &self.handles
     }
 }
 

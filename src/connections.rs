@@ -1,8 +1,9 @@
-//! The shared handles every role works with. Cheap to clone.
+//! The connections a process opens: the Redis pool, the API's shared Redis connection and the
+//! Postgres pool. Each is built once per process, connects lazily, and goes only to the roles
+//! and commands that use it.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -10,36 +11,15 @@ use deadpool_redis::redis::AsyncConnectionConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::config::Settings;
-use crate::keys::RedisKeys;
-use crate::llm::Llm;
-use crate::mail::Mailer;
-use crate::metrics::Metrics;
-
-#[derive(Clone)]
-pub struct Services {
-    pub settings: Arc<Settings>,
-    pub keys: RedisKeys,
-    /// Dedicated connections, for commands that block (XREADGROUP BLOCK) or hold a
-    /// connection across several steps (worker, `/metrics` gauges, admin commands).
-    pub redis: deadpool_redis::Pool,
-    /// One multiplexed connection for the API's short, non-blocking commands.
-    pub redis_shared: SharedRedis,
-    pub pg: deadpool_postgres::Pool,
-    pub llm: Arc<dyn Llm>,
-    pub mailer: Arc<dyn Mailer>,
-    pub metrics: Arc<Metrics>,
-}
 
 #[derive(Debug, thiserror::Error)]
-pub enum ServicesError {
+pub enum ConnectError {
     #[error(transparent)]
     Redis(#[from] crate::redis_conn::RedisSetupError),
     #[error("could not build the Redis pool: {0}")]
     RedisPool(String),
     #[error(transparent)]
     Postgres(#[from] crate::db::DbError),
-    #[error("metrics registry: {0}")]
-    Metrics(#[from] prometheus::Error),
 }
 
 /// Fail fast when Redis is down, so the API answers 503 promptly instead of hanging.
@@ -66,14 +46,14 @@ const SHARED_RESPONSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// request that takes a pooled connection pays an extra round trip per checkout. A
 /// multiplexed connection needs no checkout: concurrent requests are pipelined on one
 /// socket, which also lets Redis answer many of them per read. Blocking commands must never
-/// go through it (they would stall every request behind them); they use `Services::redis`.
+/// go through it (they would stall every request behind them); they use [`redis_pool`].
 ///
 /// Why per thread: each actix worker thread runs its own runtime, and a connection's I/O is
 /// driven by a task on the runtime that created it. One process-wide connection made every
 /// other worker thread hand each command to that one thread and wait to be woken (the
 /// profile showed the switching); a connection per thread keeps a request on its thread.
 ///
-/// Built on first use on each thread (so `Services::new` needs no runtime and never
+/// Built on first use on each thread (so `SharedRedis::new` needs no runtime and never
 /// connects), then kept. [`ConnectionManager`] replaces the connection when it drops (e.g.
 /// Redis restarts). With zero connection retries, a request while Redis is down fails after
 /// one connect attempt (refused at once, or `REDIS_CONNECT_TIMEOUT`), and the next request
@@ -123,52 +103,42 @@ impl SharedRedis {
     }
 }
 
-impl Services {
-    /// Build pools (lazily connecting) and wire the given providers.
-    pub fn new(
-        settings: Settings,
-        llm: Arc<dyn Llm>,
-        mailer: Arc<dyn Mailer>,
-    ) -> Result<Self, ServicesError> {
-        let blocking_consumers = settings.worker.consumers;
-        // Each consumer holds a connection while blocked in XREADGROUP; the rest serve
-        // the `/metrics` gauges, readiness checks and the admin commands.
-        let redis_pool_size = blocking_consumers + 32;
-        let pg_pool_size = (blocking_consumers + settings.relay.tasks + 16).min(PG_POOL_MAX);
-        let response_timeout =
-            Duration::from_millis(settings.worker.block_ms) + REDIS_RESPONSE_MARGIN;
-        let conn_config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
-            .set_response_timeout(Some(response_timeout));
-        // One client for both handles, so the pool speaks TLS exactly when the API does.
-        let client = crate::redis_conn::client(&settings)?;
-        let manager = deadpool_redis::Manager::new_with_config(
-            client.get_connection_info().clone(),
-            conn_config,
-        )
-        .map_err(|e| ServicesError::RedisPool(e.to_string()))?;
-        let redis = deadpool_redis::Pool::builder(manager)
-            .max_size(redis_pool_size)
-            .runtime(deadpool_redis::Runtime::Tokio1)
-            .wait_timeout(Some(REDIS_POOL_WAIT))
-            .create_timeout(Some(REDIS_CONNECT_TIMEOUT))
-            .build()
-            .map_err(|e| ServicesError::RedisPool(e.to_string()))?;
-        let redis_shared = SharedRedis::new(client);
-        let pg = crate::db::pool(
-            &settings.database_url,
-            settings.database.ca_file.as_deref(),
-            pg_pool_size,
-        )?;
-        Ok(Self {
-            keys: RedisKeys::new(settings.key_prefix.clone()),
-            settings: Arc::new(settings),
-            redis,
-            redis_shared,
-            pg,
-            llm,
-            mailer,
-            metrics: Arc::new(Metrics::new()?),
-        })
-    }
+/// The Redis client every Redis handle of a process is built from, plain or with the TLS
+/// material for `rediss://`: one client, so the pool speaks TLS exactly when the API does.
+pub fn redis_client(settings: &Settings) -> Result<redis::Client, ConnectError> {
+    Ok(crate::redis_conn::client(settings)?)
+}
+
+/// Dedicated Redis connections, for commands that block (XREADGROUP BLOCK) or hold a
+/// connection across several steps: the worker, readiness checks, the gauges read at scrape
+/// time, the admin commands.
+pub fn redis_pool(
+    settings: &Settings,
+    client: &redis::Client,
+) -> Result<deadpool_redis::Pool, ConnectError> {
+    let failed = |e: &dyn std::fmt::Display| ConnectError::RedisPool(e.to_string());
+    // Each consumer holds a connection while blocked in XREADGROUP; the rest serve
+    // readiness checks, the gauges and the admin commands.
+    let size = settings.worker.consumers + 32;
+    let response_timeout = Duration::from_millis(settings.worker.block_ms) + REDIS_RESPONSE_MARGIN;
+    let conn_config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
+        .set_response_timeout(Some(response_timeout));
+    let manager =
+        deadpool_redis::Manager::new_with_config(client.get_connection_info().clone(), conn_config)
+            .map_err(|e| failed(&e))?;
+    deadpool_redis::Pool::builder(manager)
+        .max_size(size)
+        .runtime(deadpool_redis::Runtime::Tokio1)
+        .wait_timeout(Some(REDIS_POOL_WAIT))
+        .create_timeout(Some(REDIS_CONNECT_TIMEOUT))
+        .build()
+        .map_err(|e| failed(&e))
+}
+
+/// The Postgres pool, sized for the consumers and relay tasks the settings ask for.
+pub fn pg_pool(settings: &Settings) -> Result<deadpool_postgres::Pool, ConnectError> {
+    let size = (settings.worker.consumers + settings.relay.tasks + 16).min(PG_POOL_MAX);
+    let ca_file = settings.database.ca_file.as_deref();
+    Ok(crate::db::pool(&settings.database_url, ca_file, size)?)
 }

@@ -1,6 +1,10 @@
-//! Wiring: build the services for the chosen roles, bind the listener, run until shutdown.
+//! Wiring: build the services of the chosen roles, bind the listener, run until shutdown.
 //!
 //! Tests use this the same way `main` does, with port 0 and in-process fake providers.
+
+mod handles;
+
+pub use handles::{Handles, HandlesError};
 
 use std::net::TcpListener;
 use std::sync::Arc;
@@ -8,19 +12,27 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use crate::api::ApiServices;
 use crate::backoff::{Backoff, Jitter};
 use crate::config::Settings;
-use crate::context::{Services, ServicesError};
-use crate::llm::Llm;
-use crate::mail::Mailer;
+use crate::llm::{Llm, LlmConfigError};
+use crate::mail::{MailConfigError, Mailer};
+use crate::relay::RelayServices;
 use crate::roles::{Role, Roles};
 use crate::shutdown::Shutdown;
 use crate::supervisor::Supervisor;
+use crate::worker::WorkerServices;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
-    Services(#[from] ServicesError),
+    Auth(#[from] crate::auth::AuthFileError),
+    #[error(transparent)]
+    Llm(#[from] LlmConfigError),
+    #[error(transparent)]
+    Mail(#[from] MailConfigError),
+    #[error(transparent)]
+    Handles(#[from] HandlesError),
     #[error(transparent)]
     Migration(#[from] crate::db::DbError),
     #[error(transparent)]
@@ -34,6 +46,13 @@ pub enum StartError {
     Http(std::io::Error),
 }
 
+impl StartError {
+    /// A setting or a file it names is wrong: fixing the configuration fixes the start.
+    pub fn is_configuration(&self) -> bool {
+        matches!(self, Self::Auth(_) | Self::Llm(_) | Self::Mail(_))
+    }
+}
+
 /// How long `serve` keeps retrying migrations while Postgres is still starting (e.g. a pod
 /// that comes up together with its database); after that it exits and the orchestrator restarts it.
 const MIGRATE_PATIENCE: Duration = Duration::from_secs(30);
@@ -45,9 +64,40 @@ const MIGRATE_RETRY: Backoff = Backoff::new(
     Jitter::None,
 );
 
+/// Where the model and the mail provider come from.
+enum Providers {
+    /// Built from the settings, only for the roles that use them (`summaryd serve`).
+    FromSettings,
+    /// Given by the caller (tests: in-process fakes).
+    Given {
+        llm: Arc<dyn Llm>,
+        mailer: Arc<dyn Mailer>,
+    },
+}
+
+impl Providers {
+    fn llm(&self, settings: &Settings) -> Result<Arc<dyn Llm>, LlmConfigError> {
+        match self {
+            Self::FromSettings => crate::llm::from_settings(&settings.llm),
+            Self::Given { llm, .. } => Ok(llm.clone()),
+        }
+    }
+
+    fn mailer(&self, settings: &Settings) -> Result<Arc<dyn Mailer>, MailConfigError> {
+        match self {
+            Self::FromSettings => crate::mail::from_settings(&settings.mail),
+            Self::Given { mailer, .. } => Ok(mailer.clone()),
+        }
+    }
+}
+
 pub struct Application {
-    services: Services,
+    handles: Handles,
     roles: Roles,
+    /// Serves the operations routes in every process, `/v1/*` with role api.
+    api: ApiServices,
+    worker: Option<WorkerServices>,
+    relay: Option<RelayServices>,
     listener: TcpListener,
     port: u16,
     /// `SUMMARYD_OPS_LISTEN`, bound: the ops routes' own listener.
@@ -55,7 +105,19 @@ pub struct Application {
 }
 
 impl Application {
-    /// Bind the listener and (unless `migrate` is false) bring the schema up to date.
+    /// What `summaryd serve` runs: the model and the mail provider are built from the
+    /// settings, each only if a role that uses it runs here.
+    pub async fn from_settings(
+        settings: Settings,
+        roles: Roles,
+        migrate: bool,
+    ) -> Result<Self, StartError> {
+        Settings::warn_about_ignored_env_vars();
+        Self::assemble(settings, roles, Providers::FromSettings, migrate).await
+    }
+
+    /// With the given providers (tests pass fakes). Binds the listener and (unless `migrate`
+    /// is false) brings the schema up to date.
     pub async fn build(
         settings: Settings,
         roles: Roles,
@@ -63,6 +125,32 @@ impl Application {
         mailer: Arc<dyn Mailer>,
         migrate: bool,
     ) -> Result<Self, StartError> {
+        Self::assemble(settings, roles, Providers::Given { llm, mailer }, migrate).await
+    }
+
+    async fn assemble(
+        settings: Settings,
+        roles: Roles,
+        providers: Providers,
+        migrate: bool,
+    ) -> Result<Self, StartError> {
+        // Configuration first, so a wrong setting fails before any waiting on the database.
+        let auth = if roles.has(Role::Api) {
+            crate::auth::from_settings(&settings.auth)?.map(Arc::new)
+        } else {
+            None
+        };
+        let llm = if roles.has(Role::Worker) {
+            crate::worker::warn_about_settings(&settings);
+            Some(providers.llm(&settings)?)
+        } else {
+            None
+        };
+        let mailer = if roles.has(Role::Relay) {
+            Some(providers.mailer(&settings)?)
+        } else {
+            None
+        };
         if migrate {
             migrate_with_patience(&settings.database_url, settings.database.ca_file.as_deref())
                 .await?;
@@ -83,9 +171,12 @@ impl Application {
             ),
             None => None,
         };
-        let services = Services::new(settings, llm, mailer)?;
+        let handles = Handles::new(settings)?;
         Ok(Self {
-            services,
+            api: handles.api(auth),
+            worker: llm.map(|llm| handles.worker(llm)),
+            relay: mailer.map(|mailer| handles.relay(mailer)),
+            handles,
             roles,
             listener,
             port,
@@ -103,16 +194,20 @@ impl Application {
         Some(addr.port())
     }
 
-    pub fn services(&self) -> &Services {
-        &self.services
+    /// Every handle of this process (benchmarks enqueue and count through them).
+    pub fn handles(&self) -> &Handles {
+        &self.handles
     }
 
     /// Serve until `shutdown` is triggered, then drain: HTTP stops accepting and finishes
     /// in-flight requests, role tasks finish their current unit within the grace period.
     pub async fn run(self, shutdown: Shutdown) -> Result<(), StartError> {
         let Self {
-            services,
+            handles,
             roles,
+            api,
+            worker,
+            relay,
             listener,
             port,
             ops_listener,
@@ -121,33 +216,27 @@ impl Application {
             .as_ref()
             .and_then(|l| l.local_addr().ok())
             .map(|a| a.port());
-        let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
-        let server = crate::api::build_server(
-            services.clone(),
-            roles,
-            shutdown.clone(),
-            listener,
-            ops_listener,
-        )
-        .map_err(StartError::Http)?;
+        let grace = Duration::from_millis(handles.settings.shutdown.grace_ms);
+        let server = crate::api::build_server(api, roles, shutdown.clone(), listener, ops_listener)
+            .map_err(StartError::Http)?;
         // Stops accepting and drains in-flight requests by itself once shutdown is triggered.
         let mut http_task =
             tokio::spawn(crate::api::serve_until_shutdown(server, shutdown.clone()));
 
         let mut supervisor = Supervisor::new(shutdown.clone());
-        if roles.has(Role::Worker) {
-            for index in 0..services.settings.worker.consumers {
+        if let Some(worker) = worker {
+            for index in 0..handles.settings.worker.consumers {
                 let name = crate::worker::consumer_name(index);
-                let (services, shutdown) = (services.clone(), shutdown.clone());
+                let (services, shutdown) = (worker.clone(), shutdown.clone());
                 supervisor.spawn(format!("worker {name}"), move || {
                     crate::worker::run(services.clone(), name.clone(), shutdown.clone())
                 });
             }
         }
-        if roles.has(Role::Relay) {
-            for index in 0..services.settings.relay.tasks {
+        if let Some(relay) = relay {
+            for index in 0..handles.settings.relay.tasks {
                 let name = format!("relay-{index}");
-                let (services, shutdown) = (services.clone(), shutdown.clone());
+                let (services, shutdown) = (relay.clone(), shutdown.clone());
                 supervisor.spawn(name.clone(), move || {
                     crate::relay::run(services.clone(), name.clone(), shutdown.clone())
                 });

@@ -1,0 +1,83 @@
+//! The handles one process opens, once, and the share of them each role gets.
+//!
+//! Built once so the roles of one process share the pools (their sizes are set for all of
+//! them together) and one metrics registry. Nothing here connects: an unused pool costs
+//! nothing. Only this wiring sees every handle; a role sees its own services.
+
+use std::sync::Arc;
+
+use crate::api::ApiServices;
+use crate::auth::TokenStore;
+use crate::config::Settings;
+use crate::connections::{self, ConnectError, SharedRedis};
+use crate::keys::RedisKeys;
+use crate::llm::Llm;
+use crate::mail::Mailer;
+use crate::metrics::Metrics;
+use crate::relay::RelayServices;
+use crate::worker::WorkerServices;
+
+#[derive(Clone)]
+pub struct Handles {
+    pub settings: Arc<Settings>,
+    pub keys: RedisKeys,
+    pub redis: deadpool_redis::Pool,
+    pub redis_shared: SharedRedis,
+    pub pg: deadpool_postgres::Pool,
+    pub metrics: Arc<Metrics>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HandlesError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("metrics registry: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+impl Handles {
+    pub fn new(settings: Settings) -> Result<Self, HandlesError> {
+        let redis_client = connections::redis_client(&settings)?;
+        Ok(Self {
+            keys: RedisKeys::new(settings.key_prefix.clone()),
+            redis: connections::redis_pool(&settings, &redis_client)?,
+            redis_shared: SharedRedis::new(redis_client),
+            pg: connections::pg_pool(&settings)?,
+            metrics: Arc::new(Metrics::new()?),
+            settings: Arc::new(settings),
+        })
+    }
+
+    /// The HTTP side's share; `auth` is the loaded tokens file, if the role api runs with one.
+    pub fn api(&self, auth: Option<Arc<TokenStore>>) -> ApiServices {
+        ApiServices {
+            settings: self.settings.clone(),
+            keys: self.keys.clone(),
+            redis: self.redis.clone(),
+            redis_shared: self.redis_shared.clone(),
+            pg: self.pg.clone(),
+            metrics: self.metrics.clone(),
+            auth,
+        }
+    }
+
+    pub fn worker(&self, llm: Arc<dyn Llm>) -> WorkerServices {
+        WorkerServices {
+            settings: self.settings.clone(),
+            keys: self.keys.clone(),
+            redis: self.redis.clone(),
+            pg: self.pg.clone(),
+            llm,
+            metrics: self.metrics.clone(),
+        }
+    }
+
+    pub fn relay(&self, mailer: Arc<dyn Mailer>) -> RelayServices {
+        RelayServices {
+            settings: self.settings.clone(),
+            pg: self.pg.clone(),
+            mailer,
+            metrics: self.metrics.clone(),
+        }
+    }
+}

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use serde_json::Value;
-use summaryd::admin;
+use summaryd::admin::{self, AdminCommand, AdminError};
+use summaryd::cli::{DlqCommand, OutboxCommand};
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::failure::Failure;
 use summaryd::llm::LlmError;
@@ -283,4 +284,38 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(n, 0);
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.sent().len(), 1);
+}
+
+/// Each admin command opens only the connection it uses: the dead-letter commands work
+/// without a usable Postgres URL, the outbox commands without a usable Redis URL.
+#[tokio::test]
+async fn admin_commands_open_only_the_connection_they_use() {
+    let env = TestEnv::new().await;
+    let dlq_list = || {
+        AdminCommand::Dlq(DlqCommand::List {
+            limit: 10,
+            json: false,
+        })
+    };
+    let outbox_stuck = || AdminCommand::Outbox(OutboxCommand::Stuck { json: false });
+
+    let mut no_postgres = env.settings.clone();
+    no_postgres.database_url = "not a url".into();
+    let mut out = Vec::new();
+    admin::run(&no_postgres, dlq_list(), &mut out)
+        .await
+        .unwrap();
+    assert!(String::from_utf8(out).unwrap().ends_with("(none)\n"));
+    let err = admin::run(&no_postgres, outbox_stuck(), &mut Vec::new()).await;
+    assert!(matches!(err, Err(AdminError::Setup(_))), "{err:?}");
+
+    let mut no_redis = env.settings.clone();
+    no_redis.redis_url = "not a url".into();
+    let mut out = Vec::new();
+    admin::run(&no_redis, outbox_stuck(), &mut out)
+        .await
+        .unwrap();
+    assert!(String::from_utf8(out).unwrap().ends_with("(none)\n"));
+    let err = admin::run(&no_redis, dlq_list(), &mut Vec::new()).await;
+    assert!(matches!(err, Err(AdminError::Setup(_))), "{err:?}");
 }

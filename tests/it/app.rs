@@ -5,6 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use summaryd::app::Application;
+use summaryd::config::{LlmProvider, MailProvider, Settings};
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 
@@ -178,4 +180,43 @@ async fn shutdown_stops_every_role_promptly_and_closes_the_listener() {
         after.is_err(),
         "the listener is closed after shutdown: {after:?}"
     );
+}
+
+/// `summaryd serve` builds a provider or loads the tokens file only for the role that uses
+/// it: a setting that only another role reads cannot stop a process from starting.
+#[tokio::test]
+async fn each_role_builds_only_the_providers_it_uses() {
+    let env = TestEnv::new().await;
+    let mut tokens = tempfile::NamedTempFile::new().unwrap();
+    std::io::Write::write_all(&mut tokens, b"[tenants.acme]\ntoken_sha256 = \"x\"\n").unwrap();
+    let break_auth = |s: &mut Settings| s.auth.tokens_file = Some(tokens.path().to_path_buf());
+    let break_llm = |s: &mut Settings| {
+        s.llm.provider = LlmProvider::Openai;
+        s.llm.base_url = "not a url".into();
+    };
+    let break_mail = |s: &mut Settings| {
+        s.mail.provider = MailProvider::Http;
+        s.mail.http_url = None;
+    };
+    let cases: [(Role, &str, &dyn Fn(&mut Settings)); 3] = [
+        (Role::Api, "SUMMARYD_AUTH_TOKENS_FILE", &break_auth),
+        (Role::Worker, "SUMMARYD_LLM_BASE_URL", &break_llm),
+        (Role::Relay, "SUMMARYD_MAIL_HTTP_URL", &break_mail),
+    ];
+    for (role, setting, break_setting) in cases {
+        let mut settings = env.settings.clone();
+        break_setting(&mut settings);
+        let start =
+            |roles: &[Role]| Application::from_settings(settings.clone(), Roles::of(roles), false);
+        let err = start(&[role])
+            .await
+            .err()
+            .expect("the role's own setting is broken");
+        assert!(err.is_configuration(), "{role}: {err}");
+        assert!(err.to_string().contains(setting), "{role}: {err}");
+        let others: Vec<Role> = Role::ALL.into_iter().filter(|r| *r != role).collect();
+        if let Err(e) = start(&others).await {
+            panic!("{setting} stopped {others:?} from starting: {e}");
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! The whole application in-process: real HTTP on port 0, real Redis and Postgres, fake
 //! model and mail provider. Proves the roles are wired together and stop cleanly.
 
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -182,6 +183,26 @@ async fn shutdown_stops_every_role_promptly_and_closes_the_listener() {
     );
 }
 
+/// Make invalid the one setting only `role` reads; returns the variable an error must name.
+fn break_setting_of(role: Role, settings: &mut Settings, bad_tokens: &Path) -> &'static str {
+    match role {
+        Role::Api => {
+            settings.auth.tokens_file = Some(bad_tokens.to_path_buf());
+            "SUMMARYD_AUTH_TOKENS_FILE"
+        }
+        Role::Worker => {
+            settings.llm.provider = LlmProvider::Openai;
+            settings.llm.base_url = "not a url".into();
+            "SUMMARYD_LLM_BASE_URL"
+        }
+        Role::Relay => {
+            settings.mail.provider = MailProvider::Http;
+            settings.mail.http_url = None;
+            "SUMMARYD_MAIL_HTTP_URL"
+        }
+    }
+}
+
 /// `summaryd serve` builds a provider or loads the tokens file only for the role that uses
 /// it: a setting that only another role reads cannot stop a process from starting.
 #[tokio::test]
@@ -189,23 +210,9 @@ async fn each_role_builds_only_the_providers_it_uses() {
     let env = TestEnv::new().await;
     let mut tokens = tempfile::NamedTempFile::new().unwrap();
     std::io::Write::write_all(&mut tokens, b"[tenants.acme]\ntoken_sha256 = \"x\"\n").unwrap();
-    let break_auth = |s: &mut Settings| s.auth.tokens_file = Some(tokens.path().to_path_buf());
-    let break_llm = |s: &mut Settings| {
-        s.llm.provider = LlmProvider::Openai;
-        s.llm.base_url = "not a url".into();
-    };
-    let break_mail = |s: &mut Settings| {
-        s.mail.provider = MailProvider::Http;
-        s.mail.http_url = None;
-    };
-    let cases: [(Role, &str, &dyn Fn(&mut Settings)); 3] = [
-        (Role::Api, "SUMMARYD_AUTH_TOKENS_FILE", &break_auth),
-        (Role::Worker, "SUMMARYD_LLM_BASE_URL", &break_llm),
-        (Role::Relay, "SUMMARYD_MAIL_HTTP_URL", &break_mail),
-    ];
-    for (role, setting, break_setting) in cases {
+    for role in Role::ALL {
         let mut settings = env.settings.clone();
-        break_setting(&mut settings);
+        let setting = break_setting_of(role, &mut settings, tokens.path());
         let start =
             |roles: &[Role]| Application::from_settings(settings.clone(), Roles::of(roles), false);
         let err = start(&[role])

@@ -208,6 +208,48 @@ mod tests {
         assert!(RetryError::Llm(status(429)).is_transient());
     }
 
+    /// Fails with a 503 the first `failures` calls, then answers.
+    struct FailsFirst {
+        failures: usize,
+        calls: std::sync::atomic::AtomicUsize,
+    }
+
+    #[async_trait::async_trait]
+    impl Llm for FailsFirst {
+        async fn summarise(&self, _text: &str) -> Result<String, LlmError> {
+            let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if call < self.failures {
+                Err(status(503))
+            } else {
+                Ok("summary".into())
+            }
+        }
+    }
+
+    /// The n-th retry waits at most `base · 2^(n-1)`: the first at most `base`, however many
+    /// deliveries run it (each draw is checked, so one long sleep fails the test).
+    #[tokio::test(start_paused = true)]
+    async fn the_first_retry_waits_at_most_the_base_and_the_second_twice_that() {
+        let p = policy(100, 10_000);
+        for (failures, cap_ms) in [(1, 100), (2, 300)] {
+            for _ in 0..200 {
+                let llm = FailsFirst {
+                    failures,
+                    calls: Default::default(),
+                };
+                let started = Instant::now();
+                let deadline = Deadline::after(Duration::from_secs(60));
+                let summary = complete_with_retries(&llm, "text", deadline, &p, None).await;
+                assert_eq!(summary.unwrap(), "summary");
+                let slept = started.elapsed();
+                assert!(
+                    slept <= Duration::from_millis(cap_ms),
+                    "{failures}: {slept:?}"
+                );
+            }
+        }
+    }
+
     #[test]
     fn sleeps_grow_from_base_to_max_backoff_under_full_jitter() {
         let p = policy(100, 500);

@@ -208,10 +208,21 @@ mod tests {
         assert!(RetryError::Llm(status(429)).is_transient());
     }
 
-    /// Fails with a 503 the first `failures` calls, then answers.
+    /// Fails with `error` the first `failures` calls, then answers.
     struct FailsFirst {
         failures: usize,
+        error: LlmError,
         calls: std::sync::atomic::AtomicUsize,
+    }
+
+    impl FailsFirst {
+        fn new(failures: usize, error: LlmError) -> Self {
+            Self {
+                failures,
+                error,
+                calls: Default::default(),
+            }
+        }
     }
 
     #[async_trait::async_trait]
@@ -219,7 +230,7 @@ mod tests {
         async fn summarise(&self, _text: &str) -> Result<String, LlmError> {
             let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if call < self.failures {
-                Err(status(503))
+                Err(self.error.clone())
             } else {
                 Ok("summary".into())
             }
@@ -233,10 +244,7 @@ mod tests {
         let p = policy(100, 10_000);
         for (failures, cap_ms) in [(1, 100), (2, 300)] {
             for _ in 0..200 {
-                let llm = FailsFirst {
-                    failures,
-                    calls: Default::default(),
-                };
+                let llm = FailsFirst::new(failures, status(503));
                 let started = Instant::now();
                 let deadline = Deadline::after(Duration::from_secs(60));
                 let summary = complete_with_retries(&llm, "text", deadline, &p, None).await;
@@ -248,6 +256,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A sleep that leaves exactly one minimal attempt is still taken: the budget is for
+    /// using, down to the last useful attempt.
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_that_leaves_exactly_the_minimum_attempt_time_is_made() {
+        let p = policy(1, 1_000);
+        let after = Duration::from_millis(100);
+        let llm = FailsFirst::new(
+            1,
+            LlmError::Status {
+                status: 429,
+                retry_after: Some(after),
+                message: String::new(),
+            },
+        );
+        let deadline = Deadline::after(after + p.min_attempt);
+        let summary = complete_with_retries(&llm, "text", deadline, &p, None).await;
+        assert_eq!(summary.unwrap(), "summary");
+        // One minimal attempt less and the call gives up instead of sleeping.
+        let llm = FailsFirst::new(1, llm.error.clone());
+        let deadline = Deadline::after(after + p.min_attempt - Duration::from_millis(1));
+        let given_up = complete_with_retries(&llm, "text", deadline, &p, None).await;
+        assert!(matches!(given_up, Err(RetryError::Llm(_))), "{given_up:?}");
     }
 
     #[test]

@@ -197,6 +197,7 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
         MailStep::Deliver,
     ));
     let services = env.services().mailer(mailer.clone()).build();
+    let max_attempts = services.settings.relay.max_attempts;
     let msg = job(3);
     summaryd::db::summaries::commit_with_outbox(&services.pg, &msg, "The summary.")
         .await
@@ -204,26 +205,16 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
 
     let mut table = Vec::new();
-    admin::outbox::stuck(
-        &services.pg,
-        services.settings.relay.max_attempts,
-        false,
-        &mut table,
-    )
-    .await
-    .unwrap();
+    admin::outbox::stuck(&services.pg, max_attempts, false, &mut table)
+        .await
+        .unwrap();
     let table = output(table);
     assert!(table.starts_with("id"), "{table}");
     assert!(table.contains("550 mailbox unavailable"), "{table}");
     let mut json = Vec::new();
-    admin::outbox::stuck(
-        &services.pg,
-        services.settings.relay.max_attempts,
-        true,
-        &mut json,
-    )
-    .await
-    .unwrap();
+    admin::outbox::stuck(&services.pg, max_attempts, true, &mut json)
+        .await
+        .unwrap();
     let row: Value = serde_json::from_str(output(json).trim()).unwrap();
     let fields: Vec<&str> = row
         .as_object()
@@ -249,38 +240,21 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 1);
     let id = row["id"].as_i64().unwrap();
-    let n = admin::outbox::retry(
-        &services.pg,
-        services.settings.relay.max_attempts,
-        &[id],
-        false,
-        &mut Vec::new(),
-    )
-    .await
-    .unwrap();
+    let n = admin::outbox::retry(&services.pg, max_attempts, &[id], false, &mut Vec::new())
+        .await
+        .unwrap();
     assert_eq!(n, 1);
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 1);
     assert_eq!(mailer.sent().len(), 1);
     let mut after = Vec::new();
-    admin::outbox::stuck(
-        &services.pg,
-        services.settings.relay.max_attempts,
-        true,
-        &mut after,
-    )
-    .await
-    .unwrap();
+    admin::outbox::stuck(&services.pg, max_attempts, true, &mut after)
+        .await
+        .unwrap();
     assert!(output(after).is_empty());
     // A retry of a row that was sent resends nothing.
-    let n = admin::outbox::retry(
-        &services.pg,
-        services.settings.relay.max_attempts,
-        &[],
-        true,
-        &mut Vec::new(),
-    )
-    .await
-    .unwrap();
+    let n = admin::outbox::retry(&services.pg, max_attempts, &[], true, &mut Vec::new())
+        .await
+        .unwrap();
     assert_eq!(n, 0);
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.sent().len(), 1);

@@ -5,10 +5,11 @@
 //! tenant's hash, so timing reveals neither which tenant matched nor how much of a hash did.
 
 use std::collections::BTreeMap;
-use std::path::Path;
-use std::sync::Mutex;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwap;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -61,9 +62,9 @@ pub enum Denied {
 /// The token store the API authenticates with, loaded once at start-up: `None` (tenants from
 /// `X-Tenant-Id`, with a warning) when no tokens file is configured. A file that cannot be
 /// read or parsed is an error, so the process refuses to start rather than run unprotected.
-pub fn from_settings(settings: &AuthSettings) -> Result<Option<TokenStore>, AuthFileError> {
+pub fn from_settings(settings: &AuthSettings) -> Result<Option<Tokens>, AuthFileError> {
     match &settings.tokens_file {
-        Some(path) => TokenStore::load(path).map(Some),
+        Some(path) => Tokens::load(path).map(Some),
         None => {
             tracing::warn!(
                 "SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated"
@@ -136,6 +137,69 @@ impl TokenStore {
             bucket.take(Instant::now()).map_err(Denied::RateLimited)?;
         }
         Ok(entry.tenant.clone())
+    }
+}
+
+/// The tokens file as currently loaded, replaceable while requests run: a reload swaps
+/// the whole store at once, so every request is checked against exactly one version of the
+/// file, and no request waits for a reload or is dropped by it.
+pub struct Tokens {
+    path: PathBuf,
+    current: ArcSwap<TokenStore>,
+}
+
+impl Tokens {
+    /// Load `path`: an error if it cannot be read or parsed (start-up refuses to run
+    /// unprotected).
+    pub fn load(path: &Path) -> Result<Self, AuthFileError> {
+        Ok(Self {
+            path: path.to_path_buf(),
+            current: ArcSwap::from_pointee(TokenStore::load(path)?),
+        })
+    }
+
+    /// The store requests are checked against right now.
+    pub fn current(&self) -> Arc<TokenStore> {
+        self.current.load_full()
+    }
+
+    /// Read the file again and switch to it. An invalid file changes nothing: the store in
+    /// use stays, and the error says why. Returns the number of tenants now loaded.
+    /// Per-replica rate-limit buckets start full again in the new store.
+    pub fn reload(&self) -> Result<usize, AuthFileError> {
+        let store = TokenStore::load(&self.path)?;
+        let tenants = store.entries.len();
+        self.current.store(Arc::new(store));
+        Ok(tenants)
+    }
+}
+
+/// Reload `tokens` on every SIGHUP until `shutdown`. Installed even without a tokens file,
+/// so an operator's SIGHUP never kills the process (the default action of the signal).
+pub async fn reload_on_sighup(tokens: Option<Arc<Tokens>>, shutdown: crate::shutdown::Shutdown) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut hangups = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot watch SIGHUP; tokens file reload disabled");
+            return;
+        }
+    };
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return,
+            got = hangups.recv() => if got.is_none() { return },
+        }
+        match &tokens {
+            None => tracing::info!("SIGHUP: no tokens file configured; nothing to reload"),
+            Some(tokens) => match tokens.reload() {
+                Ok(tenants) => tracing::info!(tenants, "SIGHUP: tokens file reloaded"),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "SIGHUP: tokens file not reloaded; the previous one stays in use"
+                ),
+            },
+        }
     }
 }
 
@@ -219,6 +283,40 @@ mod tests {
         .err()
         .unwrap();
         assert!(err.contains("token"), "{err}");
+    }
+
+    #[test]
+    fn reload_switches_files_and_an_invalid_file_keeps_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let write = |token: &str| {
+            std::fs::write(
+                &path,
+                format!(
+                    "[tenants.acme]\ntoken_sha256 = \"{}\"\n",
+                    token_sha256(token)
+                ),
+            )
+            .unwrap()
+        };
+        write("old-token");
+        let tokens = Tokens::load(&path).unwrap();
+        assert!(tokens.current().authenticate("old-token").is_ok());
+        write("new-token");
+        assert!(
+            tokens.current().authenticate("old-token").is_ok(),
+            "nothing changes before a reload"
+        );
+        assert_eq!(tokens.reload().unwrap(), 1);
+        assert!(tokens.current().authenticate("new-token").is_ok());
+        assert_eq!(
+            tokens.current().authenticate("old-token"),
+            Err(Denied::Unauthenticated)
+        );
+        std::fs::write(&path, "[tenants.acme]\ntoken_sha256 = \"nope\"\n").unwrap();
+        let err = tokens.reload().unwrap_err().to_string();
+        assert!(err.contains("64 hex"), "{err}");
+        assert!(tokens.current().authenticate("new-token").is_ok());
     }
 
     #[test]

@@ -33,6 +33,19 @@ pub enum Command {
     /// Inspect and retry outbox rows that need a person.
     #[command(subcommand)]
     Outbox(OutboxCommand),
+    /// Tenant bearer tokens for the tokens file.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a fresh random token once, and the TOML lines that add its hash to the file.
+    New {
+        /// The tenant the token authenticates (1–64 of A-Z a-z 0-9 . _ -).
+        #[arg(long, value_name = "NAME")]
+        tenant: String,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -113,6 +126,16 @@ mod tests {
         assert_eq!(err.exit_code(), 2);
         let text = err.to_string();
         assert!(text.contains("api, worker, relay"), "{text}");
+    }
+
+    #[test]
+    fn token_new_needs_a_tenant() {
+        assert!(Cli::try_parse_from(["summaryd", "token", "new"]).is_err());
+        let cli = Cli::try_parse_from(["summaryd", "token", "new", "--tenant", "acme"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Token(TokenCommand::New { tenant }) if tenant == "acme"
+        ));
     }
 
     #[test]

@@ -131,6 +131,20 @@ pub struct OpsSettings {
 pub struct ApiSettings {
     /// Request bodies above this are refused with 413 before parsing.
     pub max_body_bytes: usize,
+    /// Deadline for receiving a whole request, head and body; a client that has not sent
+    /// it by then gets 408 and its connection is closed.
+    pub request_timeout_ms: u64,
+    /// How long an idle keep-alive connection stays open.
+    pub keep_alive_ms: u64,
+    /// Open connections this process accepts at once; more wait in the kernel's backlog.
+    pub max_connections: usize,
+    /// Request-body bytes all requests of this process may hold at once.
+    pub body_budget_bytes: usize,
+    /// How long a request waits for room in the body budget before it gets 503.
+    pub body_budget_wait_ms: u64,
+    /// After answering a request whose body was not read (an early error), how long the
+    /// connection may drain before it is closed.
+    pub disconnect_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -284,6 +298,22 @@ impl Default for Settings {
             ops: OpsSettings::default(),
             api: ApiSettings {
                 max_body_bytes: 256 * 1024,
+                // A 256 KiB body needs 8 s at 256 kbit/s, a slow mobile uplink; anything
+                // slower is holding memory on purpose.
+                request_timeout_ms: 10_000,
+                keep_alive_ms: 5_000,
+                // actix reads whatever a client has already sent (up to 128 KiB, in a
+                // 256 KiB buffer) before any handler can refuse it, so this bounds the
+                // memory of bodies in flight: 128 x ~0.3 MiB. Measured with 1,000 stalled
+                // 250 KB bodies: peak RSS stays under 64 MiB (README, "Security").
+                max_connections: 128,
+                // 32 bodies at the size limit (24 of them large, see `api::body`), or
+                // thousands of ordinary few-KiB ones.
+                body_budget_bytes: 8 * 1024 * 1024,
+                // Bodies in flight finish in milliseconds; a longer wait only keeps a
+                // refused connection (and actix's buffer for it) alive.
+                body_budget_wait_ms: 100,
+                disconnect_timeout_ms: 500,
             },
             llm: LlmSettings {
                 provider: LlmProvider::Builtin,
@@ -438,6 +468,21 @@ impl Settings {
                 reason: reason.into(),
             })
         };
+        if self.api.max_body_bytes == 0 {
+            return bad("SUMMARYD_API_MAX_BODY_BYTES", "must be at least 1");
+        }
+        if self.api.body_budget_bytes < self.api.max_body_bytes {
+            return bad(
+                "SUMMARYD_API_BODY_BUDGET_BYTES",
+                "must be at least SUMMARYD_API_MAX_BODY_BYTES, or a body at the limit could never be read",
+            );
+        }
+        if self.api.request_timeout_ms == 0 {
+            return bad("SUMMARYD_API_REQUEST_TIMEOUT_MS", "must be positive");
+        }
+        if self.api.max_connections == 0 {
+            return bad("SUMMARYD_API_MAX_CONNECTIONS", "must be at least 1");
+        }
         if self.worker.consumers == 0 {
             return bad("SUMMARYD_WORKER_CONSUMERS", "must be at least 1");
         }

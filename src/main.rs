@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use summaryd::admin::{AdminCommand, AdminError};
 use summaryd::app::Application;
-use summaryd::cli::{Cli, Command, ServeArgs};
+use summaryd::cli::{Cli, Command, ServeArgs, TokenCommand};
 use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
 use summaryd::shutdown::{Shutdown, os_signal};
 use tracing::error;
@@ -29,8 +29,24 @@ fn main() -> ExitCode {
             Command::Migrate => migrate(config).await,
             Command::Dlq(cmd) => admin(config, AdminCommand::Dlq(cmd)).await,
             Command::Outbox(cmd) => admin(config, AdminCommand::Outbox(cmd)).await,
+            Command::Token(TokenCommand::New { tenant }) => token_new(&tenant),
         }
     })
+}
+
+/// Needs no configuration, database or Redis: it only prints.
+fn token_new(tenant: &str) -> ExitCode {
+    match summaryd::admin::token::new(tenant, &mut std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e @ summaryd::admin::token::TokenError::Tenant(..)) => {
+            eprintln!("summaryd: {e}");
+            ExitCode::from(EXIT_CONFIG)
+        }
+        Err(e) => {
+            eprintln!("summaryd: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
 }
 
 fn load_settings(config: Option<&Path>, flags: &FlagOverrides) -> Result<Settings, ExitCode> {

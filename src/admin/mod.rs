@@ -5,6 +5,7 @@
 pub mod dlq;
 pub mod outbox;
 pub mod output;
+pub mod token;
 
 use std::io::Write;
 

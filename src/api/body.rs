@@ -1,6 +1,10 @@
 //! Reading a JSON request body ourselves, so every failure maps to the contract's status:
-//! 415 wrong content type, 413 over the limit, 400 syntax, 422 schema (naming the field).
-//! actix's `web::Json` would answer some of these as text/plain 400s.
+//! 415 wrong content type, 413 over the limit, 400 syntax, 422 schema (naming the field),
+//! 408 too slow, 503 no room in the process's body budget. actix's `web::Json` would
+//! answer some of these as text/plain 400s, and buffers without a process-wide bound.
+
+use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::HttpRequest;
 use actix_web::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
@@ -8,8 +12,11 @@ use actix_web::web::{self, Bytes, BytesMut};
 use futures_util::StreamExt;
 use serde::de::IgnoredAny;
 use serde_json::error::Category;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 use super::problem::ApiError;
+use crate::config::ApiSettings;
 use crate::domain::{SummaryRequest, ValidSummaryRequest};
 
 /// 415 unless the request says `application/json` (parameters allowed, charset only UTF-8,
@@ -38,13 +45,80 @@ pub fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
     }
 }
 
-/// Collect the body, refusing (413) as soon as it exceeds `limit` bytes: a declared
-/// Content-Length over the limit is refused before reading anything.
+/// Bodies up to this size may use the whole budget; larger ones only `LARGE_SHARE` of it.
+/// Ordinary requests are a few KiB, so a flood of large, slow bodies can never take the
+/// room they need.
+const SMALL_BODY_BYTES: usize = 16 * 1024;
+/// The part of the budget (numerator / denominator) that large bodies may hold together.
+const LARGE_SHARE: (usize, usize) = (3, 4);
+
+/// The process-wide budget for request-body bytes in flight. A body is read only once its
+/// whole declared size is reserved, so what the process holds is bounded by the budget,
+/// not by how many clients send at once, and a request that cannot get room is refused
+/// before any of its body is read.
+pub struct BodyBudget {
+    all: Arc<Semaphore>,
+    large: Arc<Semaphore>,
+    wait: Duration,
+}
+
+/// Room for one body; returned to the budget when dropped (when the handler is done).
+pub struct BodyPermit {
+    _all: OwnedSemaphorePermit,
+    _large: Option<OwnedSemaphorePermit>,
+}
+
+impl BodyBudget {
+    pub fn new(settings: &ApiSettings) -> Self {
+        let total = settings.body_budget_bytes;
+        let large = total / LARGE_SHARE.1 * LARGE_SHARE.0;
+        Self {
+            all: Arc::new(Semaphore::new(total.min(Semaphore::MAX_PERMITS))),
+            // At least one body at the limit must fit, or large bodies could never be read.
+            large: Arc::new(Semaphore::new(
+                large
+                    .max(settings.max_body_bytes)
+                    .min(Semaphore::MAX_PERMITS),
+            )),
+            wait: Duration::from_millis(settings.body_budget_wait_ms),
+        }
+    }
+
+    /// Reserve `bytes`, waiting at most the configured time for others to finish.
+    pub async fn reserve(&self, bytes: usize) -> Result<BodyPermit, ApiError> {
+        let n = u32::try_from(bytes).map_err(|_| ApiError::BodyBudgetExhausted)?;
+        let give_up = Instant::now() + self.wait;
+        let take = |sem: &Arc<Semaphore>| {
+            tokio::time::timeout_at(give_up, sem.clone().acquire_many_owned(n))
+        };
+        let large = if bytes > SMALL_BODY_BYTES {
+            match take(&self.large).await {
+                Ok(Ok(permit)) => Some(permit),
+                _ => return Err(ApiError::BodyBudgetExhausted),
+            }
+        } else {
+            None
+        };
+        match take(&self.all).await {
+            Ok(Ok(all)) => Ok(BodyPermit {
+                _all: all,
+                _large: large,
+            }),
+            _ => Err(ApiError::BodyBudgetExhausted),
+        }
+    }
+}
+
+/// Collect the body within the budget and by `deadline`, refusing (413) as soon as it
+/// exceeds `limit` bytes: a declared Content-Length over the limit is refused before
+/// reading anything. Without a Content-Length (chunked), room for `limit` is reserved.
 pub async fn read_limited(
     req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,
-) -> Result<Bytes, ApiError> {
+    budget: &BodyBudget,
+    deadline: Instant,
+) -> Result<(Bytes, BodyPermit), ApiError> {
     let too_large = || ApiError::PayloadTooLarge { limit };
     let declared = req
         .headers()
@@ -54,15 +128,23 @@ pub async fn read_limited(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
-    let mut body = BytesMut::with_capacity(declared.unwrap_or(0));
-    while let Some(chunk) = payload.next().await {
-        let chunk = chunk.map_err(|e| ApiError::UnreadableBody(e.to_string()))?;
-        if body.len() + chunk.len() > limit {
-            return Err(too_large());
+    let read = async {
+        let permit = budget.reserve(declared.unwrap_or(limit)).await?;
+        // Grown as bytes arrive, never sized from the header: a client that declares
+        // 256 KiB and sends 10 bytes costs 10 bytes.
+        let mut body = BytesMut::new();
+        while let Some(chunk) = payload.next().await {
+            let chunk = chunk.map_err(|e| ApiError::UnreadableBody(e.to_string()))?;
+            if body.len() + chunk.len() > limit {
+                return Err(too_large());
+            }
+            body.extend_from_slice(&chunk);
         }
-        body.extend_from_slice(&chunk);
-    }
-    Ok(body.freeze())
+        Ok((body.freeze(), permit))
+    };
+    tokio::time::timeout_at(deadline, read)
+        .await
+        .map_err(|_| ApiError::RequestTimeout)?
 }
 
 /// Parse and validate the body of `POST /v1/summaries`.

@@ -16,6 +16,8 @@ pub const PROBLEM_JSON: &str = "application/problem+json";
 /// A client retrying a 409 sooner than this would only meet the same in-progress marker;
 /// the enqueue behind it normally takes milliseconds.
 const CONFLICT_RETRY_AFTER_S: &str = "1";
+/// Bodies in flight finish in milliseconds, or are cut off at the request deadline.
+const BODY_BUDGET_RETRY_AFTER_S: &str = "1";
 /// Redis and Postgres restarts and failovers take seconds; sooner retries only add load.
 const UNAVAILABLE_RETRY_AFTER_S: &str = "5";
 
@@ -58,6 +60,18 @@ pub enum ApiError {
     UnsupportedMediaType { got: Option<String> },
     #[error("could not read the request body: {0}")]
     UnreadableBody(String),
+    /// The body (or, answered by the HTTP layer, the head) did not arrive in time.
+    #[error("request not received in time")]
+    RequestTimeout,
+    /// The HTTP layer could not parse the request line, a header or Content-Length.
+    #[error("malformed HTTP request")]
+    MalformedRequest,
+    /// The request head is larger than the HTTP layer reads.
+    #[error("request head too large")]
+    HeadTooLarge,
+    /// The process holds as many request-body bytes as its budget allows.
+    #[error("request-body budget exhausted")]
+    BodyBudgetExhausted,
     #[error("a request with this Idempotency-Key is still in progress")]
     InProgress,
     #[error("Idempotency-Key reused with a different body")]
@@ -101,6 +115,10 @@ impl ApiError {
                 ("unsupported-media-type", "Unsupported media type")
             }
             Self::UnreadableBody(_) => ("unreadable-body", "Request body could not be read"),
+            Self::RequestTimeout => ("request-timeout", "Request not received in time"),
+            Self::MalformedRequest => ("malformed-request", "Malformed HTTP request"),
+            Self::HeadTooLarge => ("head-too-large", "Request header fields too large"),
+            Self::BodyBudgetExhausted => ("busy", "Too many request bodies in flight"),
             Self::InProgress => (
                 "idempotency-in-progress",
                 "Request with this key in progress",
@@ -139,6 +157,19 @@ impl ApiError {
                 got.as_deref().unwrap_or("no Content-Type")
             ),
             Self::UnreadableBody(e) => format!("The body could not be read ({e}); send it again."),
+            Self::RequestTimeout => "The request was not received within the server's deadline; \
+                                     send it again at once and in full."
+                .into(),
+            Self::MalformedRequest => "The request line, a header or Content-Length could not be \
+                                       parsed; send a well-formed HTTP/1.1 request."
+                .into(),
+            Self::HeadTooLarge => "The request line and headers must fit in 128 KiB (and at \
+                                   most 96 headers); send fewer or shorter headers."
+                .into(),
+            Self::BodyBudgetExhausted => "The server is reading as many request bodies as it \
+                                          can hold; nothing was read, stored or enqueued. Retry \
+                                          after the Retry-After delay (same Idempotency-Key)."
+                .into(),
             Self::InProgress => "The first request with this Idempotency-Key has not finished; \
                                  retry after the Retry-After delay with the same key and body."
                 .into(),
@@ -194,7 +225,11 @@ impl ResponseError for ApiError {
             }
             Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Self::InProgress => StatusCode::CONFLICT,
-            Self::RedisUnavailable(_)
+            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            Self::MalformedRequest => StatusCode::BAD_REQUEST,
+            Self::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            Self::BodyBudgetExhausted
+            | Self::RedisUnavailable(_)
             | Self::PostgresUnavailable(_)
             | Self::Unavailable(_)
             | Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -207,7 +242,9 @@ impl ResponseError for ApiError {
 
     fn error_response(&self) -> HttpResponse {
         let status = self.status_code();
-        if status.is_server_error() {
+        // A refusal for lack of room is load shedding, counted in the request metrics; a
+        // log line each would flood the log exactly when the process is under attack.
+        if status.is_server_error() && !matches!(self, Self::BodyBudgetExhausted) {
             // The cause stays in the log; the client gets what to do about it.
             tracing::warn!(error = %self, status = status.as_u16(), "request failed");
         }
@@ -225,6 +262,15 @@ impl ResponseError for ApiError {
             }
             Self::RateLimited { retry_after_s } => {
                 builder.insert_header((RETRY_AFTER, retry_after_s.to_string()));
+            }
+            // The rest of the body is not read: close the connection rather than let the
+            // client keep it (and its buffers) open.
+            Self::RequestTimeout => {
+                builder.force_close();
+            }
+            Self::BodyBudgetExhausted => {
+                builder.insert_header((RETRY_AFTER, BODY_BUDGET_RETRY_AFTER_S));
+                builder.force_close();
             }
             _ if status == StatusCode::SERVICE_UNAVAILABLE => {
                 builder.insert_header((RETRY_AFTER, UNAVAILABLE_RETRY_AFTER_S));
@@ -281,6 +327,10 @@ mod tests {
             ApiError::PayloadTooLarge { limit: 10 },
             ApiError::UnsupportedMediaType { got: None },
             ApiError::UnreadableBody("reset".into()),
+            ApiError::RequestTimeout,
+            ApiError::MalformedRequest,
+            ApiError::HeadTooLarge,
+            ApiError::BodyBudgetExhausted,
             ApiError::InProgress,
             ApiError::KeyReused,
             ApiError::RedisUnavailable("down".into()),

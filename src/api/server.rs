@@ -5,10 +5,16 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_http::{HttpService, Protocol};
+use actix_service::{IntoServiceFactory, ServiceFactoryExt, map_config};
 use actix_web::body::MessageBody;
-use actix_web::dev::{Server, Service, ServiceFactory, ServiceRequest, ServiceResponse};
-use actix_web::{App, HttpServer, ResponseError, web};
+use actix_web::dev::{
+    AppConfig, Server, Service, ServiceFactory, ServiceRequest, ServiceResponse, fn_service,
+};
+use actix_web::rt::net::TcpStream;
+use actix_web::{App, ResponseError, web};
 
+use super::connection::ProblemIo;
 use super::problem::ApiError;
 use super::state::{ApiServices, ApiState};
 use super::{health, metrics, openapi, summaries};
@@ -48,10 +54,10 @@ fn routes(
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(state.clone());
         if which != Routes::Api {
-            cfg.route("/healthz", web::get().to(health::healthz))
-                .route("/readyz", web::get().to(health::readyz))
-                .route("/metrics", web::get().to(metrics::metrics))
-                .route("/openapi.json", web::get().to(openapi::openapi_json));
+            cfg.service(get_only("/healthz", health::healthz))
+                .service(get_only("/readyz", health::readyz))
+                .service(get_only("/metrics", metrics::metrics))
+                .service(get_only("/openapi.json", openapi::openapi_json));
         }
         if which != Routes::Ops && state.roles.has(Role::Api) {
             cfg.service(
@@ -75,7 +81,22 @@ fn routes(
     }
 }
 
-/// The whole application, for `HttpServer` and for `actix_web::test::init_service`.
+/// A GET route that answers any other method with 405 + `Allow: GET` (not 404: the
+/// route exists, and the document lists its one method).
+fn get_only<F, Args>(path: &str, handler: F) -> actix_web::Resource
+where
+    F: actix_web::Handler<Args>,
+    Args: actix_web::FromRequest + 'static,
+    F::Output: actix_web::Responder + 'static,
+{
+    web::resource(path)
+        .route(web::get().to(handler))
+        .default_service(web::to(|| async {
+            ApiError::MethodNotAllowed { allow: "GET" }.error_response()
+        }))
+}
+
+/// The whole application, for the HTTP servers and for `actix_web::test::init_service`.
 pub fn app(
     services: ApiServices,
     roles: Roles,
@@ -146,19 +167,57 @@ pub fn build_server(
     let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
     let grace_s = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
     let metrics = services.metrics.clone();
-    let state = state(services, roles, shutdown);
+    let limits = services.settings.api.clone();
+    let state = state(services, roles, shutdown.clone());
+    tokio::spawn(crate::auth::reload_on_sighup(
+        state.services.auth.clone(),
+        shutdown,
+    ));
     let serve = |which: Routes, listener: TcpListener| -> std::io::Result<Server> {
         let config = routes(state.clone(), which);
         let metrics = metrics.clone();
-        let mut server = HttpServer::new(move || app_with(config.clone(), metrics.clone()))
+        let limits = limits.clone();
+        // Probes and scrapes are tiny; one worker thread keeps the ops port from taking a
+        // thread per core away from the API.
+        let workers = match which {
+            Routes::Ops => 1,
+            _ => std::thread::available_parallelism().map_or(1, usize::from),
+        };
+        // actix counts connections per worker thread; the setting is per process.
+        let per_worker = limits.max_connections.div_ceil(workers).max(1);
+        // What actix-web's `HttpServer::listen` builds, with one difference: each connection
+        // is wrapped in `ProblemIo`, so the HTTP layer's own error answers are problem
+        // details too.
+        let builder = Server::build()
+            .workers(workers)
+            .max_concurrent_connections(per_worker)
             .disable_signals()
             .shutdown_timeout(grace_s);
-        if which == Routes::Ops {
-            // Probes and scrapes are tiny; one worker thread keeps the ops port from
-            // taking a thread per core away from the API.
-            server = server.workers(1);
-        }
-        Ok(server.listen(listener)?.run())
+        // Lets keep-alive connections close at once when the server stops, instead of
+        // holding the drain until their idle timeout.
+        let graceful = builder.graceful_shutdown_signal();
+        let server = builder.listen("summaryd-http", listener, move || {
+            let graceful = graceful.clone();
+            let app = app_with(config.clone(), metrics.clone())
+                .into_factory()
+                .map_err(|e| e.error_response());
+            let http = HttpService::build()
+                .graceful_shutdown_signal(move || {
+                    let graceful = graceful.clone();
+                    async move { graceful.notified().await }
+                })
+                // The head; the body has its own deadline of the same length (`api::body`).
+                .client_request_timeout(Duration::from_millis(limits.request_timeout_ms))
+                .keep_alive(Duration::from_millis(limits.keep_alive_ms))
+                .client_disconnect_timeout(Duration::from_millis(limits.disconnect_timeout_ms))
+                .finish(map_config(app, |()| AppConfig::default()));
+            fn_service(|io: TcpStream| async move {
+                let peer = io.peer_addr().ok();
+                Ok((ProblemIo::new(io), Protocol::Http1, peer))
+            })
+            .and_then(http)
+        })?;
+        Ok(server.run())
     };
     Ok(match ops_listener {
         None => HttpServers {

@@ -2,8 +2,9 @@
 
 use std::sync::Arc;
 
+use crate::api::body::BodyBudget;
 use crate::api::idempotency::IdempotencyStore;
-use crate::auth::TokenStore;
+use crate::auth::Tokens;
 use crate::config::Settings;
 use crate::connections::SharedRedis;
 use crate::keys::RedisKeys;
@@ -25,7 +26,8 @@ pub struct ApiServices {
     pub pg: deadpool_postgres::Pool,
     pub metrics: Arc<Metrics>,
     /// Token mode when a tokens file is configured; `None`: tenant from `X-Tenant-Id`.
-    pub auth: Option<Arc<TokenStore>>,
+    /// SIGHUP reloads it (see `auth::reload_on_sighup`).
+    pub auth: Option<Arc<Tokens>>,
 }
 
 pub struct ApiState {
@@ -34,6 +36,8 @@ pub struct ApiState {
     /// Once triggered, /readyz answers 503 so load balancers stop sending traffic.
     pub shutdown: Shutdown,
     pub idempotency: IdempotencyStore,
+    /// Request-body bytes this process may hold at once, shared by all actix workers.
+    pub body_budget: BodyBudget,
 }
 
 impl ApiState {
@@ -44,11 +48,13 @@ impl ApiState {
             services.metrics.clone(),
             &services.settings.idempotency,
         );
+        let body_budget = BodyBudget::new(&services.settings.api);
         Self {
             services,
             roles,
             shutdown,
             idempotency,
+            body_budget,
         }
     }
 }

@@ -1,6 +1,8 @@
 //! `POST /v1/summaries` (accept a job exactly once per Idempotency-Key) and
 //! `GET /v1/summaries/{job_id}` (its state, for the tenant that created it).
 
+use std::time::Duration;
+
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderMap, LOCATION};
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -13,7 +15,7 @@ use super::body;
 use super::idempotency::{Outcome, StoredResponse};
 use super::problem::{ApiError, Problem};
 use super::state::ApiState;
-use super::tenant::Tenant;
+use super::tenant::{Tenant, single_header};
 use crate::db;
 use crate::domain::{IdempotencyKey, Job, JobId};
 use crate::keys::ScopedKey;
@@ -74,14 +76,17 @@ pub struct JobView {
     tag = "summaries",
     request_body(content = CreateSummary, content_type = "application/json"),
     params(
-        ("Idempotency-Key" = String, Header, description = "16–128 visible ASCII characters, unique per logical request; scoped to tenant, method and path"),
-        ("X-Tenant-Id" = String, Header, description = "1–64 characters of [A-Za-z0-9._-]"),
+        ("Idempotency-Key" = String, Header, description = "16–128 visible ASCII characters, unique per logical request; scoped to tenant, method and path. Sent once (a repeated header is 400)",
+            min_length = 16, max_length = 128, pattern = r"^[!-~]{16,128}$"),
+        ("X-Tenant-Id" = String, Header, description = "1–64 characters of [A-Za-z0-9._-]. Sent once (a repeated header is 400). Ignored in token mode",
+            min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._-]{1,64}$"),
     ),
     responses(
         (status = 202, description = "Accepted and queued; a replay of a finished request returns the same status and body plus `Idempotent-Replayed: true`", body = Accepted,
             headers(("Location" = String, description = "/v1/summaries/{job_id}"),
                     ("Idempotent-Replayed" = String, description = "`true` when this is a stored response"))),
-        (status = 400, description = "Idempotency-Key or X-Tenant-Id missing or malformed, or malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "Idempotency-Key or X-Tenant-Id missing, malformed or repeated (an Authorization header repeated too; `header` names it), or malformed JSON", body = Problem, content_type = "application/problem+json"),
+        (status = 408, description = "The body was not received within the request deadline; the connection is closed", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token mode (a tokens file is configured): missing or unknown bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Token mode: the tenant's request rate is exhausted", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
@@ -90,7 +95,7 @@ pub struct JobView {
         (status = 413, description = "Body over the limit (default 256 KiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Content-Type is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Valid JSON not matching the schema (`field` names it), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable: nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "Redis unavailable, or no room for the body in the process's request-body budget (the body is not read and the connection is closed): nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
     )
 )]
@@ -100,10 +105,20 @@ pub async fn create(
     tenant: Tenant,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    let api = &state.services.settings.api;
+    // The head has arrived; the body gets the same time again, then the request is cut.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(api.request_timeout_ms);
     let key = idempotency_key(req.headers())?;
     body::require_json(&req)?;
-    let limit = state.services.settings.api.max_body_bytes;
-    let bytes = body::read_limited(&req, payload, limit).await?;
+    // `_room` returns the body's bytes to the process budget when this handler ends.
+    let (bytes, _room) = body::read_limited(
+        &req,
+        payload,
+        api.max_body_bytes,
+        &state.body_budget,
+        deadline,
+    )
+    .await?;
     let request = body::parse_summary_request(&bytes)?;
     let llm = &state.services.settings.llm;
     if crate::llm::check_input(llm, &request.text).is_err() {
@@ -137,8 +152,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
         header: IDEMPOTENCY_KEY_HEADER,
         message,
     };
-    let raw = headers
-        .get(IDEMPOTENCY_KEY_HEADER)
+    let raw = single_header(headers, IDEMPOTENCY_KEY_HEADER)?
         .ok_or_else(|| {
             invalid("is required: send a unique key of 16–128 visible ASCII characters".into())
         })?
@@ -181,11 +195,12 @@ fn respond(outcome: &Outcome, job_id: JobId) -> Result<HttpResponse, ApiError> {
     tag = "summaries",
     params(
         ("job_id" = String, Path, description = "The job id from the 202 answer"),
-        ("X-Tenant-Id" = String, Header, description = "The tenant that created the job"),
+        ("X-Tenant-Id" = String, Header, description = "The tenant that created the job: 1–64 characters of [A-Za-z0-9._-], sent once. Ignored in token mode",
+            min_length = 1, max_length = 64, pattern = r"^[A-Za-z0-9._-]{1,64}$"),
     ),
     responses(
         (status = 200, description = "The job's state", body = JobView),
-        (status = 400, description = "X-Tenant-Id missing or malformed", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "X-Tenant-Id missing, malformed or repeated (an Authorization header repeated too; `header` names it)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token mode: missing or unknown bearer token", body = Problem, content_type = "application/problem+json"),
         (status = 429, description = "Token mode: the tenant's request rate is exhausted", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),

@@ -5,7 +5,7 @@
 use std::future::{Ready, ready};
 
 use actix_web::dev::Payload;
-use actix_web::http::header::{AUTHORIZATION, HeaderMap};
+use actix_web::http::header::{HeaderMap, HeaderValue};
 use actix_web::{FromRequest, HttpRequest, web};
 
 use super::problem::ApiError;
@@ -14,6 +14,25 @@ use crate::auth::{Denied, TokenStore};
 use crate::domain::TenantId;
 
 pub const TENANT_HEADER: &str = "X-Tenant-Id";
+const AUTHORIZATION_HEADER: &str = "Authorization";
+
+/// The one value of `name`, if sent. A header that identifies the caller or the request
+/// must not be ambiguous: a proxy that appends instead of replacing would otherwise let
+/// the first value (the client's own) win, so a repeated one is a 400 naming it.
+pub fn single_header<'a>(
+    headers: &'a HeaderMap,
+    name: &'static str,
+) -> Result<Option<&'a HeaderValue>, ApiError> {
+    let mut values = headers.get_all(name);
+    let first = values.next();
+    if values.next().is_some() {
+        return Err(ApiError::InvalidHeader {
+            header: name,
+            message: "was sent more than once; send it exactly once".into(),
+        });
+    }
+    Ok(first)
+}
 
 /// The tenant a request acts for; extracting it fails with a 400 problem.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,8 +44,7 @@ impl Tenant {
             header: TENANT_HEADER,
             message,
         };
-        let raw = headers
-            .get(TENANT_HEADER)
+        let raw = single_header(headers, TENANT_HEADER)?
             .ok_or_else(|| invalid("is required: name the tenant this request is for".into()))?
             .to_str()
             .map_err(|_| invalid("must contain only visible ASCII characters".into()))?;
@@ -37,8 +55,7 @@ impl Tenant {
 
     /// Token mode: `Authorization: Bearer <token>` names the tenant.
     pub fn from_token(headers: &HeaderMap, store: &TokenStore) -> Result<Self, ApiError> {
-        let value = headers
-            .get(AUTHORIZATION)
+        let value = single_header(headers, AUTHORIZATION_HEADER)?
             .ok_or(ApiError::Unauthorized("no Authorization header"))?
             .to_str()
             .map_err(|_| ApiError::Unauthorized("malformed Authorization header"))?;
@@ -65,12 +82,18 @@ impl FromRequest for Tenant {
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let store = req
+        let tokens = req
             .app_data::<web::Data<ApiState>>()
             .and_then(|state| state.services.auth.clone());
-        ready(match store {
-            Some(store) => Self::from_token(req.headers(), &store),
-            None => Self::from_headers(req.headers()),
-        })
+        let headers = req.headers();
+        // Both are refused when repeated in either mode: which one a proxy rewrites
+        // should not depend on how this server is configured.
+        let checked = single_header(headers, TENANT_HEADER)
+            .and_then(|_| single_header(headers, AUTHORIZATION_HEADER));
+        ready(checked.and_then(|_| match tokens {
+            // The file as loaded now; a reload swaps it whole, never mid-request.
+            Some(tokens) => Self::from_token(headers, &tokens.current()),
+            None => Self::from_headers(headers),
+        }))
     }
 }

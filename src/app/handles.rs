@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use crate::api::ApiServices;
-use crate::auth::TokenStore;
+use crate::auth::Tokens;
 use crate::config::Settings;
 use crate::connections::{self, ConnectError, SharedRedis};
 use crate::keys::RedisKeys;
@@ -49,7 +49,7 @@ impl Handles {
     }
 
     /// The HTTP side's share; `auth` is the loaded tokens file, if the role api runs with one.
-    pub fn api(&self, auth: Option<Arc<TokenStore>>) -> ApiServices {
+    pub fn api(&self, auth: Option<Arc<Tokens>>) -> ApiServices {
         ApiServices {
             settings: self.settings.clone(),
             keys: self.keys.clone(),

@@ -11,6 +11,7 @@ mod shared;
 
 mod backends;
 mod chaos;
+mod front_door;
 mod kill_api;
 mod kill_worker;
 mod pg_drop;

@@ -305,7 +305,7 @@ impl Default for Settings {
                 // actix reads whatever a client has already sent (up to 128 KiB, in a
                 // 256 KiB buffer) before any handler can refuse it, so this bounds the
                 // memory of bodies in flight: 128 x ~0.3 MiB. Measured with 1,000 stalled
-                // 250 KB bodies: peak RSS stays under 64 MiB (README, "Security").
+                // 250 KB bodies: peak RSS stays under 64 MiB (README, "Security: the HTTP front door").
                 max_connections: 128,
                 // 32 bodies at the size limit (24 of them large, see `api::body`), or
                 // thousands of ordinary few-KiB ones.

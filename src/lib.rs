@@ -14,6 +14,7 @@ pub mod db;
 pub mod domain;
 pub mod durability;
 pub mod failure;
+pub mod healthcheck;
 pub mod http_client;
 pub mod keys;
 #[cfg(test)]

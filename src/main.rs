@@ -30,6 +30,7 @@ fn main() -> ExitCode {
             Command::Dlq(cmd) => admin(config, AdminCommand::Dlq(cmd)).await,
             Command::Outbox(cmd) => admin(config, AdminCommand::Outbox(cmd)).await,
             Command::Token(TokenCommand::New { tenant }) => token_new(&tenant),
+            Command::Healthcheck(args) => summaryd::healthcheck::run(config, &args),
         }
     })
 }

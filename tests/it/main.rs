@@ -9,6 +9,7 @@ mod app;
 mod auth;
 mod backends;
 mod front_door;
+mod healthcheck;
 mod idempotency;
 mod model_api_retries;
 mod properties;

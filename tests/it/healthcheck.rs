@@ -1,0 +1,97 @@
+//! `summaryd healthcheck` (the image's HEALTHCHECK) against a real running summaryd, a server
+//! answering something other than 200, a server that never answers, and a closed port.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use summaryd::app::Application;
+use summaryd::healthcheck::{HealthcheckError, check};
+use summaryd::roles::Roles;
+use summaryd::shutdown::Shutdown;
+
+use crate::common::http_stub::{HttpStub, Reply};
+use crate::common::{FakeLlm, FakeMailer, TestEnv};
+
+/// Runs the real binary, as a container runtime would, with no configuration of its own.
+async fn healthcheck_binary(listen: &str) -> (i32, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_summaryd"))
+        .args(["healthcheck", "--listen", listen, "--timeout-ms", "1000"])
+        .env_remove("SUMMARYD_CONFIG")
+        .output()
+        .await
+        .expect("run summaryd healthcheck");
+    let code = out.status.code().expect("exited, not killed by a signal");
+    (code, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+#[tokio::test]
+async fn healthcheck_exits_0_while_summaryd_serves_and_1_once_it_is_gone() {
+    let env = TestEnv::new().await;
+    let app = Application::build(
+        env.settings.clone(),
+        Roles::all(),
+        Arc::new(FakeLlm::ok()),
+        Arc::new(FakeMailer::new()),
+        false,
+    )
+    .await
+    .expect("build app");
+    let port = app.port();
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(app.run(shutdown.clone()));
+
+    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let checked = tokio::task::spawn_blocking(move || check(addr, Duration::from_secs(2)))
+        .await
+        .unwrap();
+    assert!(checked.is_ok(), "{checked:?}");
+    // 0.0.0.0 is how a container configures the listener; the check dials loopback.
+    let (code, stderr) = healthcheck_binary(&format!("0.0.0.0:{port}")).await;
+    assert_eq!(code, 0, "stderr: {stderr}");
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("app stops")
+        .expect("no panic")
+        .expect("clean exit");
+    let (code, stderr) = healthcheck_binary(&format!("0.0.0.0:{port}")).await;
+    assert_eq!(code, 1, "a stopped server is unhealthy");
+    assert!(stderr.contains("cannot connect"), "{stderr}");
+}
+
+#[tokio::test]
+async fn healthcheck_fails_on_any_status_but_200_and_names_it() {
+    let stub = HttpStub::start(Reply::text(503, "draining")).await;
+    let addr = stub.addr;
+    let err = tokio::task::spawn_blocking(move || check(addr, Duration::from_secs(2)))
+        .await
+        .unwrap()
+        .expect_err("503 is unhealthy");
+    assert!(matches!(err, HealthcheckError::Status { .. }), "{err:?}");
+    assert!(err.to_string().contains("503"), "{err}");
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 1);
+    assert_eq!(requests[0].path, "/healthz");
+
+    let (code, stderr) = healthcheck_binary(&addr.to_string()).await;
+    assert_eq!(code, 1, "{stderr}");
+}
+
+#[tokio::test]
+async fn healthcheck_gives_up_on_a_server_that_never_answers() {
+    let stub = HttpStub::start(Reply::Hang).await;
+    let addr = stub.addr;
+    let started = Instant::now();
+    let err = tokio::task::spawn_blocking(move || check(addr, Duration::from_millis(300)))
+        .await
+        .unwrap()
+        .expect_err("no answer is unhealthy");
+    assert!(matches!(err, HealthcheckError::Io { .. }), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "bounded by the timeout, took {:?}",
+        started.elapsed()
+    );
+}

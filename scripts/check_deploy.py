@@ -29,6 +29,17 @@ SCHEMAS = REPO / "deploy" / "schemas"
 # The oldest Kubernetes the manifests support (policy/v1 PDBs, autoscaling/v2 HPAs, both GA
 # long before it) and the newest the installed kubernetes-validate knows.
 KUBERNETES_VERSIONS = ["1.29.0", kubernetes_validate.utils.latest_version()]
+# Trigger metadata is a free-form string map in the CRD, and KEDA ignores keys it does not
+# know, so a misspelt `lagCount` would silently scale on something else. These are the keys
+# of KEDA's redis-streams scaler (pkg/scalers/redis_streams_scaler.go and the connection
+# keys of redis_scaler.go, at the commit deploy/schemas/README.md names).
+REDIS_STREAMS_METADATA = {
+    "stream", "consumerGroup", "lagCount", "pendingEntriesCount", "streamLength",
+    "activationLagCount", "databaseIndex", "enableTLS", "unsafeSsl",
+    "address", "addresses", "host", "hosts", "port", "ports", "username", "password",
+    "sentinelUsername", "sentinelPassword", "sentinelMaster",
+    "addressFromEnv", "hostFromEnv", "portFromEnv", "usernameFromEnv", "passwordFromEnv",
+}
 CRDS = {
     ("keda.sh", "ScaledObject"): "keda.sh_scaledobjects.yaml",
     ("keda.sh", "TriggerAuthentication"): "keda.sh_triggerauthentications.yaml",
@@ -176,6 +187,9 @@ def rules(objects, where):
             if t["type"] != "redis-streams":
                 continue
             meta = t["metadata"]
+            unknown = sorted(set(meta) - REDIS_STREAMS_METADATA)
+            if unknown:
+                errors.append(f"{name}: redis-streams trigger metadata KEDA does not know: {unknown}")
             # The names summaryd uses (src/keys.rs), so a rename there cannot silently leave
             # the autoscaler watching an empty stream.
             if f'"{meta.get("consumerGroup")}"' not in keys_rs:

@@ -99,6 +99,7 @@ fn tokens_example() -> String {
 
 /// Loads `pairs` as the process environment through the real settings loader; returns the
 /// names it ignored (not settings) or the error it refused them with.
+#[allow(clippy::result_large_err)] // figment's Jail API fixes the closure's error type
 fn load_as_env(pairs: &[(String, String)]) -> Result<Vec<String>, String> {
     let tokens = tokens_example();
     let mut outcome = Ok(Vec::new());
@@ -167,7 +168,10 @@ fn every_summaryd_variable_in_the_deployment_files_is_a_setting_with_a_valid_val
             file.display()
         );
     }
-    assert!(checked >= 20, "only {checked} variables found: the walk is broken");
+    assert!(
+        checked >= 20,
+        "only {checked} variables found: the walk is broken"
+    );
 }
 
 #[test]

@@ -2,16 +2,14 @@
 //! answering something other than 200, a server that never answers, and a closed port.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use summaryd::app::Application;
 use summaryd::healthcheck::{HealthcheckError, check};
 use summaryd::roles::Roles;
 use summaryd::shutdown::Shutdown;
 
-use crate::common::http_stub::{HttpStub, Reply};
-use crate::common::{FakeLlm, FakeMailer, TestEnv};
+use crate::shared::TestEnv;
+use crate::shared::http_stub::{HttpStub, Reply};
 
 /// Runs the real binary, as a container runtime would, with no configuration of its own.
 async fn healthcheck_binary(listen: &str) -> (i32, String) {
@@ -28,15 +26,7 @@ async fn healthcheck_binary(listen: &str) -> (i32, String) {
 #[tokio::test]
 async fn healthcheck_exits_0_while_summaryd_serves_and_1_once_it_is_gone() {
     let env = TestEnv::new().await;
-    let app = Application::build(
-        env.settings.clone(),
-        Roles::all(),
-        Arc::new(FakeLlm::ok()),
-        Arc::new(FakeMailer::new()),
-        false,
-    )
-    .await
-    .expect("build app");
+    let app = env.services().application(Roles::all()).await;
     let port = app.port();
     let shutdown = Shutdown::new();
     let task = tokio::spawn(app.run(shutdown.clone()));

@@ -7,9 +7,10 @@
 #
 # Checked in CI without a container engine (scripts/check-deploy.sh): hadolint lints this
 # file, and CI runs the very build command of the stage below (`cargo build --release
-# --locked --bin summaryd`, read from this file) and the built binary's healthcheck, so a
-# change that breaks the image's build breaks CI too. Keep that RUN line as it is, or change
-# scripts/check-deploy.sh with it.
+# --locked --bin summaryd`, read from this file) and checks that the binary it builds has
+# the `healthcheck` subcommand HEALTHCHECK uses, so a change that breaks the image's build
+# breaks CI too. Keep that RUN line as it is, or change scripts/check-deploy.sh with it.
+# Not covered without an engine: the base images and the apt-get step.
 
 # ---- build ------------------------------------------------------------------------------
 FROM rust:1-bookworm AS builder

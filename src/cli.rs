@@ -36,14 +36,14 @@ pub enum Command {
     /// Tenant bearer tokens for the tokens file.
     #[command(subcommand)]
     Token(TokenCommand),
-    /// GET /healthz of the summaryd listening at the configured address; exit 0 on 200,
-    /// 1 otherwise (for container health checks: the image has no curl).
+    /// GET /healthz of the summaryd configured here (on SUMMARYD_OPS_LISTEN when set, else
+    /// SUMMARYD_LISTEN); exit 0 on 200, 1 otherwise (container health checks: no curl).
     Healthcheck(HealthcheckArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct HealthcheckArgs {
-    /// Address to check (overrides SUMMARYD_LISTEN); 0.0.0.0 and [::] mean loopback.
+    /// Address to check instead of the configured one; 0.0.0.0 and [::] mean loopback.
     #[arg(long, value_name = "ADDR")]
     pub listen: Option<SocketAddr>,
     /// Deadline for the connect and for each read and write.

@@ -41,21 +41,15 @@ pub enum HealthcheckError {
 /// `summaryd healthcheck`: exit 0 when healthy, 1 for anything else, configuration errors
 /// included (Docker reserves exit code 2 of a health check, so 2 is never used here).
 pub fn run(config: Option<&Path>, args: &HealthcheckArgs) -> ExitCode {
-    let flags = FlagOverrides {
-        listen: args.listen,
-        ..FlagOverrides::default()
-    };
-    let settings = match Settings::load(config, &flags) {
+    let settings = match Settings::load(config, &FlagOverrides::default()) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("summaryd healthcheck: {e}");
             return ExitCode::FAILURE;
         }
     };
-    match check(
-        healthz_addr(&settings),
-        Duration::from_millis(args.timeout_ms),
-    ) {
+    let addr = args.listen.unwrap_or_else(|| healthz_addr(&settings));
+    match check(addr, Duration::from_millis(args.timeout_ms)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("summaryd healthcheck: {e}");
@@ -64,10 +58,10 @@ pub fn run(config: Option<&Path>, args: &HealthcheckArgs) -> ExitCode {
     }
 }
 
-/// Where `/healthz` is served: today always the main listener, so this is the one place to
-/// change when the ops routes get a listener of their own.
+/// Where `/healthz` is served: the ops listener when there is one (the main listener then
+/// answers it with 404), else the main listener.
 fn healthz_addr(settings: &Settings) -> SocketAddr {
-    settings.listen
+    settings.ops.listen.unwrap_or(settings.listen)
 }
 
 /// One HTTP/1.1 GET of `/healthz` on `listen`; `timeout` bounds the connect and each read

@@ -13,12 +13,22 @@ use crate::shared::http_stub::{HttpStub, Reply};
 
 /// Runs the real binary, as a container runtime would, with no configuration of its own.
 async fn healthcheck_binary(listen: &str) -> (i32, String) {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_summaryd"))
-        .args(["healthcheck", "--listen", listen, "--timeout-ms", "1000"])
+    healthcheck_with(&["--listen", listen], &[]).await
+}
+
+async fn healthcheck_with(args: &[&str], env: &[(&str, String)]) -> (i32, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_summaryd"));
+    command
+        .arg("healthcheck")
+        .args(args)
+        .args(["--timeout-ms", "1000"])
         .env_remove("SUMMARYD_CONFIG")
-        .output()
-        .await
-        .expect("run summaryd healthcheck");
+        .env_remove("SUMMARYD_LISTEN")
+        .env_remove("SUMMARYD_OPS_LISTEN");
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let out = command.output().await.expect("run summaryd healthcheck");
     let code = out.status.code().expect("exited, not killed by a signal");
     (code, String::from_utf8_lossy(&out.stderr).into_owned())
 }
@@ -84,4 +94,39 @@ async fn healthcheck_gives_up_on_a_server_that_never_answers() {
         "bounded by the timeout, took {:?}",
         started.elapsed()
     );
+}
+
+#[tokio::test]
+async fn healthcheck_uses_the_ops_listener_when_one_is_configured() {
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    settings.ops.listen = Some("127.0.0.1:0".parse().unwrap());
+    let app = env
+        .services()
+        .settings(settings)
+        .application(Roles::all())
+        .await;
+    let (port, ops_port) = (app.port(), app.ops_port().expect("ops listener"));
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(app.run(shutdown.clone()));
+
+    let main = ("SUMMARYD_LISTEN", format!("0.0.0.0:{port}"));
+    let ops = ("SUMMARYD_OPS_LISTEN", format!("0.0.0.0:{ops_port}"));
+    let (code, stderr) = healthcheck_with(&[], &[main.clone(), ops]).await;
+    assert_eq!(
+        code, 0,
+        "the configured ops listener answers /healthz: {stderr}"
+    );
+    // The same process configured without the ops listener asks the main one, which no
+    // longer serves /healthz: so the success above came from the ops port.
+    let (code, stderr) = healthcheck_with(&[], &[main]).await;
+    assert_eq!(code, 1, "{stderr}");
+    assert!(stderr.contains("404"), "{stderr}");
+
+    shutdown.trigger();
+    tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("app stops")
+        .expect("no panic")
+        .expect("clean exit");
 }

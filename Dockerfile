@@ -64,7 +64,8 @@ USER 10001:10001
 # Inside a container the listener must not be loopback-only.
 ENV SUMMARYD_LISTEN=0.0.0.0:8080
 EXPOSE 8080
-# GET /healthz on SUMMARYD_LISTEN with the binary itself: the image has no curl or wget.
+# GET /healthz with the binary itself (on SUMMARYD_OPS_LISTEN when set, else
+# SUMMARYD_LISTEN): the image has no curl or wget.
 # Liveness only (never a dependency check), so an outage of Redis or Postgres does not mark
 # every container unhealthy. Kubernetes ignores HEALTHCHECK and uses the manifests' probes.
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10s --retries=3 \

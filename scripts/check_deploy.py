@@ -163,21 +163,43 @@ def rules(objects, where):
                 "livenessProbe": "/healthz",
             }
             ports = {p.get("name") for p in c.get("ports", [])} | {p["containerPort"] for p in c.get("ports", [])}
+            by_name = {p.get("name"): p["containerPort"] for p in c.get("ports", [])}
+            # Where summaryd serves the ops routes: SUMMARYD_OPS_LISTEN's port, else the
+            # main listener's.
+            ops_listen = env.get("SUMMARYD_OPS_LISTEN") or env.get("SUMMARYD_LISTEN", ":8080")
+            ops_port = int(ops_listen.rsplit(":", 1)[1])
             for probe, path in probes.items():
                 get = c.get(probe, {}).get("httpGet", {})
+                port = by_name.get(get.get("port"), get.get("port"))
                 if get.get("path") != path:
                     errors.append(f"{name}: {probe} must GET {path}")
                 elif get.get("port") not in ports:
                     errors.append(f"{name}: {probe} port {get.get('port')!r} is not a container port")
+                elif port != ops_port:
+                    errors.append(f"{name}: {probe} on port {port}, but the ops routes are on {ops_port}")
+            annotations = pod["metadata"].get("annotations", {})
+            if annotations.get("prometheus.io/port") != str(ops_port):
+                errors.append(f"{name}: prometheus.io/port is not the ops routes' port {ops_port}")
     for s in by_kind.get("Service", []):
         selected = [d for d in deployments if labels_match(s["spec"]["selector"], d["spec"]["template"]["metadata"].get("labels", {}))]
         if not selected:
             errors.append(f"{where}: Service/{s['metadata']['name']} selects no Deployment's pods")
         for d in selected:
-            names = {p.get("name") for c in d["spec"]["template"]["spec"]["containers"] for p in c.get("ports", [])}
+            containers = d["spec"]["template"]["spec"]["containers"]
+            names = {p.get("name") for c in containers for p in c.get("ports", [])}
+            ops = {
+                int(e["value"].rsplit(":", 1)[1])
+                for c in containers
+                for e in c.get("env", [])
+                if e["name"] == "SUMMARYD_OPS_LISTEN"
+            }
             for port in s["spec"]["ports"]:
-                if port.get("targetPort") not in names:
-                    errors.append(f"{where}: Service/{s['metadata']['name']} targets port {port.get('targetPort')!r}, absent from Deployment/{d['metadata']['name']}")
+                target = port.get("targetPort")
+                if target not in names:
+                    errors.append(f"{where}: Service/{s['metadata']['name']} targets port {target!r}, absent from Deployment/{d['metadata']['name']}")
+                number = next((p["containerPort"] for c in containers for p in c.get("ports", []) if p.get("name") == target), target)
+                if number in ops:
+                    errors.append(f"{where}: Service/{s['metadata']['name']} exposes the ops port {number}")
     for so in by_kind.get("ScaledObject", []):
         name = f"{where}: ScaledObject/{so['metadata']['name']}"
         if so["spec"]["scaleTargetRef"]["name"] not in {d["metadata"]["name"] for d in deployments}:

@@ -14,13 +14,6 @@ use serde_yaml_ng::Value;
 use summaryd::auth::TokenStore;
 use summaryd::config::{FlagOverrides, Settings};
 
-/// Named in a deployment file ahead of the summaryd version that reads it. Each must still be
-/// unknown (the test says so when it stops being), so the list cannot outlive its reason.
-const PENDING: [&str; 1] = [
-    // components/ops-port, for the separate ops listener; off in both overlays until then.
-    "SUMMARYD_OPS_LISTEN",
-];
-
 /// Not a setting: the config file's path (`--config`), which the test does not read.
 const CONFIG_PATH_VAR: &str = "SUMMARYD_CONFIG";
 
@@ -158,13 +151,9 @@ fn every_summaryd_variable_in_the_deployment_files_is_a_setting_with_a_valid_val
         checked += pairs.len();
         let ignored = load_as_env(&pairs)
             .unwrap_or_else(|e| panic!("{}: summaryd refuses its settings: {e}", file.display()));
-        let unknown: Vec<_> = ignored
-            .iter()
-            .filter(|name| !PENDING.contains(&name.as_str()))
-            .collect();
         assert!(
-            unknown.is_empty(),
-            "{} names variables summaryd ignores: {unknown:?}",
+            ignored.is_empty(),
+            "{} names variables summaryd ignores: {ignored:?}",
             file.display()
         );
     }
@@ -185,20 +174,6 @@ fn the_dockerfile_sets_only_settings() {
         .collect();
     assert!(!pairs.is_empty(), "the Dockerfile sets SUMMARYD_LISTEN");
     assert_eq!(load_as_env(&pairs), Ok(Vec::new()));
-}
-
-#[test]
-fn pending_variables_are_still_unknown_to_summaryd() {
-    for name in PENDING {
-        let ignored = load_as_env(&[(name.to_owned(), "0.0.0.0:9090".to_owned())])
-            .unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(
-            ignored,
-            vec![name.to_owned()],
-            "summaryd now reads {name}: remove it from PENDING, and consider enabling \
-             components/ops-port in the overlays"
-        );
-    }
 }
 
 #[test]

@@ -14,10 +14,10 @@ pub enum Jitter {
     /// Uniform in `[0, step]`: callers that failed together (workers that hit the same 429)
     /// spread out as far as possible. Fits attempts bounded by a deadline, not a count.
     Full,
-    /// Uniform in `[step/2, step]`. For attempts bounded by a count (outbox rows): full
-    /// jitter may draw near-zero waits several times in a row and burn them within seconds
-    /// of a provider outage; keeping half of each step makes the attempts span a real outage,
-    /// while the random half still spreads rows that failed together.
+    /// Uniform in `[step/2, step]`. For outbox rows: full jitter may draw near-zero waits
+    /// several times in a row and crowd a row's attempts into the first seconds of a provider
+    /// outage; keeping half of each step spreads them over the outage, while the random half
+    /// still spreads rows that failed together.
     Equal,
 }
 

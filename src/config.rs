@@ -240,7 +240,12 @@ pub struct WorkerSettings {
 #[serde(deny_unknown_fields)]
 pub struct RelaySettings {
     pub tasks: usize,
+    /// No effect: transient failures never make a row stuck, only `give_up_s` does. Kept
+    /// so configurations that set it stay valid.
     pub max_attempts: i32,
+    /// A row failing transiently for longer than this since it was created (or retried by
+    /// a person) needs a person: listed by `outbox stuck`, no longer sent by itself.
+    pub give_up_s: u64,
     pub poll_ms: u64,
     pub backoff_ms: u64,
     pub max_backoff_ms: u64,
@@ -248,6 +253,12 @@ pub struct RelaySettings {
     pub batch: i64,
     /// How long a claimed row is reserved for one relay; must exceed `mail.timeout_ms`.
     pub lease_ms: u64,
+}
+
+impl RelaySettings {
+    pub fn give_up(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(self.give_up_s)
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -345,6 +356,8 @@ impl Default for Settings {
             relay: RelaySettings {
                 tasks: 1,
                 max_attempts: 10,
+                // A day: any mail outage the on-call can be expected to notice and fix.
+                give_up_s: 86_400,
                 poll_ms: 500,
                 backoff_ms: 1_000,
                 max_backoff_ms: 300_000,
@@ -513,8 +526,8 @@ impl Settings {
                 "must not exceed SUMMARYD_RELAY_MAX_BACKOFF_MS",
             );
         }
-        if self.relay.max_attempts < 1 {
-            return bad("SUMMARYD_RELAY_MAX_ATTEMPTS", "must be at least 1");
+        if self.relay.give_up_s == 0 {
+            return bad("SUMMARYD_RELAY_GIVE_UP_S", "must be positive");
         }
         if self.relay.batch < 1 {
             return bad("SUMMARYD_RELAY_BATCH", "must be at least 1");

@@ -33,6 +33,12 @@ impl RedisKeys {
         format!("{}jobs:summaries:dead", self.prefix)
     }
 
+    /// A consumer's liveness mark: set with a TTL and refreshed by the live process that
+    /// runs the consumer, so consumer cleanup can tell a gone consumer from a quiet one.
+    pub fn consumer_alive(&self, consumer: &str) -> String {
+        format!("{}jobs:summaries:alive:{consumer}", self.prefix)
+    }
+
     /// Per-job state the API and the dead-letter path keep until Postgres has the summary.
     pub fn job(&self, job_id: JobId) -> String {
         format!("{}job:{job_id}", self.prefix)

@@ -5,7 +5,7 @@ use std::io::Write;
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
 use crate::keys::RedisKeys;
-use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayOutcome};
+use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayError, ReplayOutcome};
 
 impl Row for DeadLetter {
     const COLUMNS: &'static [&'static str] = &["id", "job_id", "tenant", "reason", "failed_at"];
@@ -33,33 +33,56 @@ pub async fn list(
     Ok(())
 }
 
-/// Replay the given dead entries (or all). Returns how many went back onto the stream;
-/// unknown ids are reported and skipped, so running the same replay twice is harmless.
+/// What a replay did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplayReport {
+    /// Entries put back onto the job stream.
+    pub replayed: usize,
+    /// Entries that are not a job (no valid job id or payload) and stay dead-lettered.
+    /// Malformed messages are exactly what gets dead-lettered, so one of them must not stop
+    /// the others from being replayed; a nonzero count makes the command exit 1.
+    pub malformed: usize,
+}
+
+/// Replay the given dead entries (or all). Unknown ids are reported and skipped, so running
+/// the same replay twice is harmless; malformed entries are reported, skipped and counted.
 pub async fn replay(
     redis: &deadpool_redis::Pool,
     keys: &RedisKeys,
     ids: &[String],
     all: bool,
     out: &mut impl Write,
-) -> Result<usize, AdminError> {
+) -> Result<ReplayReport, AdminError> {
     let mut conn = redis.get().await?;
     let ids = if all {
         dlq::all_ids(&mut conn, keys).await?
     } else {
         ids.to_vec()
     };
-    let mut replayed = 0;
+    let mut report = ReplayReport::default();
     for id in &ids {
-        match dlq::replay(&mut conn, keys, id).await? {
-            ReplayOutcome::Replayed { job_id, stream_id } => {
-                replayed += 1;
+        match dlq::replay(&mut conn, keys, id).await {
+            Ok(ReplayOutcome::Replayed { job_id, stream_id }) => {
+                report.replayed += 1;
                 writeln!(out, "replayed {id}: job {job_id} queued as {stream_id}")?;
             }
-            ReplayOutcome::NotFound => {
+            Ok(ReplayOutcome::NotFound) => {
                 writeln!(out, "skipped {id}: not in the dead-letter stream")?
             }
+            Err(e @ ReplayError::NotAJob(_)) => {
+                report.malformed += 1;
+                writeln!(out, "skipped {id}: {e}; it stays dead-lettered")?
+            }
+            Err(e @ ReplayError::Redis(_)) => return Err(e.into()),
         }
     }
-    writeln!(out, "{replayed} of {} replayed", ids.len())?;
-    Ok(replayed)
+    writeln!(out, "{} of {} replayed", report.replayed, ids.len())?;
+    if report.malformed > 0 {
+        writeln!(
+            out,
+            "{} malformed entries skipped (not jobs; see `summaryd dlq list`)",
+            report.malformed
+        )?;
+    }
+    Ok(report)
 }

@@ -29,6 +29,9 @@ pub enum AdminError {
     Replay(#[from] crate::stream::dead_letters::ReplayError),
     #[error("writing output: {0}")]
     Io(#[from] std::io::Error),
+    /// `dlq replay` replayed the rest but skipped these: they still need a person.
+    #[error("{0} dead-lettered entries are not jobs and were skipped; they stay dead-lettered")]
+    SkippedMalformed(usize),
 }
 
 /// An operator command, as the command line names it.
@@ -59,7 +62,11 @@ async fn run_dlq(
     match command {
         DlqCommand::List { limit, json } => dlq::list(&redis, &keys, limit, json, out).await,
         DlqCommand::Replay { ids, all } => {
-            dlq::replay(&redis, &keys, &ids, all, out).await.map(|_| ())
+            let report = dlq::replay(&redis, &keys, &ids, all, out).await?;
+            match report.malformed {
+                0 => Ok(()),
+                n => Err(AdminError::SkippedMalformed(n)),
+            }
         }
     }
 }
@@ -70,10 +77,10 @@ async fn run_outbox(
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
     let pg = connections::pg_pool(settings)?;
-    let max_attempts = settings.relay.max_attempts;
+    let give_up = settings.relay.give_up();
     match command {
-        OutboxCommand::Stuck { json } => outbox::stuck(&pg, max_attempts, json, out).await,
-        OutboxCommand::Retry { ids, all } => outbox::retry(&pg, max_attempts, &ids, all, out)
+        OutboxCommand::Stuck { json } => outbox::stuck(&pg, give_up, json, out).await,
+        OutboxCommand::Retry { ids, all } => outbox::retry(&pg, give_up, &ids, all, out)
             .await
             .map(|_| ()),
     }

@@ -1,6 +1,7 @@
 //! `summaryd outbox stuck` and `summaryd outbox retry`.
 
 use std::io::Write;
+use std::time::Duration;
 
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
@@ -29,28 +30,30 @@ impl Row for StuckRow {
     }
 }
 
-/// Rows that need a person: failed permanently, or `max_attempts` (`relay.max_attempts`) used up.
+/// Rows that need a person: failed permanently, or failing past `give_up`
+/// (`relay.give_up_s`) since they were created or last retried.
 pub async fn stuck(
     pg: &deadpool_postgres::Pool,
-    max_attempts: i32,
+    give_up: Duration,
     json: bool,
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
-    let rows = outbox::stuck(pg, max_attempts).await?;
+    let rows = outbox::stuck(pg, give_up).await?;
     print_rows(out, &rows, json)?;
     Ok(())
 }
 
-/// Make stuck rows eligible for the relay again; returns how many were reset.
+/// Make stuck rows eligible for the relay again, restarting their give-up horizon; returns
+/// how many were reset.
 pub async fn retry(
     pg: &deadpool_postgres::Pool,
-    max_attempts: i32,
+    give_up: Duration,
     ids: &[i64],
     all: bool,
     out: &mut impl Write,
 ) -> Result<u64, AdminError> {
     let ids = if all { None } else { Some(ids) };
-    let n = outbox::retry(pg, max_attempts, ids).await?;
+    let n = outbox::retry(pg, give_up, ids).await?;
     writeln!(out, "{n} outbox row(s) will be sent again")?;
     Ok(n)
 }

@@ -42,7 +42,7 @@ pub async fn healthz() -> HttpResponse {
     tag = "operations",
     responses(
         (status = 200, description = "The dependencies of the enabled roles answer (api, worker: Redis and Postgres; relay: Postgres)", body = Health),
-        (status = 503, description = "A dependency does not answer, or shutdown has begun", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "A dependency does not answer, the worker or relay loop failed its last passes (the detail says which and why), or shutdown has begun", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
     )
 )]
@@ -79,11 +79,25 @@ pub async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, ApiError
             }
         }
     }
-    if !failing.is_empty() {
-        return Err(ApiError::NotReady(format!(
-            "{} not answering",
-            failing.join(" and ")
-        )));
+    // A loop whose every pass fails is not ready even when its dependencies answer a ping
+    // (a missing table, a stream key of the wrong type): say which, and why.
+    let mut broken = Vec::new();
+    for (role, passes, reason) in services.metrics.failing_loops() {
+        let enabled = role
+            .parse::<crate::roles::Role>()
+            .is_ok_and(|r| roles.has(r));
+        if enabled {
+            let why = format!("{passes} consecutive failed passes; last: {reason}");
+            broken.push(format!("{role} loop: {why}"));
+        }
+    }
+    if !failing.is_empty() || !broken.is_empty() {
+        let mut reasons = Vec::new();
+        if !failing.is_empty() {
+            reasons.push(format!("{} not answering", failing.join(" and ")));
+        }
+        reasons.extend(broken);
+        return Err(ApiError::NotReady(reasons.join("; ")));
     }
     Ok(HttpResponse::Ok().json(Health {
         status: "ready".into(),

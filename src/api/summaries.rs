@@ -14,10 +14,11 @@ use uuid::Uuid;
 use super::body;
 use super::idempotency::{Outcome, StoredResponse};
 use super::problem::{ApiError, Problem};
+use super::state::ApiServices;
 use super::state::ApiState;
 use super::tenant::{Tenant, single_header};
 use crate::db;
-use crate::domain::{IdempotencyKey, Job, JobId};
+use crate::domain::{IdempotencyKey, Job, JobId, TenantId};
 use crate::keys::ScopedKey;
 use crate::stream::job_state::{self, Status};
 
@@ -222,14 +223,40 @@ pub async fn get(
     };
     let raw = req.match_info().get("job_id").unwrap_or_default();
     let job_id: JobId = raw.parse().map_err(|_| not_found())?;
-    let services = &state.services;
+    match read_job(&state.services, &tenant.0, job_id, std::future::ready(())).await? {
+        Some(view) => Ok(HttpResponse::Ok().json(view)),
+        None => Err(not_found()),
+    }
+}
 
-    // Postgres is the truth once a summary exists; Redis knows the jobs still in flight.
+/// What GET answers for `job_id` and `tenant`; `None` is a 404.
+///
+/// The job state (Redis) is read first and the summary (Postgres) second, and a summary
+/// wins. That order cannot miss an accepted job: the state exists from the 202 until the
+/// worker's acknowledgement removes it, which happens only after the summary committed. So
+/// if the first read finds no state because the job was just acknowledged, the second read
+/// finds its summary; the other order could read "no summary yet", then "no state any more"
+/// and answer 404 for a job that is done. `between_reads` runs between the two reads; the
+/// handler passes a no-op, tests use it to commit and acknowledge the job right there.
+///
+/// When Redis cannot be read, a summary still answers (a done job needs only Postgres);
+/// otherwise the Redis error is the answer (503), never a 404.
+pub async fn read_job(
+    services: &ApiServices,
+    tenant: &TenantId,
+    job_id: JobId,
+    between_reads: impl Future<Output = ()>,
+) -> Result<Option<JobView>, ApiError> {
+    let state = match services.redis_shared.get().await {
+        Ok(mut conn) => job_state::get(&mut conn, &services.keys, job_id).await,
+        Err(e) => Err(e),
+    };
+    between_reads.await;
     if let Some(row) = db::summaries::find(&services.pg, job_id).await? {
-        if row.tenant != tenant.0.as_str() {
-            return Err(not_found());
+        if row.tenant != tenant.as_str() {
+            return Ok(None);
         }
-        return Ok(HttpResponse::Ok().json(JobView {
+        return Ok(Some(JobView {
             job_id: job_id.as_uuid(),
             status: JobStatus::Done,
             summary: Some(row.summary),
@@ -238,9 +265,8 @@ pub async fn get(
             completed_at: Some(row.completed_at),
         }));
     }
-    let mut conn = services.redis_shared.get().await?;
-    match job_state::get(&mut conn, &services.keys, job_id).await? {
-        Some(s) if s.tenant == tenant.0.as_str() => Ok(HttpResponse::Ok().json(JobView {
+    Ok(match state? {
+        Some(s) if s.tenant == tenant.as_str() => Some(JobView {
             job_id: job_id.as_uuid(),
             status: match s.status {
                 Status::Failed => JobStatus::Failed,
@@ -250,7 +276,7 @@ pub async fn get(
             error: s.error,
             created_at: s.created_at,
             completed_at: None,
-        })),
-        _ => Err(not_found()),
-    }
+        }),
+        _ => None,
+    })
 }

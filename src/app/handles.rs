@@ -15,7 +15,7 @@ use crate::llm::Llm;
 use crate::mail::Mailer;
 use crate::metrics::Metrics;
 use crate::relay::RelayServices;
-use crate::worker::WorkerServices;
+use crate::worker::{DependencyGate, WorkerServices};
 
 #[derive(Clone)]
 pub struct Handles {
@@ -25,6 +25,9 @@ pub struct Handles {
     pub redis_shared: SharedRedis,
     pub pg: deadpool_postgres::Pool,
     pub metrics: Arc<Metrics>,
+    /// Whether this process's consumers may take work (closed while a dependency is down);
+    /// one per process, so every consumer stops when one sees the dependency go.
+    pub worker_gate: Arc<DependencyGate>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +47,7 @@ impl Handles {
             redis_shared: SharedRedis::new(redis_client),
             pg: connections::pg_pool(&settings)?,
             metrics: Arc::new(Metrics::new()?),
+            worker_gate: Arc::new(DependencyGate::new()),
             settings: Arc::new(settings),
         })
     }
@@ -69,6 +73,7 @@ impl Handles {
             pg: self.pg.clone(),
             llm,
             metrics: self.metrics.clone(),
+            gate: self.worker_gate.clone(),
         }
     }
 

@@ -141,7 +141,6 @@ impl Application {
             None
         };
         let llm = if roles.has(Role::Worker) {
-            crate::worker::warn_about_settings(&settings);
             Some(providers.llm(&settings)?)
         } else {
             None

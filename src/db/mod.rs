@@ -35,6 +35,27 @@ pub enum DbError {
     },
 }
 
+impl DbError {
+    /// Whether the database could not serve us at all, as opposed to refusing what one job
+    /// brought. Down, unreachable, restarting, out of connections, failed over to a read-only
+    /// replica, a table or permission missing: none of that is the job's fault, and a worker
+    /// must not spend the job's deliveries on it (`docs/delivery.md`). Only data exceptions
+    /// (SQLSTATE class 22) and integrity violations (23) can come from a job's own content.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            DbError::Pool(_) | DbError::Tls { .. } => true,
+            // No SQLSTATE: the connection closed, timed out or failed at the socket.
+            DbError::Query(e) => e
+                .code()
+                .is_none_or(|code| !matches!(code.code().get(..2), Some("22" | "23"))),
+            DbError::InvalidUrl(_)
+            | DbError::Build(_)
+            | DbError::Migration(_)
+            | DbError::TlsConfig(_) => false,
+        }
+    }
+}
+
 /// Connecting must fail fast when Postgres is down so callers can answer 503 or retry.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// A request waits this long for a free connection before it counts as unavailable.

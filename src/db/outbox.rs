@@ -32,7 +32,9 @@ pub struct OutboxRow {
     pub claim_token: Uuid,
 }
 
-/// A row that needs a person: failed permanently, or out of attempts (`summaryd outbox stuck`).
+/// A row that needs a person (`summaryd outbox stuck`): failed permanently, or still failing
+/// transiently past the give-up horizon (`SUMMARYD_RELAY_GIVE_UP_S` since it was created or
+/// last retried by a person).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StuckRow {
     pub id: i64,
@@ -53,37 +55,45 @@ fn interval_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).map_or(MAX_INTERVAL_MS, |ms| ms.min(MAX_INTERVAL_MS))
 }
 
+/// A row that has failed and has kept failing for longer than the give-up horizon (`$1`,
+/// milliseconds). Rows never tried are never past it: a relay that was down for a day still
+/// sends what piled up. Transient failures alone never park a row before the horizon, so a
+/// provider outage shorter than it needs nobody.
+const PAST_GIVE_UP: &str = "(attempts > 0 AND coalesce(retry_from, created_at) \
+                            <= now() - $1::bigint * interval '1 millisecond')";
+
 /// Lease up to `batch` due rows to the caller, oldest first, in one statement.
 ///
 /// `FOR UPDATE SKIP LOCKED` makes concurrent relays skip rows another claim is taking right
 /// now, and the lease condition makes them skip rows another relay holds; the row locks last
 /// only for this statement. Rows of a relay that crashed come back once `lease` has passed.
+/// Rows past `give_up` are left for a person.
 pub async fn claim_due(
     pool: &Pool,
     batch: i64,
-    max_attempts: i32,
+    give_up: Duration,
     lease: Duration,
 ) -> Result<Vec<OutboxRow>, DbError> {
     let client = pool.get().await?;
     let stmt = client
-        .prepare_cached(
+        .prepare_cached(&format!(
             "UPDATE outbox \
                 SET claimed_until = now() + $3::bigint * interval '1 millisecond', \
                     claim_token = gen_random_uuid() \
               WHERE id IN ( \
                     SELECT id FROM outbox \
                      WHERE sent_at IS NULL AND failed_at IS NULL \
-                       AND attempts < $1 \
+                       AND NOT {PAST_GIVE_UP} \
                        AND next_attempt_at <= now() \
                        AND (claimed_until IS NULL OR claimed_until < now()) \
                      ORDER BY id \
                      LIMIT $2 \
                      FOR UPDATE SKIP LOCKED) \
-          RETURNING id, topic, dedupe_key, payload, attempts, claim_token",
-        )
+          RETURNING id, topic, dedupe_key, payload, attempts, claim_token"
+        ))
         .await?;
     let rows = client
-        .query(&stmt, &[&max_attempts, &batch, &interval_ms(lease)])
+        .query(&stmt, &[&interval_ms(give_up), &batch, &interval_ms(lease)])
         .await?;
     let mut claimed: Vec<OutboxRow> = rows.iter().map(outbox_row).collect::<Result<_, _>>()?;
     // RETURNING follows no particular order; keep "oldest first" for the caller.
@@ -119,33 +129,55 @@ pub async fn mark_sent(pool: &Pool, id: i64) -> Result<bool, DbError> {
     Ok(client.execute(&stmt, &[&id]).await? == 1)
 }
 
+/// What recording a transient failure left the row as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransientMark {
+    /// Failed attempts so far, this one included.
+    pub attempts: i32,
+    /// The row has now failed past the give-up horizon: it needs a person.
+    pub past_give_up: bool,
+}
+
 /// A failure a later attempt may fix: count it and make the row due again after `backoff`.
 ///
-/// Returns the row's attempts after this failure, or `None` when the claim is no longer
-/// ours (lease expired and the row was re-claimed or finished): then nothing is changed.
+/// Returns the row's state after this failure, or `None` when the claim is no longer ours
+/// (lease expired and the row was re-claimed or finished): then nothing is changed.
 pub async fn mark_failed_transient(
     pool: &Pool,
     id: i64,
     claim_token: Uuid,
     error: &str,
     backoff: Duration,
-) -> Result<Option<i32>, DbError> {
+    give_up: Duration,
+) -> Result<Option<TransientMark>, DbError> {
     let client = pool.get().await?;
     let stmt = client
-        .prepare_cached(
+        .prepare_cached(&format!(
             "UPDATE outbox \
-                SET attempts = attempts + 1, last_error = $3, \
-                    next_attempt_at = now() + $4::bigint * interval '1 millisecond', \
+                SET attempts = attempts + 1, last_error = $4, \
+                    next_attempt_at = now() + $5::bigint * interval '1 millisecond', \
                     claimed_until = NULL, claim_token = NULL \
-              WHERE id = $1 AND claim_token = $2 AND sent_at IS NULL \
-          RETURNING attempts",
-        )
+              WHERE id = $2 AND claim_token = $3 AND sent_at IS NULL \
+          RETURNING attempts, {PAST_GIVE_UP}"
+        ))
         .await?;
     let row = client
-        .query_opt(&stmt, &[&id, &claim_token, &error, &interval_ms(backoff)])
+        .query_opt(
+            &stmt,
+            &[
+                &interval_ms(give_up),
+                &id,
+                &claim_token,
+                &error,
+                &interval_ms(backoff),
+            ],
+        )
         .await?;
     Ok(match row {
-        Some(row) => Some(row.try_get(0)?),
+        Some(row) => Some(TransientMark {
+            attempts: row.try_get(0)?,
+            past_give_up: row.try_get(1)?,
+        }),
         None => None,
     })
 }
@@ -171,19 +203,22 @@ pub async fn mark_failed_permanent(
     Ok(client.execute(&stmt, &[&id, &claim_token, &error]).await? == 1)
 }
 
-/// Unsent rows the relay will not pick up again by itself.
-const STUCK: &str = "sent_at IS NULL AND (failed_at IS NOT NULL OR attempts >= $1)";
+/// Unsent rows the relay will not pick up again by itself (`$1` is the give-up horizon).
+fn stuck_rows() -> String {
+    format!("sent_at IS NULL AND (failed_at IS NOT NULL OR {PAST_GIVE_UP})")
+}
 
-/// Rows that need a person, oldest first. `max_attempts` is the relay's current setting.
-pub async fn stuck(pool: &Pool, max_attempts: i32) -> Result<Vec<StuckRow>, DbError> {
+/// Rows that need a person, oldest first. `give_up` is the relay's current horizon.
+pub async fn stuck(pool: &Pool, give_up: Duration) -> Result<Vec<StuckRow>, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
             &format!(
                 "SELECT id, payload->>($2::text), topic, dedupe_key, attempts, last_error, created_at \
-                   FROM outbox WHERE {STUCK} ORDER BY id"
+                   FROM outbox WHERE {} ORDER BY id",
+                stuck_rows()
             ),
-            &[&max_attempts, &SummaryReady::JOB_ID_FIELD],
+            &[&interval_ms(give_up), &SummaryReady::JOB_ID_FIELD],
         )
         .await?;
     rows.iter()
@@ -201,27 +236,30 @@ pub async fn stuck(pool: &Pool, max_attempts: i32) -> Result<Vec<StuckRow>, DbEr
         .collect()
 }
 
-/// Make stuck rows eligible for the relay again with a fresh attempt budget; `None` = all.
+/// Make stuck rows eligible for the relay again, with the give-up horizon restarting now
+/// and the backoff from its first step; `None` = all.
 ///
 /// Only stuck rows are touched (ids of sent or still-retrying rows are ignored), so a
 /// retry can never resend a delivered email or cut short a lease a relay is working under.
 /// `last_error` is kept for the record until the next attempt overwrites it.
 /// Returns how many rows were made eligible.
-pub async fn retry(pool: &Pool, max_attempts: i32, ids: Option<&[i64]>) -> Result<u64, DbError> {
+pub async fn retry(pool: &Pool, give_up: Duration, ids: Option<&[i64]>) -> Result<u64, DbError> {
     let client = pool.get().await?;
     let set = "UPDATE outbox SET failed_at = NULL, attempts = 0, next_attempt_at = now(), \
-               claimed_until = NULL, claim_token = NULL";
+               retry_from = now(), claimed_until = NULL, claim_token = NULL";
+    let stuck = stuck_rows();
+    let give_up = interval_ms(give_up);
     let n = match ids {
         None => {
             client
-                .execute(&format!("{set} WHERE {STUCK}"), &[&max_attempts])
+                .execute(&format!("{set} WHERE {stuck}"), &[&give_up])
                 .await?
         }
         Some(ids) => {
             client
                 .execute(
-                    &format!("{set} WHERE {STUCK} AND id = ANY($2)"),
-                    &[&max_attempts, &ids],
+                    &format!("{set} WHERE {stuck} AND id = ANY($2)"),
+                    &[&give_up, &ids],
                 )
                 .await?
         }

@@ -36,6 +36,14 @@ pub async fn exists(pool: &Pool, job_id: JobId) -> Result<bool, DbError> {
         .is_some())
 }
 
+/// The worker's readiness probe: the statement its pre-check runs, for a job id no job has,
+/// so it proves the connection, the table and the permission a delivery needs.
+pub async fn probe(pool: &Pool) -> Result<(), DbError> {
+    exists(pool, JobId::from(uuid::Uuid::nil()))
+        .await
+        .map(|_| ())
+}
+
 pub async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbError> {
     let client = pool.get().await?;
     let stmt = client

@@ -17,9 +17,11 @@ use crate::failure::{Disposition, Failure};
 /// TCP + TLS to an email API takes well under a second; 5 s means it is down, and the row
 /// is retried after its backoff rather than holding its lease.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The 4xx statuses a later send can fix (timeout, rate limit); every 5xx too. Any other 4xx
-/// is the request's fault (the table in docs/providers.md).
-const TRANSIENT_4XX: [u16; 2] = [408, 429];
+/// The 4xx statuses a later send can fix (timeout, rate limit, and 409: an email API answers
+/// it to a resend whose idempotency key it is still processing, and the next attempt gets
+/// that send's outcome); every 5xx too. Any other 4xx is the request's fault (the table in
+/// docs/providers.md).
+const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
 /// Error bodies are read only for the excerpt; more than this is never useful.
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 
@@ -113,13 +115,13 @@ mod tests {
 
     #[test]
     fn classifies_statuses_like_the_contract() {
-        for s in [408, 429, 500, 502, 503, 504] {
+        for s in [408, 409, 429, 500, 502, 503, 504] {
             assert!(
                 classify(StatusCode::from_u16(s).unwrap()).is_transient(),
                 "{s}"
             );
         }
-        for s in [400, 401, 403, 404, 409, 413, 422] {
+        for s in [400, 401, 403, 404, 413, 422] {
             assert!(
                 !classify(StatusCode::from_u16(s).unwrap()).is_transient(),
                 "{s}"

@@ -34,3 +34,13 @@ pub enum RelayError {
     #[error("outbox relay database error: {0}")]
     Db(#[from] DbError),
 }
+
+impl RelayError {
+    /// The `kind` label of `summaryd_loop_errors_total`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RelayError::Db(DbError::Query(e)) if e.code().is_some() => "postgres_error",
+            RelayError::Db(_) => "postgres_unavailable",
+        }
+    }
+}

@@ -22,7 +22,7 @@ pub struct PassReport {
     pub sent: usize,
     /// Rows that failed transiently and wait for their backoff.
     pub retrying: usize,
-    /// Rows that failed permanently or ran out of attempts: they need a person.
+    /// Rows that failed permanently or past the give-up horizon: they need a person.
     pub stuck: usize,
     /// Rows whose lease ran out before the outcome was recorded (another relay owns them).
     pub lost_claims: usize,
@@ -39,7 +39,7 @@ pub async fn relay_pass(services: &RelayServices) -> Result<PassReport, RelayErr
     let rows = outbox::claim_due(
         &services.pg,
         relay.batch,
-        relay.max_attempts,
+        relay.give_up(),
         Duration::from_millis(relay.lease_ms),
     )
     .await?;
@@ -93,16 +93,28 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
         }
         // Provider down, slow or rate-limiting: resend after the row's backoff.
         Err(Failure::Transient(err)) => {
+            // Capped (SUMMARYD_RELAY_MAX_BACKOFF_MS) and unbounded in count: a provider outage
+            // of any length shorter than the give-up horizon ends with the row sent.
             let failures = u32::try_from(row.attempts).unwrap_or(0);
             let backoff = row_backoff(relay).delay(failures);
-            match outbox::mark_failed_transient(pg, row.id, row.claim_token, &err, backoff).await? {
+            let mark = outbox::mark_failed_transient(
+                pg,
+                row.id,
+                row.claim_token,
+                &err,
+                backoff,
+                relay.give_up(),
+            )
+            .await?;
+            match mark {
                 None => Ok(lost_claim(row, &err)),
-                Some(attempts) if attempts >= relay.max_attempts => {
-                    error!(id = row.id, dedupe_key = %row.dedupe_key, attempts, error = %err,
-                        "outbox row out of attempts; it needs a person (summaryd outbox stuck / retry)");
+                Some(mark) if mark.past_give_up => {
+                    error!(id = row.id, dedupe_key = %row.dedupe_key, attempts = mark.attempts, error = %err,
+                        give_up_s = relay.give_up_s,
+                        "outbox row still failing past the give-up horizon; it needs a person (summaryd outbox stuck / retry)");
                     Ok(Outcome::Stuck)
                 }
-                Some(attempts) => {
+                Some(outbox::TransientMark { attempts, .. }) => {
                     warn!(id = row.id, dedupe_key = %row.dedupe_key, attempts, error = %err,
                         retry_in_ms = backoff.as_millis() as u64, "outbox send failed; will retry");
                     Ok(Outcome::Retrying)

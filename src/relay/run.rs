@@ -40,6 +40,7 @@ async fn drive(services: RelayServices, shutdown: Shutdown) -> Result<(), RelayE
     while !shutdown.is_triggered() {
         let wait = match relay_pass(&services).await {
             Ok(report) => {
+                services.metrics.loop_succeeded("relay");
                 if db_failures > 0 {
                     info!("outbox relay reconnected to the database");
                 }
@@ -51,6 +52,9 @@ async fn drive(services: RelayServices, shutdown: Shutdown) -> Result<(), RelayE
                 poll
             }
             Err(e) => {
+                services
+                    .metrics
+                    .loop_failed("relay", e.kind(), &e.to_string());
                 let wait = db_backoff.delay(db_failures);
                 db_failures = db_failures.saturating_add(1);
                 warn!(error = %e, retry_in_ms = wait.as_millis() as u64, "outbox relay pass failed");

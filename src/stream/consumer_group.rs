@@ -2,10 +2,13 @@
 //! reclaim idle ones, count deliveries, acknowledge finished jobs, and remove consumers
 //! that are gone.
 //!
-//! Thin wrappers over single Redis commands (or one MULTI/EXEC); the decisions about what to
-//! do with a delivery live in the worker's consumer loop (`worker/consumer.rs`).
+//! Thin wrappers over single Redis commands, one MULTI/EXEC or a short owner-checked script;
+//! the decisions about what to do with a delivery live in the worker's consumer loop
+//! (`worker/consumer.rs`). `docs/delivery.md` explains the delivery accounting.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
 
 use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
@@ -119,6 +122,77 @@ pub async fn delivery_count<C: ConnectionLike + Send + Sync>(
         .map(|p| u64::try_from(p.times_delivered).unwrap_or(u64::MAX)))
 }
 
+/// Re-claim an entry this consumer holds, only if it still holds it: reset its idle time
+/// (so no XAUTOCLAIM takes it from a live delivery) and move its delivery count by
+/// `adjust`. Owner-checked in one script, because a plain XCLAIM would take the entry from
+/// whoever reclaimed it meanwhile.
+///
+/// - `0`: extend the claim of a running delivery.
+/// - `-1`: refund a delivery that never tried the job (a dependency was down).
+/// - `+1`: hand the held entry to this consumer again as a counted delivery.
+///
+/// Returns the delivery count after the change, or `None` when the entry is no longer
+/// pending for `consumer` (acknowledged, dead-lettered or reclaimed by another consumer):
+/// then nothing was changed.
+///
+/// KEYS[1] job stream   ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id   ARGV[4] adjust
+static CLAIM_OWN: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAIM_OWN_LUA));
+const CLAIM_OWN_LUA: &str = r"
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #pending == 0 then return false end
+local count = tonumber(pending[1][4]) + tonumber(ARGV[4])
+if count < 0 then count = 0 end
+redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', count, 'JUSTID')
+return count
+";
+
+pub async fn claim_own<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    consumer: &str,
+    msg_id: &str,
+    adjust: i64,
+) -> redis::RedisResult<Option<u64>> {
+    CLAIM_OWN
+        .key(keys.stream())
+        .arg(GROUP)
+        .arg(consumer)
+        .arg(msg_id)
+        .arg(adjust)
+        .invoke_async(conn)
+        .await
+}
+
+/// Mark `consumer` alive for `ttl`. The process running the consumer refreshes the mark
+/// well before it expires; a process that is gone (kill -9 included) stops refreshing it.
+///
+/// Why not the consumer's idle time: on Redis 7.0 an XREADGROUP or XAUTOCLAIM that returns
+/// nothing does not reset it, so on a quiet system a live consumer looks as idle as a dead one.
+pub async fn mark_alive<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    consumer: &str,
+    ttl: Duration,
+) -> redis::RedisResult<()> {
+    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    redis::cmd("SET")
+        .arg(keys.consumer_alive(consumer))
+        .arg(1)
+        .arg("PX")
+        .arg(ttl_ms)
+        .query_async(conn)
+        .await
+}
+
+/// Drop `consumer`'s mark (a consumer that stops cleanly).
+pub async fn clear_alive<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    consumer: &str,
+) -> redis::RedisResult<()> {
+    conn.del(keys.consumer_alive(consumer)).await
+}
+
 /// Acknowledge a finished job and drop its Redis job state, in one MULTI/EXEC: once
 /// Postgres has the summary, it is the truth, and the state must not outlive the ack.
 pub async fn ack_done<C: ConnectionLike + Send + Sync>(
@@ -133,9 +207,15 @@ pub async fn ack_done<C: ConnectionLike + Send + Sync>(
     pipe.query_async(conn).await
 }
 
-/// Delete a consumer only if it still has nothing pending, atomically: XGROUP DELCONSUMER
-/// discards the consumer's pending entries, which would lose jobs if it took one meanwhile.
-const DELETE_IF_IDLE: &str = r"
+/// Delete a consumer only if its liveness mark is gone and it still has nothing pending,
+/// atomically: XGROUP DELCONSUMER discards the consumer's pending entries, which would lose
+/// jobs if it took one meanwhile, and a consumer whose process lives keeps its mark.
+///
+/// KEYS[1] job stream   KEYS[2] the consumer's liveness mark   ARGV[1] group   ARGV[2] consumer
+static DELETE_IF_GONE: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(DELETE_IF_GONE_LUA));
+const DELETE_IF_GONE_LUA: &str = r"
+if redis.call('EXISTS', KEYS[2]) == 1 then return -1 end
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', 1, ARGV[2])
 if #pending == 0 then
   return redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], ARGV[2])
@@ -143,8 +223,10 @@ end
 return -1
 ";
 
-/// Remove consumers of the group that have been idle longer than `idle_ms` and hold no
-/// pending entries (processes that are gone), never `own`. Returns the removed names.
+/// Remove consumers of the group whose process is gone: no liveness mark, nothing pending,
+/// and idle longer than `idle_ms` (the idle test keeps consumers of a version that writes
+/// no mark, during a rolling upgrade, from being removed while they work). Never `own`.
+/// Returns the removed names.
 pub async fn remove_idle_consumers<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
@@ -152,15 +234,15 @@ pub async fn remove_idle_consumers<C: ConnectionLike + Send + Sync>(
     idle_ms: u64,
 ) -> redis::RedisResult<Vec<String>> {
     let info: StreamInfoConsumersReply = conn.xinfo_consumers(keys.stream(), GROUP).await?;
-    let script = redis::Script::new(DELETE_IF_IDLE);
     let mut removed = Vec::new();
     for consumer in info.consumers {
         let idle = u64::try_from(consumer.idle).unwrap_or(u64::MAX);
         if consumer.name == own || consumer.pending > 0 || idle <= idle_ms {
             continue;
         }
-        let result: i64 = script
+        let result: i64 = DELETE_IF_GONE
             .key(keys.stream())
+            .key(keys.consumer_alive(&consumer.name))
             .arg(GROUP)
             .arg(&consumer.name)
             .invoke_async(conn)

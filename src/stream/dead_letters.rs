@@ -31,16 +31,19 @@ pub struct DeadLetter {
     pub failed_at: String,
 }
 
-/// XADD the entry (its original fields plus reason, original id and time) to the
-/// dead-letter stream, XACK it, and mark the job failed, all in one MULTI/EXEC: a job is
-/// never both pending and dead, nor dead without GET saying so.
+/// Move the entry `msg_id`, pending for `consumer`, to the dead-letter stream (its original
+/// fields plus reason, original id and time) and mark the job failed, in one script; see
+/// [`DEAD_LETTER_LUA`]. Returns false when the entry was no longer pending for `consumer`
+/// (acknowledged by a delivery that finished, or reclaimed by another consumer): then
+/// nothing was written, and whoever holds the entry decides its fate.
 pub async fn add<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
+    consumer: &str,
     msg_id: &str,
     fields: &HashMap<String, Value>,
     reason: &str,
-) -> redis::RedisResult<()> {
+) -> redis::RedisResult<bool> {
     let failed_at = job_entry::timestamp(Utc::now());
     // Keep every original field a replay needs; ours go last and win on a name clash.
     let mut entry: Vec<(String, Vec<u8>)> = fields
@@ -54,18 +57,55 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     entry.push((ORIGINAL_ID.into(), msg_id.as_bytes().to_vec()));
     entry.push((FAILED_AT.into(), failed_at.into_bytes()));
 
-    let mut pipe = redis::pipe();
-    pipe.atomic()
-        .xadd(keys.dead_letters(), "*", &entry)
-        .ignore()
-        .xack(keys.stream(), GROUP, &[msg_id])
-        .ignore();
-    // A malformed entry may have no usable job id; then there is no job state to update.
-    if let Some(job_id) = job_entry::job_id(fields) {
-        job_state::add_failed(&mut pipe, &keys.job(job_id), reason);
+    let mut invocation = DEAD_LETTER.prepare_invoke();
+    invocation.key(keys.stream()).key(keys.dead_letters());
+    // A malformed entry may have no usable job id; then there is no job state to update
+    // (and the third key, never touched, is the dead-letter stream again).
+    match job_entry::job_id(fields) {
+        Some(job_id) => {
+            invocation.key(keys.job(job_id));
+            invocation.arg(GROUP).arg(consumer).arg(msg_id);
+            job_state::pass_failed(&mut invocation, reason);
+        }
+        None => {
+            invocation.key(keys.dead_letters());
+            invocation.arg(GROUP).arg(consumer).arg(msg_id).arg(0);
+        }
     }
-    pipe.query_async(conn).await
+    for (name, value) in &entry {
+        invocation.arg(name).arg(value);
+    }
+    let dead_id: Option<String> = invocation.invoke_async(conn).await?;
+    Ok(dead_id.is_some())
 }
+
+/// The dead-letter step.
+///
+/// Only if the entry is still pending for this consumer: a delivery that was reclaimed from
+/// us, or that finished elsewhere, is not ours to bury (a dead letter for a job that then
+/// completes, or a `failed` state with no tenant recreated for a finished job, was the
+/// result). The dead entry is written first: the only command that can fail (XADD on a key
+/// of the wrong type) then fails before any write, so the job is never acknowledged without
+/// its dead letter. Then XACK, then the job state, and only while the state still exists:
+/// a finished job's state is gone and must stay gone. (Removing the finished entry from the
+/// job stream belongs in this same step, after the XACK.)
+///
+/// KEYS[1] job stream   KEYS[2] dead-letter stream   KEYS[3] job state hash
+/// ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id
+/// ARGV[4] n, ARGV[5 .. 4+n] job-state fields and values (`job_state::pass_failed`)
+/// ARGV[5+n ..] the dead entry's fields and values
+static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| Script::new(DEAD_LETTER_LUA));
+const DEAD_LETTER_LUA: &str = r"
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
+if #pending == 0 then return false end
+local n = tonumber(ARGV[4])
+local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n))
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('HSET', KEYS[3], unpack(ARGV, 5, 4 + n))
+end
+return dead_id
+";
 
 /// Re-enqueue one dead entry and delete it, atomically: the entry is either still in the
 /// dead-letter stream or back on the job stream with its state `queued`, never both or

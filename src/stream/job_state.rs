@@ -124,10 +124,15 @@ impl Queued {
     }
 }
 
-/// Mark the job dead-lettered, with the reason GET reports.
-pub(crate) fn add_failed(pipe: &mut Pipeline, key: &str, reason: &str) {
-    pipe.hset_multiple(key, &[(STATUS, Status::Failed.as_str()), (ERROR, reason)])
-        .ignore();
+/// Mark the job dead-lettered, with the reason GET reports: handed to the dead-letter
+/// script as `n`, then `n` field and value arguments for `HSET key unpack(ARGV, i + 1, i + n)`.
+pub(crate) fn pass_failed(script: &mut ScriptInvocation, reason: &str) {
+    script
+        .arg(4)
+        .arg(STATUS)
+        .arg(Status::Failed.as_str())
+        .arg(ERROR)
+        .arg(reason);
 }
 
 /// Drop the state: once Postgres has the summary, it is the truth.

@@ -4,6 +4,8 @@
 use std::time::Duration;
 
 use super::WorkerServices;
+use super::gate::POSTGRES;
+use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome};
 use crate::domain::Job;
 use crate::failure::Failure;
@@ -18,21 +20,48 @@ pub enum JobOutcome {
     Duplicate,
 }
 
+/// Why a delivery did not finish the job.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum JobError {
+    /// The job was tried and failed; the classification says whether a later delivery may
+    /// succeed (leave it pending) or not (dead-letter it).
+    #[error(transparent)]
+    Failed(#[from] Failure),
+    /// A dependency the delivery needs did not answer, so the job itself was not tried to
+    /// the end. The consumer asks the dependency directly; if it is down, the delivery does
+    /// not count and the consumers wait for it (`docs/delivery.md`).
+    #[error("{dependency} unavailable: {reason}")]
+    Unavailable {
+        dependency: &'static str,
+        reason: String,
+    },
+}
+
+impl From<DbError> for JobError {
+    fn from(e: DbError) -> Self {
+        if e.is_unavailable() {
+            JobError::Unavailable {
+                dependency: POSTGRES,
+                reason: e.to_string(),
+            }
+        } else {
+            JobError::Failed(Failure::Transient(e.to_string()))
+        }
+    }
+}
+
 /// Process one job. Sends nothing itself: the relay sends the email from the outbox row.
 ///
 /// A transient [`Failure`] leaves the message pending for a later delivery; a permanent one
-/// (decided by the model error's classification) dead-letters it. Database errors are
-/// transient: Postgres comes back.
+/// (decided by the model error's classification) dead-letters it. A database that cannot
+/// serve us is [`JobError::Unavailable`]; a database refusing this job's data is transient.
 pub async fn handle_summary_job(
     services: &WorkerServices,
     job: &Job,
-) -> Result<JobOutcome, Failure> {
+) -> Result<JobOutcome, JobError> {
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `commit_with_outbox` is the guarantee; this only saves money.
-    if summaries::exists(&services.pg, job.job_id)
-        .await
-        .map_err(|e| Failure::Transient(e.to_string()))?
-    {
+    if summaries::exists(&services.pg, job.job_id).await? {
         return Ok(JobOutcome::Duplicate);
     }
 
@@ -46,11 +75,13 @@ pub async fn handle_summary_job(
         Some(&services.metrics),
     )
     .await
-    .map_err(|e| Failure::of(&e))?;
+    .map_err(|e| JobError::Failed(Failure::of(&e)))?;
 
-    match summaries::commit_with_outbox(&services.pg, job, &summary).await {
-        Ok(CommitOutcome::Inserted) => Ok(JobOutcome::Done),
-        Ok(CommitOutcome::Duplicate) => Ok(JobOutcome::Duplicate),
-        Err(e) => Err(Failure::Transient(e.to_string())),
+    // A commit that fails because Postgres went away is `Unavailable` too: the model was
+    // paid, but the job did nothing wrong, and the retry after recovery pays it once more
+    // rather than spending a delivery on the outage.
+    match summaries::commit_with_outbox(&services.pg, job, &summary).await? {
+        CommitOutcome::Inserted => Ok(JobOutcome::Done),
+        CommitOutcome::Duplicate => Ok(JobOutcome::Duplicate),
     }
 }

@@ -1,12 +1,15 @@
-//! The worker role: consumers that take jobs off the stream, and the summary job handler.
+//! The worker role: consumers that take jobs off the stream, the summary job handler, and
+//! the gate that stops the consumers while a dependency is down.
 
 mod consumer;
+pub mod gate;
 mod handler;
 
 use std::sync::Arc;
 
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name, run};
-pub use handler::{JobOutcome, handle_summary_job};
+pub use gate::DependencyGate;
+pub use handler::{JobError, JobOutcome, handle_summary_job};
 
 use crate::config::Settings;
 use crate::keys::RedisKeys;
@@ -24,17 +27,7 @@ pub struct WorkerServices {
     pub pg: deadpool_postgres::Pool,
     pub llm: Arc<dyn Llm>,
     pub metrics: Arc<Metrics>,
-}
-
-/// Say at start-up what in the settings would make the worker pay the model twice.
-pub fn warn_about_settings(settings: &Settings) {
-    if settings.worker.claim_idle_ms <= settings.job_budget_ms {
-        // Correct either way (the handler is idempotent), but a live worker still inside its
-        // budget would have its message claimed from under it and the model paid twice.
-        tracing::warn!(
-            claim_idle_ms = settings.worker.claim_idle_ms,
-            job_budget_ms = settings.job_budget_ms,
-            "SUMMARYD_WORKER_CLAIM_IDLE_MS should exceed SUMMARYD_JOB_BUDGET_MS (the slowest successful delivery)"
-        );
-    }
+    /// One per process, shared by its consumers: one consumer seeing a dependency down
+    /// stops them all (`docs/delivery.md`).
+    pub gate: Arc<DependencyGate>,
 }

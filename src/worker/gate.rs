@@ -1,0 +1,93 @@
+//! Whether the consumers of this process may take work: closed while a dependency a
+//! delivery needs is down, so an outage of any length spends no job's deliveries
+//! (`docs/delivery.md`).
+//!
+//! Anything that learns a dependency is down closes the gate under the dependency's name,
+//! and whatever can tell it is back opens it again: the consumer probes Postgres itself; a
+//! model circuit breaker can close and open the gate for the model the same way. Consumers
+//! check the gate before every XREADGROUP and XAUTOCLAIM, and a closed gate makes them wait
+//! instead.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use tokio::sync::Notify;
+
+/// The dependency name under which the consumers close the gate for Postgres.
+pub const POSTGRES: &str = "postgres";
+
+#[derive(Debug, Default)]
+pub struct DependencyGate {
+    /// Dependencies that are down, with the last reason. Empty = open.
+    down: Mutex<BTreeMap<&'static str, String>>,
+    /// Woken whenever a dependency comes back, so waiting consumers resume at once.
+    reopened: Notify,
+}
+
+impl DependencyGate {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// `dependency` is down: consumers stop taking work until it is opened again.
+    pub fn close(&self, dependency: &'static str, reason: impl Into<String>) {
+        let reason = reason.into();
+        let newly = self.lock().insert(dependency, reason.clone()).is_none();
+        if newly {
+            tracing::warn!(dependency, %reason, "dependency down; consumers stop taking work");
+        }
+    }
+
+    /// `dependency` answers again. Returns whether it had been down.
+    pub fn open(&self, dependency: &'static str) -> bool {
+        let was_down = self.lock().remove(dependency).is_some();
+        if was_down {
+            tracing::info!(dependency, "dependency back; consumers resume");
+            self.reopened.notify_waiters();
+        }
+        was_down
+    }
+
+    pub fn is_down(&self, dependency: &str) -> bool {
+        self.lock().contains_key(dependency)
+    }
+
+    /// The dependencies that are down, with why; empty when work may be taken.
+    pub fn down(&self) -> Vec<(&'static str, String)> {
+        self.lock()
+            .iter()
+            .map(|(name, reason)| (*name, reason.clone()))
+            .collect()
+    }
+
+    /// Resolves when any dependency is opened again.
+    pub async fn reopened(&self) {
+        self.reopened.notified().await;
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, String>> {
+        // The map stays consistent even if a holder panicked: every update is one call.
+        self.down
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn closed_until_every_dependency_is_back() {
+        let gate = DependencyGate::new();
+        assert!(gate.down().is_empty());
+        gate.close(POSTGRES, "connection refused");
+        gate.close("model", "every provider's breaker is open");
+        assert!(!gate.open("redis"), "was never down");
+        assert!(gate.open(POSTGRES));
+        assert_eq!(gate.down().len(), 1);
+        assert!(gate.is_down("model"));
+        assert!(gate.open("model"));
+        assert!(gate.down().is_empty());
+    }
+}

@@ -11,9 +11,11 @@ mod shared;
 
 mod backends;
 mod chaos;
+mod consumer_cleanup;
 mod front_door;
 mod kill_api;
 mod kill_worker;
+mod outages;
 mod pg_drop;
 mod redis_restart;
 mod sigterm;

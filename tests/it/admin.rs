@@ -115,7 +115,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     )
     .await
     .unwrap();
-    assert_eq!(replayed, 1);
+    assert_eq!(replayed.replayed, 1);
     assert_eq!(get_status(&base, msg.job_id).await["status"], "queued");
     // Running the same replay again finds nothing to do.
     let again = admin::dlq::replay(
@@ -127,7 +127,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     )
     .await
     .unwrap();
-    assert_eq!(again, 0);
+    assert_eq!(again.replayed, 0);
 
     assert_eq!(consumer.run_once().await.unwrap(), 1);
     relay_once(&services.relay()).await.unwrap();
@@ -178,7 +178,7 @@ async fn replaying_a_job_that_already_finished_makes_no_second_summary_or_email(
     let replayed = admin::dlq::replay(&services.redis, &services.keys, &[], true, &mut Vec::new())
         .await
         .unwrap();
-    assert_eq!(replayed, 1);
+    assert_eq!(replayed.replayed, 1);
     consumer.run_once().await.unwrap();
     relay_once(&services.relay()).await.unwrap();
     assert_eq!(llm.calls(), 2, "the replayed duplicate skips the model");
@@ -197,7 +197,7 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
         MailStep::Deliver,
     ));
     let services = env.services().mailer(mailer.clone()).build();
-    let max_attempts = services.settings.relay.max_attempts;
+    let give_up = services.settings.relay.give_up();
     let msg = job(3);
     summaryd::db::summaries::commit_with_outbox(&services.pg, &msg, "The summary.")
         .await
@@ -205,14 +205,14 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
 
     let mut table = Vec::new();
-    admin::outbox::stuck(&services.pg, max_attempts, false, &mut table)
+    admin::outbox::stuck(&services.pg, give_up, false, &mut table)
         .await
         .unwrap();
     let table = output(table);
     assert!(table.starts_with("id"), "{table}");
     assert!(table.contains("550 mailbox unavailable"), "{table}");
     let mut json = Vec::new();
-    admin::outbox::stuck(&services.pg, max_attempts, true, &mut json)
+    admin::outbox::stuck(&services.pg, give_up, true, &mut json)
         .await
         .unwrap();
     let row: Value = serde_json::from_str(output(json).trim()).unwrap();
@@ -240,19 +240,19 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 1);
     let id = row["id"].as_i64().unwrap();
-    let n = admin::outbox::retry(&services.pg, max_attempts, &[id], false, &mut Vec::new())
+    let n = admin::outbox::retry(&services.pg, give_up, &[id], false, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 1);
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 1);
     assert_eq!(mailer.sent().len(), 1);
     let mut after = Vec::new();
-    admin::outbox::stuck(&services.pg, max_attempts, true, &mut after)
+    admin::outbox::stuck(&services.pg, give_up, true, &mut after)
         .await
         .unwrap();
     assert!(output(after).is_empty());
     // A retry of a row that was sent resends nothing.
-    let n = admin::outbox::retry(&services.pg, max_attempts, &[], true, &mut Vec::new())
+    let n = admin::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 0);

@@ -12,6 +12,7 @@ mod front_door;
 mod healthcheck;
 mod idempotency;
 mod model_api_retries;
+mod outages;
 mod properties;
 mod providers;
 mod relay_http_mail;

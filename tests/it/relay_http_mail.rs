@@ -96,7 +96,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
         serde_json::json!({"error": "recipient domain not verified"}),
     )]);
     let services = services(&env, &sink);
-    let max_attempts = services.settings.relay.max_attempts;
+    let give_up = services.settings.relay.give_up();
     let msg = job(2);
     commit_with_outbox(&services.pg, &msg, "Summary.")
         .await
@@ -104,7 +104,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
 
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     let mut stuck = Vec::new();
-    admin::outbox::stuck(&services.pg, max_attempts, true, &mut stuck)
+    admin::outbox::stuck(&services.pg, give_up, true, &mut stuck)
         .await
         .unwrap();
     let stuck = String::from_utf8(stuck).unwrap();
@@ -115,7 +115,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     assert_eq!(sink.requests().len(), 1);
 
-    let n = admin::outbox::retry(&services.pg, max_attempts, &[], true, &mut Vec::new())
+    let n = admin::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 1);

@@ -236,7 +236,7 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
     let claimed = outbox::claim_due(
         &svc.pg,
         10,
-        settings.relay.max_attempts,
+        settings.relay.give_up(),
         Duration::from_millis(settings.relay.lease_ms),
     )
     .await
@@ -281,7 +281,7 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
 async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
-    let max = settings.relay.max_attempts;
+    let max = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::with(
         vec![MailStep::Fail(Failure::Permanent(
             "422 recipient rejected".into(),
@@ -344,7 +344,7 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
 async fn a_payload_that_cannot_be_composed_fails_permanently_without_calling_the_provider() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
-    let max = settings.relay.max_attempts;
+    let max = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::new());
     let svc = services(&env, settings, &mailer);
     env.pg()
@@ -381,11 +381,12 @@ async fn a_payload_that_cannot_be_composed_fails_permanently_without_calling_the
 }
 
 #[tokio::test]
-async fn transient_failures_up_to_max_attempts_leave_the_row_stuck() {
+async fn transient_failures_never_park_a_row_before_the_give_up_horizon() {
     let env = TestEnv::new().await;
     let mut settings = fast_settings(&env);
+    // Accepted, and without effect: the old attempt budget no longer parks rows.
     settings.relay.max_attempts = 3;
-    let max = settings.relay.max_attempts;
+    let give_up = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::with(
         vec![],
         MailStep::Fail(Failure::Transient("connection refused".into())),
@@ -393,23 +394,29 @@ async fn transient_failures_up_to_max_attempts_leave_the_row_stuck() {
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
-    for attempt in 1..=3 {
+    for attempt in 1..=12 {
         assert_eq!(relay_once(&svc).await.unwrap(), 0);
         assert_eq!(outbox_row(&env, job).await.attempts, attempt);
     }
-    assert_eq!(outbox::stuck(&svc.pg, max).await.unwrap().len(), 1);
+    assert!(outbox::stuck(&svc.pg, give_up).await.unwrap().is_empty());
+    assert_eq!(mailer.attempts(), 12);
 
-    // Out of attempts: no longer claimed, the provider is not called again.
+    // The row has been failing for longer than the horizon: it needs a person now.
+    env.pg()
+        .await
+        .execute(
+            "UPDATE outbox SET created_at = now() - interval '2 days'",
+            &[],
+        )
+        .await
+        .unwrap();
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
-    assert_eq!(mailer.attempts(), 3);
+    assert_eq!(mailer.attempts(), 12, "a row past the horizon is not sent");
     let row = outbox_row(&env, job).await;
-    assert!(
-        !row.sent && !row.failed && !row.leased && row.attempts == 3,
-        "{row:?}"
-    );
-    let stuck = outbox::stuck(&svc.pg, max).await.unwrap();
+    assert!(!row.sent && !row.failed && !row.leased, "{row:?}");
+    let stuck = outbox::stuck(&svc.pg, give_up).await.unwrap();
     assert_eq!(stuck.len(), 1);
-    assert_eq!(stuck[0].attempts, 3);
+    assert_eq!(stuck[0].attempts, 12);
     assert!(
         stuck[0]
             .last_error
@@ -418,10 +425,40 @@ async fn transient_failures_up_to_max_attempts_leave_the_row_stuck() {
             .contains("connection refused")
     );
 
-    assert_eq!(outbox::retry(&svc.pg, max, None).await.unwrap(), 1);
+    // `outbox retry` restarts the horizon: the row is sent again and keeps retrying.
+    assert_eq!(outbox::retry(&svc.pg, give_up, None).await.unwrap(), 1);
     assert_eq!(outbox_row(&env, job).await.attempts, 0);
+    assert!(outbox::stuck(&svc.pg, give_up).await.unwrap().is_empty());
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
-    assert_eq!(mailer.attempts(), 4, "retried rows are claimed again");
+    assert_eq!(relay_once(&svc).await.unwrap(), 0);
+    assert_eq!(mailer.attempts(), 14, "retried rows are claimed again");
+    assert!(outbox::stuck(&svc.pg, give_up).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_row_never_tried_is_sent_however_old_it_is() {
+    let env = TestEnv::new().await;
+    let settings = fast_settings(&env);
+    let mailer = Arc::new(FakeMailer::new());
+    let svc = services(&env, settings.clone(), &mailer);
+    let job = commit_job(&svc, 1).await;
+    // The relay was down for longer than the horizon; nothing was ever attempted.
+    env.pg()
+        .await
+        .execute(
+            "UPDATE outbox SET created_at = now() - interval '3 days'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(
+        outbox::stuck(&svc.pg, settings.relay.give_up())
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(relay_once(&svc).await.unwrap(), 1);
+    assert_eq!(sent_keys(&mailer), vec![key(job)]);
 }
 
 #[tokio::test]
@@ -452,7 +489,7 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
     let (max, lease) = (
-        settings.relay.max_attempts,
+        settings.relay.give_up(),
         Duration::from_millis(settings.relay.lease_ms),
     );
     let mailer = Arc::new(FakeMailer::new());
@@ -474,6 +511,7 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
         stale.claim_token,
         "late timeout",
         Duration::ZERO,
+        max,
     )
     .await
     .unwrap();
@@ -491,11 +529,17 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
     assert_eq!(mailer.attempts(), 0);
 
     // The current claimant's marks do apply.
-    let attempts =
-        outbox::mark_failed_transient(&svc.pg, fresh.id, fresh.claim_token, "503", Duration::ZERO)
-            .await
-            .unwrap();
-    assert_eq!(attempts, Some(1));
+    let mark = outbox::mark_failed_transient(
+        &svc.pg,
+        fresh.id,
+        fresh.claim_token,
+        "503",
+        Duration::ZERO,
+        max,
+    )
+    .await
+    .unwrap();
+    assert_eq!(mark.map(|m| (m.attempts, m.past_give_up)), Some((1, false)));
     assert!(!outbox_row(&env, job).await.leased);
 }
 
@@ -504,7 +548,7 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
     let (max, lease) = (
-        settings.relay.max_attempts,
+        settings.relay.give_up(),
         Duration::from_millis(settings.relay.lease_ms),
     );
     let mailer = Arc::new(FakeMailer::new());
@@ -524,6 +568,7 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
         fresh[0].claim_token,
         "503",
         Duration::ZERO,
+        max,
     )
     .await
     .unwrap();

@@ -104,15 +104,50 @@ fn answers_ping(port: u16) -> bool {
 }
 
 /// A PostgreSQL cluster of its own (initdb + pg_ctl from the installed server binaries),
-/// with TLS on and only TLS connections accepted (`hostssl` in pg_hba.conf), trust auth.
+/// trust auth: with TLS on and only TLS connections accepted (`hostssl` in pg_hba.conf), or
+/// plain, for a test that stops and starts it (an outage).
 pub struct PgCluster {
     pub port: u16,
     data: PathBuf,
     bin: PathBuf,
+    /// The server options every start uses.
+    options: String,
 }
 
 impl PgCluster {
     pub fn start_tls(dir: &Path, server: &Issued) -> PgCluster {
+        let mut pg = PgCluster::init(dir);
+        // The key must belong to the server's user and be private to it.
+        let cert = pg.data.join("server.crt");
+        let key = pg.data.join("server.key");
+        std::fs::copy(&server.cert_file, &cert).expect("copy cert");
+        std::fs::copy(&server.key_file, &key).expect("copy key");
+        if is_root() {
+            run(Command::new("chown")
+                .args(["postgres:"])
+                .arg(&cert)
+                .arg(&key));
+        }
+        std::fs::write(
+            pg.data.join("pg_hba.conf"),
+            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
+        )
+        .expect("pg_hba.conf");
+        pg.options
+            .push_str(" -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key");
+        pg.start();
+        pg
+    }
+
+    /// Plain TCP on loopback; [`PgCluster::stop`] and [`PgCluster::start`] make an outage.
+    pub fn start_plain(dir: &Path) -> PgCluster {
+        let pg = PgCluster::init(dir);
+        pg.start();
+        pg
+    }
+
+    /// initdb a cluster under `dir`, not yet started.
+    fn init(dir: &Path) -> PgCluster {
         let bin = pg_bin_dir();
         let port = free_port();
         let root = dir.join(format!("pg-{port}"));
@@ -137,41 +172,49 @@ impl PgCluster {
             ])
             .arg(&data);
         run(&mut initdb);
-        // The key must belong to the server's user and be private to it.
-        let cert = data.join("server.crt");
-        let key = data.join("server.key");
-        std::fs::copy(&server.cert_file, &cert).expect("copy cert");
-        std::fs::copy(&server.key_file, &key).expect("copy key");
-        if as_postgres {
-            run(Command::new("chown")
-                .args(["postgres:"])
-                .arg(&cert)
-                .arg(&key));
-        }
-        std::fs::write(
-            data.join("pg_hba.conf"),
-            "local all all trust\nhostssl all all 127.0.0.1/32 trust\n",
-        )
-        .expect("pg_hba.conf");
         let options = format!(
             "-c port={port} -c listen_addresses=127.0.0.1 -c unix_socket_directories={} \
-             -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key -c fsync=off",
+             -c fsync=off",
             root.display()
         );
-        let mut start = postgres_command(&bin.join("pg_ctl"), as_postgres);
+        PgCluster {
+            port,
+            data,
+            bin,
+            options,
+        }
+    }
+
+    /// Start the server (again); returns once it accepts connections.
+    pub fn start(&self) {
+        let log = self.data.parent().unwrap_or(&self.data).join("server.log");
+        let mut start = postgres_command(&self.bin.join("pg_ctl"), is_root());
         start
             .args(["-w", "-t", "30", "-D"])
-            .arg(&data)
+            .arg(&self.data)
             .arg("-l")
-            .arg(root.join("server.log"))
-            .args(["-o", &options, "start"]);
+            .arg(log)
+            .args(["-o", &self.options, "start"]);
         run(&mut start);
-        PgCluster { port, data, bin }
+    }
+
+    /// Stop the server the way a restart does: every session is closed at once.
+    pub fn stop(&self) {
+        let mut stop = postgres_command(&self.bin.join("pg_ctl"), is_root());
+        stop.args(["-w", "-D"])
+            .arg(&self.data)
+            .args(["-m", "fast", "stop"]);
+        run(&mut stop);
     }
 
     /// A URL for `dbname` on this cluster through `host` (a name or an address).
     pub fn url(&self, host: &str, dbname: &str, params: &str) -> String {
         format!("postgres://postgres@{host}:{}/{dbname}?{params}", self.port)
+    }
+
+    /// `postgres://postgres@127.0.0.1:PORT/{dbname}`, for a plain cluster.
+    pub fn plain_url(&self, dbname: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{dbname}", self.port)
     }
 }
 

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -39,6 +40,8 @@ struct State {
     behavior: Mutex<Option<MailBehavior>>,
     sent: Mutex<Vec<Sent>>,
     rejected: Mutex<usize>,
+    /// An outage: every send is answered 503 while set.
+    down: AtomicBool,
 }
 
 pub struct MailSink {
@@ -81,6 +84,11 @@ impl MailSink {
         self.by_key().len()
     }
 
+    /// Start or end an outage: while down, every send is answered 503.
+    pub fn set_down(&self, down: bool) {
+        self.state.down.store(down, Ordering::SeqCst);
+    }
+
     /// Sends answered with an injected 503.
     pub fn rejected(&self) -> usize {
         *self.state.rejected.lock().unwrap()
@@ -98,7 +106,7 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
         rand::random_range(behavior.latency_ms.clone())
     };
     tokio::time::sleep(Duration::from_millis(latency)).await;
-    if rand::random::<f64>() < behavior.error_rate {
+    if state.down.load(Ordering::SeqCst) || rand::random::<f64>() < behavior.error_rate {
         *state.rejected.lock().unwrap() += 1;
         return Reply::json(503, json!({"error": "injected failure"}));
     }

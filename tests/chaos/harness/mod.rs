@@ -25,6 +25,7 @@ use redis_server::RedisServer;
 use crate::shared::cleanup;
 pub use crate::shared::eventually;
 pub use crate::shared::http_stub::free_port;
+use crate::shared::servers::PgCluster;
 use crate::shared::test_env::{FreshNames, pg_base_url, pg_connect, redis_url};
 
 /// After the last fault, everything accepted must be summarised and mailed within this
@@ -37,6 +38,8 @@ pub struct WorldOptions {
     pub mail: MailBehavior,
     /// Run a private, restartable `redis-server` instead of using the shared one.
     pub private_redis: bool,
+    /// Run a private Postgres the test can stop and start instead of using the shared one.
+    pub private_postgres: bool,
     /// Extra or overriding `SUMMARYD_*` settings for every process of this world.
     pub env: Vec<(&'static str, String)>,
     /// The Redis the harness itself inspects, when the processes reach it another way
@@ -50,6 +53,7 @@ impl Default for WorldOptions {
             model: ModelBehavior::fast(),
             mail: MailBehavior::ok(),
             private_redis: false,
+            private_postgres: false,
             env: Vec::new(),
             harness_redis_url: None,
         }
@@ -66,6 +70,7 @@ pub struct World {
     pub model: ModelServer,
     pub mail: MailSink,
     pub redis: Option<RedisServer>,
+    pub postgres: Option<PgCluster>,
     env: Vec<(String, String)>,
 }
 
@@ -89,7 +94,13 @@ impl World {
             Some(url) => url.clone(),
             None => redis.as_ref().map_or_else(redis_url, RedisServer::url),
         };
-        let database_url = format!("{}/{db_name}", pg_base_url());
+        let postgres = options
+            .private_postgres
+            .then(|| PgCluster::start_plain(&dir));
+        let database_url = match &postgres {
+            Some(pg) => pg.plain_url(&db_name),
+            None => format!("{}/{db_name}", pg_base_url()),
+        };
         let model = ModelServer::start(options.model).await;
         let mail = MailSink::start(options.mail).await;
         let mut env: BTreeMap<String, String> = [
@@ -107,7 +118,7 @@ impl World {
             ("SUMMARYD_MAIL_PROVIDER", "http".into()),
             ("SUMMARYD_MAIL_HTTP_URL", mail.url()),
             ("SUMMARYD_MAIL_TIMEOUT_MS", "1000".into()),
-            // Must exceed the slowest model call a test scripts, or live work is reclaimed.
+            // How soon a killed worker's entries are taken over (live ones extend their claim).
             ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "2000".into()),
             ("SUMMARYD_WORKER_BLOCK_MS", "200".into()),
             ("SUMMARYD_RELAY_POLL_MS", "50".into()),
@@ -134,6 +145,7 @@ impl World {
             model,
             mail,
             redis,
+            postgres,
             env: env.into_iter().collect(),
         };
         let out = process::run_to_completion(&["migrate"], &world.env);
@@ -401,7 +413,12 @@ impl Drop for World {
         } else {
             cleanup::delete_redis_prefix_blocking(self.redis_url.clone(), self.key_prefix.clone());
         }
-        cleanup::drop_database_blocking(pg_base_url(), self.db_name.clone());
+        // A private Postgres is stopped (and its cluster removed) before the directory goes.
+        if let Some(pg) = self.postgres.take() {
+            drop(pg);
+        } else {
+            cleanup::drop_database_blocking(pg_base_url(), self.db_name.clone());
+        }
         if std::thread::panicking() {
             eprintln!("[{}] logs kept in {}", self.name, self.dir.display());
         } else {

@@ -1,4 +1,4 @@
-//! Reading a JSON request body ourselves, so every failure maps to the contract's status:
+//! Reading a JSON request body ourselves, so every failure maps to its documented status:
 //! 415 wrong content type, 413 over the limit, 400 syntax, 422 schema (naming the field),
 //! 408 too slow, 503 no room in the process's body budget. actix's `web::Json` would
 //! answer some of these as text/plain 400s, and buffers without a process-wide bound.

@@ -78,7 +78,7 @@ impl SmtpMailer {
         let tls_param = url.query_pairs().any(|(k, _)| k == "tls");
         if has_credentials && url.scheme() == "smtp" && !tls_param {
             // lettre authenticates over plaintext when no TLS is asked for. Not an error (the
-            // contract's own example has this form, and a relay on a private link may be
+            // documented example URL has this form, and a relay on a private link may be
             // fine), but an operator should know.
             tracing::warn!(
                 server = %server,

@@ -1,6 +1,7 @@
-//! Beyond the issue's list, because the contract says "kill -9 of any process": the API
-//! process is SIGKILLed mid-burst (possibly between claiming a key, enqueueing and storing
-//! the answer) and restarted on the same port; clients retry with the same key.
+//! Beyond the design's test list, because the guarantees (docs/reference.md) say "kill -9 of
+//! any process": the API process is SIGKILLed mid-burst (possibly between claiming a key,
+//! enqueueing and storing the answer) and restarted on the same port; clients retry with
+//! the same key.
 
 use std::time::Duration;
 

@@ -1,5 +1,5 @@
 //! The API client of the tests: submits a job and keeps retrying with the SAME
-//! Idempotency-Key on timeouts, connection errors, 409 and 503, the way the contract tells
+//! Idempotency-Key on timeouts, connection errors, 409 and 503, the way docs/reference.md tells
 //! clients to; anything else (a 500 above all) fails the test.
 
 use std::collections::BTreeMap;
@@ -87,7 +87,7 @@ impl ApiClient {
         Ok((status, retry_after, body))
     }
 
-    /// POST until accepted, retrying with the same key. Panics on an answer the contract
+    /// POST until accepted, retrying with the same key. Panics on an answer docs/reference.md
     /// does not allow for a valid request (500 and friends) or if it never gets through.
     pub async fn submit(&self, key: &str, marker: &str) -> Accepted {
         let body = Self::body(marker);

@@ -170,13 +170,16 @@ payload="{\"notify\":\"bench@example.com\",\"text\":\"$text\"}"
 # The job-state writes the script receives, as src/stream/job_state.rs passes them: the
 # count of field/value arguments, the pairs to HSET, then the field to HDEL.
 state_args=(6 tenant bench status queued created_at "$stamp" error)
+# The tenant limits the script receives (src/stream/tenant_limits.rs): emission interval in
+# µs, burst, max in flight; 0 = no limit, as for a tenant without limits.
+limit_args=(0 1 0)
 # $1 = clients, $2 = idempotency key, $3 = output file
 redis_reference() {
     rcli -n "$REF_DB" FLUSHDB >/dev/null
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
         -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 \
-        EVALSHA "$lua_sha" 3 "$2" ref:stream 'ref:job:__rand_int__' \
-        "$record" 86400 "${state_args[@]}" \
+        EVALSHA "$lua_sha" 5 "$2" ref:stream 'ref:job:__rand_int__' ref:in_flight ref:rate \
+        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}" \
         job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$3" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
 }

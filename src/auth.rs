@@ -6,8 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 use serde::Deserialize;
@@ -16,6 +15,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::AuthSettings;
 use crate::domain::TenantId;
+use crate::stream::TenantLimits;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthFileError {
@@ -33,16 +33,18 @@ struct TokensFile {
 #[serde(deny_unknown_fields)]
 struct TenantEntry {
     token_sha256: String,
-    /// Sustained requests per second this tenant may make to this replica.
+    /// Sustained jobs per second this tenant may submit, across all replicas.
     rate_per_s: Option<f64>,
-    /// Requests it may make in a burst above the sustained rate.
+    /// Jobs it may submit at once above the sustained rate.
     burst: Option<u32>,
+    /// Jobs it may have accepted and not yet finished.
+    max_in_flight: Option<u32>,
 }
 
 struct Entry {
     tenant: TenantId,
     hash: [u8; 32],
-    limiter: Option<Mutex<TokenBucket>>,
+    limits: TenantLimits,
 }
 
 /// The loaded tokens file.
@@ -55,8 +57,6 @@ pub struct TokenStore {
 pub enum Denied {
     /// No or unknown token.
     Unauthenticated,
-    /// Over the tenant's rate; try again after this long.
-    RateLimited(Duration),
 }
 
 /// The token store the API authenticates with, loaded once at start-up: `None` (tenants from
@@ -97,31 +97,30 @@ impl TokenStore {
             hex::decode_to_slice(entry.token_sha256.trim(), &mut hash).map_err(|_| {
                 format!("tenants.{name}.token_sha256 must be 64 hex characters (the SHA-256 of the token)")
             })?;
-            let limiter = match (entry.rate_per_s, entry.burst) {
-                (None, None) => None,
-                (rate, burst) => {
-                    let rate = rate.unwrap_or(f64::INFINITY);
-                    if rate.is_nan() || rate <= 0.0 {
-                        return Err(format!("tenants.{name}.rate_per_s must be positive"));
-                    }
-                    // Without a burst, allow one second's worth (at least one request).
-                    let burst = burst.map(f64::from).unwrap_or(rate.ceil().max(1.0));
-                    if burst < 1.0 {
-                        return Err(format!("tenants.{name}.burst must be at least 1"));
-                    }
-                    Some(Mutex::new(TokenBucket::new(rate, burst)))
-                }
-            };
+            if entry.rate_per_s.is_some_and(|r| r.is_nan() || r <= 0.0) {
+                return Err(format!("tenants.{name}.rate_per_s must be positive"));
+            }
+            if entry.burst == Some(0) {
+                return Err(format!("tenants.{name}.burst must be at least 1"));
+            }
+            if entry.max_in_flight == Some(0) {
+                return Err(format!("tenants.{name}.max_in_flight must be at least 1"));
+            }
             entries.push(Entry {
                 tenant,
                 hash,
-                limiter,
+                limits: TenantLimits {
+                    rate_per_s: entry.rate_per_s,
+                    burst: entry.burst,
+                    max_in_flight: entry.max_in_flight,
+                },
             });
         }
         Ok(Self { entries })
     }
 
-    /// The tenant owning `token`, if any, after its rate limit.
+    /// The tenant owning `token`, if any. Its limits are enforced where jobs are accepted
+    /// (`stream::tenant_limits`), so they hold across replicas.
     pub fn authenticate(&self, token: &str) -> Result<TenantId, Denied> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // Compare against every entry without stopping early.
@@ -131,12 +130,18 @@ impl TokenStore {
                 found = Some(entry);
             }
         }
-        let entry = found.ok_or(Denied::Unauthenticated)?;
-        if let Some(limiter) = &entry.limiter {
-            let mut bucket = limiter.lock().unwrap_or_else(|p| p.into_inner());
-            bucket.take(Instant::now()).map_err(Denied::RateLimited)?;
-        }
-        Ok(entry.tenant.clone())
+        found
+            .map(|entry| entry.tenant.clone())
+            .ok_or(Denied::Unauthenticated)
+    }
+
+    /// The limits the tokens file sets for `tenant` (none for an unknown one).
+    pub fn limits(&self, tenant: &TenantId) -> TenantLimits {
+        self.entries
+            .iter()
+            .find(|e| &e.tenant == tenant)
+            .map(|e| e.limits)
+            .unwrap_or_default()
     }
 }
 
@@ -165,7 +170,6 @@ impl Tokens {
 
     /// Read the file again and switch to it. An invalid file changes nothing: the store in
     /// use stays, and the error says why. Returns the number of tenants now loaded.
-    /// Per-replica rate-limit buckets start full again in the new store.
     pub fn reload(&self) -> Result<usize, AuthFileError> {
         let store = TokenStore::load(&self.path)?;
         let tenants = store.entries.len();
@@ -200,38 +204,6 @@ pub async fn reload_on_sighup(tokens: Option<Arc<Tokens>>, shutdown: crate::shut
                 ),
             },
         }
-    }
-}
-
-/// Classic token bucket: `burst` tokens, refilled at `rate` per second.
-struct TokenBucket {
-    rate: f64,
-    burst: f64,
-    tokens: f64,
-    updated: Instant,
-}
-
-impl TokenBucket {
-    fn new(rate: f64, burst: f64) -> Self {
-        Self {
-            rate,
-            burst,
-            tokens: burst,
-            updated: Instant::now(),
-        }
-    }
-
-    /// Take one token, or say how long until one is available.
-    fn take(&mut self, now: Instant) -> Result<(), Duration> {
-        let elapsed = now.saturating_duration_since(self.updated).as_secs_f64();
-        self.tokens = (self.tokens + elapsed * self.rate).min(self.burst);
-        self.updated = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            return Ok(());
-        }
-        let wait = (1.0 - self.tokens) / self.rate;
-        Err(Duration::from_secs_f64(wait.min(3600.0)))
     }
 }
 
@@ -320,29 +292,28 @@ mod tests {
     }
 
     #[test]
-    fn the_bucket_allows_a_burst_then_the_rate() {
-        let mut b = TokenBucket::new(2.0, 3.0);
-        let t0 = b.updated;
-        assert!(b.take(t0).is_ok() && b.take(t0).is_ok() && b.take(t0).is_ok());
-        let wait = b.take(t0).unwrap_err();
-        assert!(
-            wait > Duration::from_millis(400) && wait <= Duration::from_millis(500),
-            "{wait:?}"
+    fn limits_are_read_per_tenant_and_validated() {
+        let s = store("rate_per_s = 50.0\nburst = 100\nmax_in_flight = 1000");
+        let acme = s.limits(&TenantId::parse("acme").unwrap());
+        assert_eq!(
+            acme,
+            TenantLimits {
+                rate_per_s: Some(50.0),
+                burst: Some(100),
+                max_in_flight: Some(1000),
+            }
         );
-        assert!(b.take(t0 + Duration::from_millis(500)).is_ok());
-    }
-
-    #[test]
-    fn rate_limits_apply_per_tenant() {
-        let s = store("rate_per_s = 0.001\nburst = 1");
-        assert!(s.authenticate("acme-token").is_ok());
-        assert!(matches!(
-            s.authenticate("acme-token"),
-            Err(Denied::RateLimited(_))
-        ));
-        assert!(
-            s.authenticate("globex-token").is_ok(),
-            "another tenant is not limited"
+        assert_eq!(
+            s.limits(&TenantId::parse("globex").unwrap()),
+            TenantLimits::default()
         );
+        for bad in ["rate_per_s = 0.0", "burst = 0", "max_in_flight = 0"] {
+            let text = format!(
+                "[tenants.acme]\ntoken_sha256 = \"{}\"\n{bad}\n",
+                token_sha256("x")
+            );
+            let err = TokenStore::parse(&text).err().unwrap();
+            assert!(err.contains(bad.split(' ').next().unwrap()), "{err}");
+        }
     }
 }

@@ -44,6 +44,18 @@ impl RedisKeys {
         format!("{}job:{job_id}", self.prefix)
     }
 
+    /// Set of a tenant's job ids accepted and not yet finished (done or dead-lettered):
+    /// its size is what `max_in_flight` limits. A set, not a counter, so a repeated ack or
+    /// dead-letter of the same job cannot count it twice.
+    pub fn in_flight(&self, tenant: &str) -> String {
+        format!("{}tenant:{tenant}:in_flight", self.prefix)
+    }
+
+    /// A tenant's rate-limit state (GCRA: the theoretical arrival time, in ms).
+    pub fn rate(&self, tenant: &str) -> String {
+        format!("{}tenant:{tenant}:rate", self.prefix)
+    }
+
     /// Redis key of one idempotency record.
     pub fn idempotency(&self, scope: &ScopedKey) -> String {
         format!("{}{}", self.prefix, scope.0)
@@ -60,8 +72,9 @@ impl ScopedKey {
         Self(format!("idem:{tenant}:{SUMMARIES_SCOPE}:{}", key.as_str()))
     }
 
-    pub fn job_id(&self) -> JobId {
-        JobId::from_scoped_key(&self.0)
+    /// The job id of the request with this key and body `fingerprint`.
+    pub fn job_id(&self, fingerprint: &str) -> JobId {
+        JobId::for_request(&self.0, fingerprint)
     }
 
     pub fn as_str(&self) -> &str {

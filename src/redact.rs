@@ -66,6 +66,42 @@ pub fn fingerprint(value: &str) -> String {
     hex::encode(&digest[..6])
 }
 
+/// `text` (a provider's error message) with every word that is or shows part of a
+/// credential replaced by `<redacted>`: the configured `key` itself, a word sharing its last
+/// four characters, a masked key (`sk-ab**********wxyz`), or a word shaped like an API key or
+/// organisation id (`sk-…`, `org-…`). Providers quote masked keys in authentication errors;
+/// even a fragment narrows a guess, so none of it reaches logs or dead-letter reasons.
+pub fn secrets(text: &str, key: Option<&str>) -> String {
+    let key = key.map(str::trim).filter(|k| !k.is_empty());
+    let text = match key {
+        Some(k) => text.replace(k, REDACTED),
+        None => text.to_owned(),
+    };
+    // A tail shorter than four characters would match ordinary words.
+    let tail = key.filter(|k| k.chars().count() >= 12).map(|k| {
+        k.chars()
+            .rev()
+            .take(4)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect::<String>()
+    });
+    text.split(' ')
+        .map(|word| {
+            let bare = word.trim_matches(|c: char| !c.is_ascii_alphanumeric() && c != '*');
+            let lower = bare.to_ascii_lowercase();
+            let secret = bare.contains("**")
+                || ["sk-", "sk_", "org-", "key-", "bearer"]
+                    .iter()
+                    .any(|p| lower.starts_with(p) && bare.len() > p.len())
+                || tail.as_deref().is_some_and(|t| bare.contains(t));
+            if secret { REDACTED } else { word }.to_owned()
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 fn redact_param(pair: &str) -> String {
     match pair.split_once('=') {
         Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
@@ -77,7 +113,33 @@ fn redact_param(pair: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::url;
+    use super::{secrets, url};
+
+    #[test]
+    fn no_fragment_of_a_key_survives_a_provider_message() {
+        let key = "sk-proj-abcdefghijklmnopqrstuvwxyz1234";
+        let openai = "Incorrect API key provided: sk-proj-********************1234. You can find \
+                      your API key at https://platform.openai.com/account/api-keys.";
+        let out = secrets(openai, Some(key));
+        assert!(!out.contains("1234") && !out.contains("sk-proj"), "{out}");
+        assert!(
+            out.starts_with("Incorrect API key provided: <redacted>"),
+            "{out}"
+        );
+        let org = secrets(
+            "You must be a member of an organization: org-Xy12AbC9.",
+            None,
+        );
+        assert!(!org.contains("Xy12AbC9"), "{org}");
+        assert_eq!(
+            secrets(&format!("echo {key}!"), Some(key)),
+            "echo <redacted>!"
+        );
+        assert_eq!(
+            secrets("Rate limit reached for gpt-4o", Some(key)),
+            "Rate limit reached for gpt-4o"
+        );
+    }
 
     #[test]
     fn passwords_and_credential_parameters_are_hidden_and_the_host_stays() {

@@ -198,9 +198,12 @@ fn the_tokens_file_example_loads_with_and_without_its_optional_keys() {
             _ => format!("{line}\n"),
         })
         .collect();
-    assert!(suggested >= 2, "the example suggests rate_per_s and burst");
+    assert!(
+        suggested >= 3,
+        "the example suggests rate_per_s, burst and max_in_flight"
+    );
     TokenStore::parse(&uncommented).unwrap_or_else(|e| panic!("with {suggested} suggestions: {e}"));
 
     // A key the parser refuses is caught by exactly this check.
-    assert!(TokenStore::parse(&format!("{uncommented}max_in_flight = 1000\n")).is_err());
+    assert!(TokenStore::parse(&format!("{uncommented}max_jobs = 1000\n")).is_err());
 }

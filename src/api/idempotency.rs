@@ -28,7 +28,7 @@ use crate::connections::SharedRedis;
 use crate::domain::Job;
 use crate::keys::RedisKeys;
 use crate::metrics::Metrics;
-use crate::stream::{self, EnqueueOnce};
+use crate::stream::{self, EnqueueOnce, OverLimit, TenantLimits};
 
 /// What is stored under an idempotency key (operators read it; keep it JSON).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -80,6 +80,8 @@ pub enum StoreError {
     Unavailable(String),
     #[error("unreadable idempotency record: {0}")]
     Corrupt(String),
+    #[error("the tenant is over a limit")]
+    OverLimit(OverLimit),
 }
 
 impl From<redis::RedisError> for StoreError {
@@ -112,8 +114,9 @@ impl IdempotencyStore {
         }
     }
 
-    /// Enqueue `job` and store `response` under `key`, once per key, in one atomic step;
-    /// or answer from the record an earlier request left.
+    /// Enqueue `job` and store `response` under `key`, once per key, in one atomic step,
+    /// if the tenant is within `limits`; or answer from the record an earlier request left
+    /// (never charged to or refused by a limit).
     ///
     /// On an error nothing was written (Redis refused or never ran the script), except when
     /// the reply was lost after Redis ran it; then the client's retry is answered as a
@@ -124,6 +127,7 @@ impl IdempotencyStore {
         fingerprint: &str,
         job: &Job,
         response: StoredResponse,
+        limits: &TenantLimits,
     ) -> Result<Outcome, StoreError> {
         let done = serde_json::to_string(&Record::Done {
             fp: fingerprint.to_owned(),
@@ -132,14 +136,23 @@ impl IdempotencyStore {
         })
         .map_err(|e| StoreError::Corrupt(e.to_string()))?;
         let mut conn = self.redis.get().await?;
-        let reply =
-            stream::enqueue_once(&mut conn, &self.keys, job, key, &done, self.result_ttl_s).await?;
+        let reply = stream::enqueue_once(
+            &mut conn,
+            &self.keys,
+            job,
+            key,
+            &done,
+            self.result_ttl_s,
+            limits,
+        )
+        .await?;
         match reply {
             EnqueueOnce::Enqueued { .. } => {
                 self.count("new");
                 Ok(Outcome::Fresh(response))
             }
             EnqueueOnce::Existing { record } => self.existing(&record, fingerprint),
+            EnqueueOnce::Refused(over) => Err(StoreError::OverLimit(over)),
         }
     }
 

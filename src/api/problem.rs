@@ -10,6 +10,14 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use super::idempotency::StoreError;
+use crate::stream::Limit;
+
+fn limit_name(limit: Limit) -> &'static str {
+    match limit {
+        Limit::Rate => "rate",
+        Limit::InFlight => "max_in_flight",
+    }
+}
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
@@ -91,8 +99,8 @@ pub enum ApiError {
     MethodNotAllowed { allow: &'static str },
     #[error("unauthenticated: {0}")]
     Unauthorized(&'static str),
-    #[error("rate limited for {retry_after_s} s")]
-    RateLimited { retry_after_s: u64 },
+    #[error("over its {} limit; retry in {retry_after_s} s", limit_name(*.limit))]
+    RateLimited { limit: Limit, retry_after_s: u64 },
 }
 
 impl ApiError {
@@ -187,8 +195,17 @@ impl ApiError {
             Self::Unauthorized(why) => {
                 format!("{why}: send Authorization: Bearer <your tenant token>.")
             }
-            Self::RateLimited { retry_after_s } => format!(
-                "This tenant's request rate is exhausted; retry in {retry_after_s} s (same Idempotency-Key for a POST)."
+            Self::RateLimited {
+                limit: Limit::Rate,
+                retry_after_s,
+            } => format!(
+                "This tenant's job rate (rate_per_s/burst) is exhausted; retry in {retry_after_s} s with the same Idempotency-Key."
+            ),
+            Self::RateLimited {
+                limit: Limit::InFlight,
+                retry_after_s,
+            } => format!(
+                "This tenant has max_in_flight jobs accepted and not yet finished; retry in {retry_after_s} s with the same Idempotency-Key."
             ),
         }
     }
@@ -260,7 +277,7 @@ impl ResponseError for ApiError {
             Self::Unauthorized(_) => {
                 builder.insert_header((WWW_AUTHENTICATE, "Bearer"));
             }
-            Self::RateLimited { retry_after_s } => {
+            Self::RateLimited { retry_after_s, .. } => {
                 builder.insert_header((RETRY_AFTER, retry_after_s.to_string()));
             }
             // The rest of the body is not read: close the connection rather than let the
@@ -289,6 +306,11 @@ impl From<StoreError> for ApiError {
             StoreError::KeyReused => Self::KeyReused,
             StoreError::Unavailable(cause) => Self::RedisUnavailable(cause),
             StoreError::Corrupt(cause) => Self::Unavailable(cause),
+            StoreError::OverLimit(over) => Self::RateLimited {
+                limit: over.limit,
+                // Whole seconds, rounded up: a client retrying sooner is refused again.
+                retry_after_s: over.retry_after.as_millis().div_ceil(1000).max(1) as u64,
+            },
         }
     }
 }

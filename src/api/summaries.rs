@@ -30,8 +30,12 @@ pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSummary {
-    /// The text to summarise; must not be blank.
-    #[schema(min_length = 1)]
+    /// The text to summarise; must not be blank, and must not contain NUL or control
+    /// characters other than tab, LF and CR (the pipeline could not store or send them).
+    #[schema(
+        min_length = 1,
+        pattern = r"^[^\u0000-\u0008\u000B\u000C\u000E-\u001F]*$"
+    )]
     pub text: String,
     /// Who gets the "summary ready" email.
     #[schema(format = Email)]
@@ -89,13 +93,13 @@ pub struct JobView {
         (status = 400, description = "Idempotency-Key or X-Tenant-Id missing, malformed or repeated (an Authorization header repeated too; `header` names it), or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body was not received within the request deadline; the connection is closed", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token mode (a tokens file is configured): missing or unknown bearer token", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Token mode: the tenant's request rate is exhausted", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "Token mode: the tenant is over its rate_per_s/burst or max_in_flight (a replay of an accepted request is never refused)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
         (status = 409, description = "An in-progress marker of an older version holds the key (rolling upgrade only: this version accepts a key in one atomic step, with no observable in-progress state)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds; 1"))),
         (status = 413, description = "Body over the limit (default 256 KiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Content-Type is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Valid JSON not matching the schema (`field` names it), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Valid JSON not matching the schema (`field` names it; `text` with NUL or control characters other than tab, LF, CR), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable, or no room for the body in the process's request-body budget (the body is not read and the connection is closed): nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
     )
@@ -129,9 +133,15 @@ pub async fn create(
     }
 
     let scoped = ScopedKey::summaries(&tenant.0, &key);
-    let job_id = scoped.job_id();
-    let redis_key = state.services.keys.idempotency(&scoped);
     let fingerprint = request.fingerprint();
+    let job_id = scoped.job_id(&fingerprint);
+    let redis_key = state.services.keys.idempotency(&scoped);
+    let limits = state
+        .services
+        .auth
+        .as_ref()
+        .map(|tokens| tokens.current().limits(&tenant.0))
+        .unwrap_or_default();
     let job = Job {
         job_id,
         tenant: tenant.0,
@@ -139,11 +149,11 @@ pub async fn create(
         notify: request.notify,
         created_at: Utc::now(),
     };
-    // The 202 is known before anything is written (the job id comes from the key), so it
-    // is stored in the same atomic step that enqueues the job: see `api::idempotency`.
+    // The 202 is known before anything is written (the job id comes from the request), so
+    // it is stored in the same atomic step that enqueues the job: see `api::idempotency`.
     let outcome = state
         .idempotency
-        .enqueue_once(&redis_key, &fingerprint, &job, accepted(job_id)?)
+        .enqueue_once(&redis_key, &fingerprint, &job, accepted(job_id)?, &limits)
         .await?;
     respond(&outcome, job_id)
 }
@@ -203,8 +213,6 @@ fn respond(outcome: &Outcome, job_id: JobId) -> Result<HttpResponse, ApiError> {
         (status = 200, description = "The job's state", body = JobView),
         (status = 400, description = "X-Tenant-Id missing, malformed or repeated (an Authorization header repeated too; `header` names it)", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token mode: missing or unknown bearer token", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Token mode: the tenant's request rate is exhausted", body = Problem, content_type = "application/problem+json",
-            headers(("Retry-After" = String, description = "Seconds"))),
         (status = 404, description = "No such job for this tenant: unknown, another tenant's (existence is not revealed), or not a UUID", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis or Postgres unavailable", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),

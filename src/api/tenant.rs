@@ -70,9 +70,6 @@ impl Tenant {
         match store.authenticate(token) {
             Ok(tenant) => Ok(Tenant(tenant)),
             Err(Denied::Unauthenticated) => Err(ApiError::Unauthorized("unknown token")),
-            Err(Denied::RateLimited(wait)) => Err(ApiError::RateLimited {
-                retry_after_s: wait.as_secs().max(1),
-            }),
         }
     }
 }

@@ -36,18 +36,34 @@ pub enum DbError {
 }
 
 impl DbError {
+    /// The SQLSTATE Postgres answered with, when it refused a statement.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            Self::Query(e) => e.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+
+    /// Postgres refused the data itself: a data exception (class 22: NUL in text, an invalid
+    /// encoding, a value out of range) or a violated constraint (class 23). Only these can
+    /// come from a job's own content; the same data is refused on every attempt, so retrying
+    /// only costs. The one expected conflict, a summary that already exists, is answered by
+    /// `ON CONFLICT` and never arrives here.
+    pub fn is_data_error(&self) -> bool {
+        self.sqlstate()
+            .is_some_and(|code| code.starts_with("22") || code.starts_with("23"))
+    }
+
     /// Whether the database could not serve us at all, as opposed to refusing what one job
     /// brought. Down, unreachable, restarting, out of connections, failed over to a read-only
     /// replica, a table or permission missing: none of that is the job's fault, and a worker
-    /// must not spend the job's deliveries on it (`docs/delivery.md`). Only data exceptions
-    /// (SQLSTATE class 22) and integrity violations (23) can come from a job's own content.
+    /// must not spend the job's deliveries on it (`docs/delivery.md`). Every refused statement
+    /// that is not a data error ([`Self::is_data_error`]) counts, and so does one with no
+    /// SQLSTATE (the connection closed, timed out or failed at the socket).
     pub fn is_unavailable(&self) -> bool {
         match self {
             DbError::Pool(_) | DbError::Tls { .. } => true,
-            // No SQLSTATE: the connection closed, timed out or failed at the socket.
-            DbError::Query(e) => e
-                .code()
-                .is_none_or(|code| !matches!(code.code().get(..2), Some("22" | "23"))),
+            DbError::Query(_) => !self.is_data_error(),
             DbError::InvalidUrl(_)
             | DbError::Build(_)
             | DbError::Migration(_)

@@ -7,13 +7,22 @@ use uuid::Uuid;
 /// Namespace for job ids. Fixed forever: changing it would give replays new job ids.
 const JOB_NAMESPACE: Uuid = Uuid::from_u128(0x6a0c_1f8e_5b7d_4c2a_9e31_7d44_b2f0_a915);
 
-/// A job id is derived from the tenant-scoped idempotency key, never random, so a second
-/// enqueue of the same request (API crash after XADD, client retry) collapses downstream.
+/// A job id is derived from the request (tenant-scoped idempotency key and body
+/// fingerprint), never random, so a second enqueue of the same request (API crash after
+/// XADD, client retry) collapses downstream, and a key reused with another body once its
+/// record expired is another job: it can never be answered with the first one's summary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(transparent)]
 pub struct JobId(Uuid);
 
 impl JobId {
+    /// The id of the request with this scoped key and body fingerprint. A scoped key is
+    /// visible ASCII, so the newline between the two cannot be forged by either.
+    pub fn for_request(scoped_key: &str, fingerprint: &str) -> Self {
+        Self::from_scoped_key(&format!("{scoped_key}\n{fingerprint}"))
+    }
+
+    /// A name-derived id without a body (producers that are not the API: tests, benches).
     pub fn from_scoped_key(scoped_key: &str) -> Self {
         Self(Uuid::new_v5(&JOB_NAMESPACE, scoped_key.as_bytes()))
     }
@@ -51,6 +60,19 @@ mod tests {
         let a = JobId::from_scoped_key("idem:acme:POST:/v1/summaries:k");
         assert_eq!(a, JobId::from_scoped_key("idem:acme:POST:/v1/summaries:k"));
         assert_ne!(a, JobId::from_scoped_key("idem:other:POST:/v1/summaries:k"));
+        assert_eq!(a.as_uuid().get_version_num(), 5);
+    }
+
+    #[test]
+    fn the_request_id_depends_on_key_and_body() {
+        let key = "idem:acme:POST:/v1/summaries:k";
+        let a = JobId::for_request(key, "fp1");
+        assert_eq!(a, JobId::for_request(key, "fp1"));
+        assert_ne!(a, JobId::for_request(key, "fp2"));
+        assert_ne!(
+            a,
+            JobId::for_request("idem:other:POST:/v1/summaries:k", "fp1")
+        );
         assert_eq!(a.as_uuid().get_version_num(), 5);
     }
 }

@@ -30,6 +30,23 @@ impl SummaryRequest {
         if text.trim().is_empty() {
             return Err(ValidationError::new("text", "must not be empty"));
         }
+        // Postgres text cannot hold NUL, and the other C0 controls corrupt prompts and
+        // emails: a job carrying one could be accepted but never finished.
+        if let Some((at, c)) = text
+            .chars()
+            .enumerate()
+            .find(|(_, c)| u32::from(*c) < 0x20 && !matches!(c, '\t' | '\n' | '\r'))
+        {
+            return Err(ValidationError::new(
+                "text",
+                format!(
+                    "must not contain NUL or control characters other than tab, newline and \
+                     carriage return (found U+{:04X} at character {})",
+                    u32::from(c),
+                    at + 1
+                ),
+            ));
+        }
         let notify = match self.notify {
             None => return Err(ValidationError::new("notify", "is required")),
             Some(serde_json::Value::String(s)) => Email::parse(&s)?,
@@ -84,6 +101,23 @@ mod tests {
             req.fingerprint(),
             "6cb9b2c5cc10021e473b97d2e5ff01fa99d76dc6b58fb8aba832a914ac451c48"
         );
+    }
+
+    #[test]
+    fn control_characters_other_than_tab_and_line_breaks_are_refused() {
+        for bad in ["a\\u0000b", "\\u0007", "x\\u001b[31m", "\\u001f"] {
+            let err = parse(&format!(r#"{{"text":"{bad}","notify":"a@b.co"}}"#)).unwrap_err();
+            assert!(
+                err.starts_with("text") && err.contains("U+00"),
+                "{bad}: {err}"
+            );
+        }
+        for ok in ["a\\tb\\nc\\r\\nd", "caf\\u00e9 \\u007f \\u0085"] {
+            assert!(
+                parse(&format!(r#"{{"text":"{ok}","notify":"a@b.co"}}"#)).is_ok(),
+                "{ok}"
+            );
+        }
     }
 
     #[test]

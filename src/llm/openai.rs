@@ -130,12 +130,11 @@ impl OpenAiClient {
         })
     }
 
-    /// Some APIs echo the key in auth errors; make sure no message carries it.
+    /// Some APIs echo the key, or a masked part of it, in auth errors; make sure no message
+    /// carries any of it (these messages reach logs and dead-letter reasons).
     fn redact(&self, err: LlmError) -> LlmError {
-        let Some(ApiKey(key)) = &self.api_key else {
-            return err;
-        };
-        let scrub = |s: String| s.replace(key.as_str(), "[redacted]");
+        let key = self.api_key.as_ref().map(|k| k.0.as_str());
+        let scrub = |s: String| crate::redact::secrets(&s, key);
         match err {
             LlmError::Connect(m) => LlmError::Connect(scrub(m)),
             LlmError::Status {

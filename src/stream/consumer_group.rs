@@ -17,8 +17,8 @@ use redis::streams::{
     StreamPendingCountReply, StreamReadOptions, StreamReadReply,
 };
 
-use super::job_state;
-use crate::domain::JobId;
+use super::{job_state, tenant_limits};
+use crate::domain::Job;
 use crate::keys::{GROUP, RedisKeys};
 
 /// The XAUTOCLAIM cursor that starts (and, when returned, ends) a full scan of the PEL.
@@ -193,17 +193,19 @@ pub async fn clear_alive<C: ConnectionLike + Send + Sync>(
     conn.del(keys.consumer_alive(consumer)).await
 }
 
-/// Acknowledge a finished job and drop its Redis job state, in one MULTI/EXEC: once
-/// Postgres has the summary, it is the truth, and the state must not outlive the ack.
+/// Acknowledge a finished job, drop its Redis job state and stop counting it in flight for
+/// its tenant, in one MULTI/EXEC: once Postgres has the summary, it is the truth, and
+/// neither the state nor the tenant's in-flight count may outlive the ack.
 pub async fn ack_done<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     msg_id: &str,
-    job_id: JobId,
+    job: &Job,
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     pipe.atomic().xack(keys.stream(), GROUP, &[msg_id]).ignore();
-    job_state::add_forget(&mut pipe, &keys.job(job_id));
+    job_state::add_forget(&mut pipe, &keys.job(job.job_id));
+    tenant_limits::add_finished(&mut pipe, keys, job.tenant.as_str(), job.job_id);
     pipe.query_async(conn).await
 }
 

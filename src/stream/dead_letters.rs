@@ -32,10 +32,11 @@ pub struct DeadLetter {
 }
 
 /// Move the entry `msg_id`, pending for `consumer`, to the dead-letter stream (its original
-/// fields plus reason, original id and time) and mark the job failed, in one script; see
-/// [`DEAD_LETTER_LUA`]. Returns false when the entry was no longer pending for `consumer`
-/// (acknowledged by a delivery that finished, or reclaimed by another consumer): then
-/// nothing was written, and whoever holds the entry decides its fate.
+/// fields plus the operator's `reason`, original id and time), mark the job failed with
+/// `tenant_error` (what GET shows) and stop counting it in flight for its tenant, in one
+/// script; see [`DEAD_LETTER_LUA`]. Returns false when the entry was no longer pending for
+/// `consumer` (acknowledged by a delivery that finished, or reclaimed by another consumer):
+/// then nothing was written, and whoever holds the entry decides its fate.
 pub async fn add<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
@@ -43,6 +44,7 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     msg_id: &str,
     fields: &HashMap<String, Value>,
     reason: &str,
+    tenant_error: &str,
 ) -> redis::RedisResult<bool> {
     let failed_at = job_entry::timestamp(Utc::now());
     // Keep every original field a replay needs; ours go last and win on a name clash.
@@ -59,17 +61,29 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
 
     let mut invocation = DEAD_LETTER.prepare_invoke();
     invocation.key(keys.stream()).key(keys.dead_letters());
-    // A malformed entry may have no usable job id; then there is no job state to update
-    // (and the third key, never touched, is the dead-letter stream again).
+    // A malformed entry may have no usable job id; then there is no job state to update and
+    // nothing counted in flight (the keys, never touched, are the dead-letter stream again).
     match job_entry::job_id(fields) {
         Some(job_id) => {
-            invocation.key(keys.job(job_id));
-            invocation.arg(GROUP).arg(consumer).arg(msg_id);
-            job_state::pass_failed(&mut invocation, reason);
+            let tenant = text(fields, job_entry::TENANT);
+            invocation
+                .key(keys.job(job_id))
+                .key(keys.in_flight(&tenant));
+            invocation
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(msg_id)
+                .arg(job_id.to_string());
+            job_state::pass_failed(&mut invocation, tenant_error);
         }
         None => {
-            invocation.key(keys.dead_letters());
-            invocation.arg(GROUP).arg(consumer).arg(msg_id).arg(0);
+            invocation.key(keys.dead_letters()).key(keys.dead_letters());
+            invocation
+                .arg(GROUP)
+                .arg(consumer)
+                .arg(msg_id)
+                .arg("")
+                .arg(0);
         }
     }
     for (name, value) in &entry {
@@ -87,22 +101,28 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
 /// result). The dead entry is written first: the only command that can fail (XADD on a key
 /// of the wrong type) then fails before any write, so the job is never acknowledged without
 /// its dead letter. Then XACK, then the job state, and only while the state still exists:
-/// a finished job's state is gone and must stay gone. (Removing the finished entry from the
-/// job stream belongs in this same step, after the XACK.)
+/// a finished job's state is gone and must stay gone. The job stops counting against its
+/// tenant's `max_in_flight` in the same step (SREM is idempotent, so a job the set never
+/// held is no harm). (Removing the finished entry from the job stream belongs in this same
+/// step, after the XACK.)
 ///
 /// KEYS[1] job stream   KEYS[2] dead-letter stream   KEYS[3] job state hash
-/// ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id
-/// ARGV[4] n, ARGV[5 .. 4+n] job-state fields and values (`job_state::pass_failed`)
-/// ARGV[5+n ..] the dead entry's fields and values
+/// KEYS[4] the tenant's in-flight set
+/// ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id   ARGV[4] job id ('' when none)
+/// ARGV[5] n, ARGV[6 .. 5+n] job-state fields and values (`job_state::pass_failed`)
+/// ARGV[6+n ..] the dead entry's fields and values
 static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| Script::new(DEAD_LETTER_LUA));
 const DEAD_LETTER_LUA: &str = r"
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #pending == 0 then return false end
-local n = tonumber(ARGV[4])
-local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n))
+local n = tonumber(ARGV[5])
+local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 6 + n))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
-  redis.call('HSET', KEYS[3], unpack(ARGV, 5, 4 + n))
+  redis.call('HSET', KEYS[3], unpack(ARGV, 6, 5 + n))
+end
+if ARGV[4] ~= '' then
+  redis.call('SREM', KEYS[4], ARGV[4])
 end
 return dead_id
 ";
@@ -114,18 +134,20 @@ return dead_id
 /// changes, so they are what it holds if it still exists.
 ///
 /// KEYS[1] dead-letter stream   KEYS[2] job stream   KEYS[3] job state hash
-/// ARGV[1] dead entry id
-/// ARGV[2] n, ARGV[3 .. 2+n] job-state fields and values, ARGV[3+n] the job-state field
+/// KEYS[4] the tenant's in-flight set (the job counts again, never refused by the limit)
+/// ARGV[1] dead entry id      ARGV[2] job id
+/// ARGV[3] n, ARGV[4 .. 3+n] job-state fields and values, ARGV[4+n] the job-state field
 ///         to clear (`job_state::Queued::pass_to`)
-/// ARGV[4+n ..] the job's stream fields and values
+/// ARGV[5+n ..] the job's stream fields and values
 static REPLAY: LazyLock<Script> = LazyLock::new(|| Script::new(REPLAY_LUA));
 const REPLAY_LUA: &str = r"
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return false end
-local n = tonumber(ARGV[2])
-local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 4 + n))
-redis.call('HSET', KEYS[3], unpack(ARGV, 3, 2 + n))
-redis.call('HDEL', KEYS[3], ARGV[3 + n])
+local n = tonumber(ARGV[3])
+local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n))
+redis.call('HSET', KEYS[3], unpack(ARGV, 4, 3 + n))
+redis.call('HDEL', KEYS[3], ARGV[4 + n])
 redis.call('XDEL', KEYS[1], ARGV[1])
+redis.call('SADD', KEYS[4], ARGV[2])
 return new_id
 ";
 
@@ -209,7 +231,9 @@ pub async fn replay<C: ConnectionLike + Send + Sync>(
         .key(keys.dead_letters())
         .key(keys.stream())
         .key(keys.job(job_id))
-        .arg(dead_id);
+        .key(keys.in_flight(&text(&entry.map, job_entry::TENANT)))
+        .arg(dead_id)
+        .arg(job_id.to_string());
     Queued::restored(
         text(&entry.map, job_entry::TENANT),
         text(&entry.map, job_entry::CREATED_AT),

@@ -5,6 +5,7 @@ use redis::aio::ConnectionLike;
 
 use super::job_entry;
 use super::job_state::Queued;
+use super::tenant_limits::{self, OverLimit, TenantLimits};
 use crate::domain::Job;
 use crate::keys::RedisKeys;
 
@@ -23,6 +24,7 @@ pub async fn enqueue<C: ConnectionLike + Send>(
     pipe.atomic()
         .xadd(keys.stream(), "*", &job_entry::to_fields(job));
     Queued::of(job).add_to(&mut pipe, &keys.job(job.job_id));
+    tenant_limits::add_accepted(&mut pipe, keys, job.tenant.as_str(), job.job_id);
     let (id,): (String,) = pipe.query_async(conn).await?;
     Ok(id)
 }
@@ -43,11 +45,13 @@ pub enum EnqueueOnce {
     Enqueued { entry_id: String },
     /// The key already had a record (returned as stored); nothing was written.
     Existing { record: String },
+    /// The key was new but the tenant is over a limit; nothing was written.
+    Refused(OverLimit),
 }
 
 /// Unless `record_key` exists: enqueue `job` like [`enqueue`] and store `record` under
-/// `record_key` for `record_ttl_s`, all in one atomic script. If it exists, return its
-/// content and write nothing.
+/// `record_key` for `record_ttl_s`, all in one atomic script, if the tenant is within
+/// `limits`. If it exists, return its content and write nothing (never charged).
 pub async fn enqueue_once<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &RedisKeys,
@@ -55,22 +59,28 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     record_key: &str,
     record: &str,
     record_ttl_s: u64,
+    limits: &TenantLimits,
 ) -> redis::RedisResult<EnqueueOnce> {
+    let tenant = job.tenant.as_str();
     let mut invocation = ENQUEUE_ONCE.prepare_invoke();
     invocation
         .key(record_key)
         .key(keys.stream())
         .key(keys.job(job.job_id))
+        .key(keys.in_flight(tenant))
+        .key(keys.rate(tenant))
         .arg(record)
-        .arg(record_ttl_s);
+        .arg(record_ttl_s)
+        .arg(job.job_id.to_string());
+    limits.pass_to(&mut invocation);
     Queued::of(job).pass_to(&mut invocation);
     for (name, value) in job_entry::to_fields(job) {
         invocation.arg(name).arg(value);
     }
-    let (created, text): (i64, String) = invocation.invoke_async(conn).await?;
-    Ok(if created == 1 {
-        EnqueueOnce::Enqueued { entry_id: text }
-    } else {
-        EnqueueOnce::Existing { record: text }
+    let (outcome, text, retry_ms): (i64, String, i64) = invocation.invoke_async(conn).await?;
+    Ok(match outcome {
+        1 => EnqueueOnce::Enqueued { entry_id: text },
+        2 => EnqueueOnce::Refused(OverLimit::from_script(&text, retry_ms)),
+        _ => EnqueueOnce::Existing { record: text },
     })
 }

@@ -1,23 +1,49 @@
--- Accept a job exactly once per idempotency key, in one atomic step (one round trip).
+-- Accept a job exactly once per idempotency key, within the tenant's limits, in one atomic
+-- step (one round trip).
 --
 -- KEYS[1] idempotency record   KEYS[2] job stream   KEYS[3] job state hash
--- ARGV[1] final record (JSON)  ARGV[2] record TTL in seconds
--- ARGV[3] n, then ARGV[4 .. 3+n] job-state fields and values to set, ARGV[4+n] the
+-- KEYS[4] the tenant's in-flight set   KEYS[5] the tenant's rate state (GCRA)
+-- ARGV[1] final record (JSON)  ARGV[2] record TTL in seconds   ARGV[3] job id
+-- ARGV[4] emission interval in µs (0: no rate limit)   ARGV[5] burst
+-- ARGV[6] max in flight (0: none)   (src/stream/tenant_limits.rs)
+-- ARGV[7] n, then ARGV[8 .. 7+n] job-state fields and values to set, ARGV[8+n] the
 --         job-state field to clear (names and values come from src/stream/job_state.rs)
--- ARGV[5+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
+-- ARGV[9+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
 --
--- A key that already has a record is answered from it and nothing is written. Otherwise the
--- job goes on the stream with its state, and the final response is stored, before any other
--- command runs: there is no in-progress moment another request could observe. The only
--- failing command (XADD on a key of the wrong type) comes before every write, so a failed
--- run stores and enqueues nothing.
+-- Replies {0, record, 0} (the key had one), {1, entry id, 0} (enqueued) or {2, limit, retry ms}
+-- (refused by 'rate' or 'in_flight'; nothing written).
+--
+-- A key that already has a record is answered from it before any limit: a replay is never
+-- charged or refused. Otherwise the limits are checked, then the job goes on the stream with
+-- its state, and the final response is stored, before any other command runs: there is no
+-- in-progress moment another request could observe. The only failing command (XADD on a key
+-- of the wrong type) comes before every write, so a failed run stores and enqueues nothing.
 local existing = redis.call('GET', KEYS[1])
 if existing then
-  return {0, existing}
+  return {0, existing, 0}
 end
-local n = tonumber(ARGV[3])
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n))
-redis.call('HSET', KEYS[3], unpack(ARGV, 4, 3 + n))
-redis.call('HDEL', KEYS[3], ARGV[4 + n])
+local interval = tonumber(ARGV[4])
+local now, tat
+if interval > 0 then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  tat = math.max(tonumber(redis.call('GET', KEYS[5]) or 0), now) + interval
+  local allowed_at = tat - interval * tonumber(ARGV[5])
+  if allowed_at > now then
+    return {2, 'rate', math.ceil((allowed_at - now) / 1000)}
+  end
+end
+local max_in_flight = tonumber(ARGV[6])
+if max_in_flight > 0 and redis.call('SCARD', KEYS[4]) >= max_in_flight then
+  return {2, 'in_flight', 0}
+end
+local n = tonumber(ARGV[7])
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 9 + n))
+redis.call('HSET', KEYS[3], unpack(ARGV, 8, 7 + n))
+redis.call('HDEL', KEYS[3], ARGV[8 + n])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-return {1, id}
+redis.call('SADD', KEYS[4], ARGV[3])
+if tat then
+  redis.call('SET', KEYS[5], string.format('%.0f', tat), 'PX', math.max(1, math.ceil((tat - now) / 1000)))
+end
+return {1, id, 0}

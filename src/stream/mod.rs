@@ -6,13 +6,16 @@
 //! - `consumer_group`: the group plumbing a worker uses: read, reclaim, count deliveries, ack.
 //! - `job_state`: the per-job hash GET reads until Postgres has the summary.
 //! - `dead_letters`: the dead-letter stream: move a job there, list, replay, count.
+//! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
 
 pub mod consumer_group;
 pub mod dead_letters;
 mod enqueue;
 pub mod job_entry;
 pub mod job_state;
+pub mod tenant_limits;
 
 pub use consumer_group::Delivery;
 pub use enqueue::{ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
 pub use job_entry::MalformedMessage;
+pub use tenant_limits::{Limit, OverLimit, TenantLimits};

@@ -11,13 +11,13 @@ use tokio::time::Instant;
 use tracing::Instrument;
 
 use super::WorkerServices;
+use super::dead_reason::DeadReason;
 use super::gate::{DependencyGate, POSTGRES};
 use super::handler::{JobError, JobOutcome, handle_summary_job};
 use crate::backoff::{Backoff, Jitter};
 use crate::config::WorkerSettings;
 use crate::db::summaries;
 use crate::domain::Job;
-use crate::failure::Failure;
 use crate::shutdown::Shutdown;
 use crate::stream::consumer_group::{self as group, CURSOR_START, Delivery};
 use crate::stream::{dead_letters, job_entry};
@@ -318,7 +318,7 @@ impl Consumer {
             Ok(job) => job,
             Err(malformed) => {
                 return self
-                    .dead_letter(conn, delivery, &malformed.to_string())
+                    .dead_letter(conn, delivery, &DeadReason::malformed(malformed))
                     .await;
             }
         };
@@ -345,7 +345,7 @@ impl Consumer {
             .await;
         match handled {
             Ok(outcome) => {
-                group::ack_done(conn, &self.services.keys, &delivery.id, job.job_id).await?;
+                group::ack_done(conn, &self.services.keys, &delivery.id, job).await?;
                 let label = match outcome {
                     JobOutcome::Done => "done",
                     JobOutcome::Duplicate => "duplicate",
@@ -354,7 +354,7 @@ impl Consumer {
                 tracing::info!(outcome = label, "job finished");
                 Ok(())
             }
-            Err(JobError::Failed(Failure::Transient(reason))) => {
+            Err(JobError::Retry(reason)) => {
                 // Leave it pending: XAUTOCLAIM redelivers it after claim_idle_ms, which
                 // doubles as a coarse backoff between deliveries.
                 self.count("retry");
@@ -364,9 +364,7 @@ impl Consumer {
             Err(JobError::Unavailable { dependency, reason }) => {
                 self.not_tried(conn, delivery, dependency, &reason).await
             }
-            Err(JobError::Failed(e @ Failure::Permanent(_))) => {
-                self.dead_letter(conn, delivery, &e.to_string()).await
-            }
+            Err(JobError::Dead(reason)) => self.dead_letter(conn, delivery, &reason).await,
         }
     }
 
@@ -452,12 +450,12 @@ impl Consumer {
     ) -> Result<(), WorkerError> {
         match summaries::exists(&self.services.pg, job.job_id).await {
             Ok(true) => {
-                group::ack_done(conn, &self.services.keys, &delivery.id, job.job_id).await?;
+                group::ack_done(conn, &self.services.keys, &delivery.id, job).await?;
                 self.count("duplicate");
                 Ok(())
             }
             Ok(false) => {
-                let reason = format!("exceeded {} deliveries", self.config.max_deliveries);
+                let reason = DeadReason::exhausted(self.config.max_deliveries);
                 self.dead_letter(conn, delivery, &reason).await
             }
             Err(e) if e.is_unavailable() => {
@@ -476,7 +474,7 @@ impl Consumer {
         &self,
         conn: &mut deadpool_redis::Connection,
         delivery: &Delivery,
-        reason: &str,
+        reason: &DeadReason,
     ) -> Result<(), WorkerError> {
         let moved = dead_letters::add(
             conn,
@@ -484,14 +482,15 @@ impl Consumer {
             &self.name,
             &delivery.id,
             &delivery.fields,
-            reason,
+            &reason.operator,
+            &reason.tenant,
         )
         .await?;
         if moved {
             self.count("dead_lettered");
-            tracing::error!(msg_id = %delivery.id, %reason, "job dead-lettered");
+            tracing::error!(msg_id = %delivery.id, reason = %reason.operator, "job dead-lettered");
         } else {
-            tracing::warn!(msg_id = %delivery.id, %reason, "not dead-lettered: the entry is no longer pending for this consumer");
+            tracing::warn!(msg_id = %delivery.id, reason = %reason.operator, "not dead-lettered: the entry is no longer pending for this consumer");
         }
         Ok(())
     }

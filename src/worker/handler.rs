@@ -4,11 +4,12 @@
 use std::time::Duration;
 
 use super::WorkerServices;
+use super::dead_reason::DeadReason;
 use super::gate::POSTGRES;
 use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome};
 use crate::domain::Job;
-use crate::failure::Failure;
+use crate::failure::Classify;
 use crate::retry::{self, Deadline, RetryPolicy};
 
 /// What became of one delivery that did not fail.
@@ -20,13 +21,17 @@ pub enum JobOutcome {
     Duplicate,
 }
 
-/// Why a delivery did not finish the job.
+/// Why a delivery did not finish its job.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum JobError {
-    /// The job was tried and failed; the classification says whether a later delivery may
-    /// succeed (leave it pending) or not (dead-letter it).
-    #[error(transparent)]
-    Failed(#[from] Failure),
+    /// The job was tried and failed in a way a later delivery may not repeat (the model is
+    /// slow or rate-limiting): leave it pending.
+    #[error("transient: {0}")]
+    Retry(String),
+    /// Fails the same way every time (the model refused the request, Postgres refused the
+    /// data itself): dead-letter the job now.
+    #[error("permanent: {}", .0.operator)]
+    Dead(DeadReason),
     /// A dependency the delivery needs did not answer, so the job itself was not tried to
     /// the end. The consumer asks the dependency directly; if it is down, the delivery does
     /// not count and the consumers wait for it (`docs/delivery.md`).
@@ -38,23 +43,28 @@ pub enum JobError {
 }
 
 impl From<DbError> for JobError {
+    /// One classification (`DbError::is_data_error`, of which `is_unavailable` is the
+    /// complement for refused statements): data the database refuses is the job's own and
+    /// permanent; a database that cannot serve us is an outage, not the job's fault.
     fn from(e: DbError) -> Self {
-        if e.is_unavailable() {
+        if e.is_data_error() {
+            JobError::Dead(DeadReason::unstorable(&e))
+        } else if e.is_unavailable() {
             JobError::Unavailable {
                 dependency: POSTGRES,
                 reason: e.to_string(),
             }
         } else {
-            JobError::Failed(Failure::Transient(e.to_string()))
+            JobError::Retry(e.to_string())
         }
     }
 }
 
 /// Process one job. Sends nothing itself: the relay sends the email from the outbox row.
 ///
-/// A transient [`Failure`] leaves the message pending for a later delivery; a permanent one
-/// (decided by the model error's classification) dead-letters it. A database that cannot
-/// serve us is [`JobError::Unavailable`]; a database refusing this job's data is transient.
+/// [`JobError::Retry`] leaves the message pending for a later delivery; [`JobError::Dead`]
+/// (decided by the model error's classification, or Postgres refusing the data itself)
+/// dead-letters it. A database that cannot serve us is [`JobError::Unavailable`].
 pub async fn handle_summary_job(
     services: &WorkerServices,
     job: &Job,
@@ -75,11 +85,17 @@ pub async fn handle_summary_job(
         Some(&services.metrics),
     )
     .await
-    .map_err(|e| JobError::Failed(Failure::of(&e)))?;
+    .map_err(|e| {
+        if e.is_transient() {
+            JobError::Retry(e.to_string())
+        } else {
+            JobError::Dead(DeadReason::model(&e))
+        }
+    })?;
 
     // A commit that fails because Postgres went away is `Unavailable` too: the model was
     // paid, but the job did nothing wrong, and the retry after recovery pays it once more
-    // rather than spending a delivery on the outage.
+    // rather than spending a delivery on the outage. Data Postgres refuses is `Dead`.
     match summaries::commit_with_outbox(&services.pg, job, &summary).await? {
         CommitOutcome::Inserted => Ok(JobOutcome::Done),
         CommitOutcome::Duplicate => Ok(JobOutcome::Duplicate),

@@ -2,12 +2,14 @@
 //! the gate that stops the consumers while a dependency is down.
 
 mod consumer;
+mod dead_reason;
 pub mod gate;
 mod handler;
 
 use std::sync::Arc;
 
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name, run};
+pub use dead_reason::DeadReason;
 pub use gate::DependencyGate;
 pub use handler::{JobError, JobOutcome, handle_summary_job};
 

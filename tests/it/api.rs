@@ -102,6 +102,8 @@ async fn every_bad_input_is_a_problem_naming_what_to_fix_and_enqueues_nothing() 
         ("missing field", &[], r#"{"text":"hello"}"#, 422, Field("notify")),
         ("wrong type", &[], r#"{"text":5,"notify":"a@b.co"}"#, 422, Field("text")),
         ("empty text", &[], r#"{"text":"   ","notify":"a@b.co"}"#, 422, Field("text")),
+        ("NUL in text", &[], r#"{"text":"a\u0000b","notify":"a@b.co"}"#, 422, Field("text")),
+        ("escape in text", &[], r#"{"text":"red \u001b[31m","notify":"a@b.co"}"#, 422, Field("text")),
         ("bad email", &[], r#"{"text":"hello","notify":"not-an-email"}"#, 422, Field("notify")),
         ("unknown field", &[], r#"{"text":"hello","notify":"a@b.co","cc":"x@y.io"}"#, 422, Field("cc")),
         ("not an object", &[], r#"["hello","a@b.co"]"#, 422, Field("body")),

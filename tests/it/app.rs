@@ -125,6 +125,116 @@ async fn a_posted_job_becomes_one_summary_and_one_email() {
     assert!(sent[0].0.text.contains(&job_id));
 }
 
+async fn wait_done(client: &reqwest::Client, base: &str, job_id: &str) -> Value {
+    let url = format!("{base}/v1/summaries/{job_id}");
+    let mut last = Value::Null;
+    for _ in 0..750 {
+        let r = client
+            .get(&url)
+            .header("X-Tenant-Id", "acme")
+            .send()
+            .await
+            .unwrap();
+        last = r.json().await.unwrap();
+        if last["status"] == "done" {
+            return last;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("job {job_id} never reached done: {last}");
+}
+
+/// Once a key's record has expired, the same key with another body is another request: a
+/// new job with its own summary and email. The first job, its summary and its email are
+/// untouched, and the second client is never told the first text's summary.
+#[tokio::test]
+async fn a_key_reused_with_another_body_after_its_record_expired_is_a_new_job() {
+    let env = TestEnv::new().await;
+    let llm = Arc::new(FakeLlm::ok());
+    let mailer = Arc::new(FakeMailer::new());
+    let app = start(&env, Roles::all(), llm.clone(), mailer.clone()).await;
+    let client = reqwest::Client::new();
+    let key = "reused-after-expiry-1";
+    let first_body = json!({"text": "Alpha renewed the contract.", "notify": "ops@example.com"});
+    let second_body = json!({"text": "Beta cancelled the pilot.", "notify": "ops@example.com"});
+
+    let first: Value = post(&client, &app.base, key, &first_body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let first_id = first["job_id"].as_str().unwrap().to_owned();
+    let first_done = wait_done(&client, &app.base, &first_id).await;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            mailer.sent().len() == 1
+        })
+        .await,
+        "first email sent"
+    );
+
+    // The record expires (as after SUMMARYD_IDEMPOTENCY_RESULT_TTL_S).
+    let record = summaryd::keys::RedisKeys::new(env.settings.key_prefix.clone()).idempotency(
+        &summaryd::keys::ScopedKey::summaries(
+            &summaryd::domain::TenantId::parse("acme").unwrap(),
+            &summaryd::domain::IdempotencyKey::parse(key).unwrap(),
+        ),
+    );
+    let deleted: u64 = redis::cmd("DEL")
+        .arg(&record)
+        .query_async(&mut env.redis().await)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1);
+
+    let second = post(&client, &app.base, key, &second_body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(second.status(), 202);
+    assert!(second.headers().get("Idempotent-Replayed").is_none());
+    let second: Value = second.json().await.unwrap();
+    let second_id = second["job_id"].as_str().unwrap().to_owned();
+    assert_ne!(second_id, first_id, "another body is another job");
+    let second_done = wait_done(&client, &app.base, &second_id).await;
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            mailer.sent().len() == 2
+        })
+        .await,
+        "second email sent"
+    );
+    assert_ne!(second_done["summary"], first_done["summary"]);
+    assert!(
+        second_done["summary"]
+            .as_str()
+            .unwrap()
+            .contains("Beta cancelled"),
+        "{second_done}"
+    );
+    // The first job is as it was.
+    let again = wait_done(&client, &app.base, &first_id).await;
+    assert_eq!(again, first_done);
+
+    app.stop().await;
+    assert_eq!(llm.calls(), 2);
+    assert_eq!(env.count("summaries").await, 2);
+    let sent = mailer.sent();
+    let mut keys: Vec<String> = sent.iter().map(|(_, k)| k.clone()).collect();
+    keys.sort();
+    let mut expected = vec![
+        format!("summary_ready:{first_id}"),
+        format!("summary_ready:{second_id}"),
+    ];
+    expected.sort();
+    assert_eq!(keys, expected, "one email per job");
+    let second_mail = sent.iter().find(|(_, k)| k.ends_with(&second_id)).unwrap();
+    assert!(second_mail.0.text.contains("Beta cancelled"));
+    assert!(!second_mail.0.text.contains("Alpha"));
+}
+
 #[tokio::test]
 async fn a_worker_only_process_serves_health_but_not_the_api() {
     let env = TestEnv::new().await;

@@ -68,7 +68,13 @@ async fn the_token_names_the_tenant_and_bad_tokens_are_401() {
         &TenantId::parse("acme").unwrap(),
         &IdempotencyKey::parse(key).unwrap(),
     )
-    .job_id();
+    .job_id(
+        &serde_json::from_str::<summaryd::domain::SummaryRequest>(BODY)
+            .unwrap()
+            .validate()
+            .unwrap()
+            .fingerprint(),
+    );
     assert_eq!(
         body["job_id"],
         expected.to_string(),

@@ -15,6 +15,7 @@ use summaryd::domain::{IdempotencyKey, Job, SummaryRequest, TenantId};
 use summaryd::keys::ScopedKey;
 use summaryd::roles::Roles;
 use summaryd::shutdown::Shutdown;
+use summaryd::stream::TenantLimits;
 
 use crate::shared::TestEnv;
 use crate::shared::api_requests::*;
@@ -43,7 +44,7 @@ fn job_message(tenant: &str, key: &str, body: &str) -> Job {
     let parsed: SummaryRequest = serde_json::from_str(body).unwrap();
     let valid = parsed.validate().unwrap();
     Job {
-        job_id: scoped(tenant, key).job_id(),
+        job_id: scoped(tenant, key).job_id(&valid.fingerprint()),
         tenant: TenantId::parse(tenant).unwrap(),
         text: valid.text,
         notify: valid.notify,
@@ -134,7 +135,7 @@ async fn job_id_is_the_uuid_v5_of_the_scoped_key() {
     let key = "uuid-v5-key-000001";
     let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
     let job_id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
-    assert_eq!(job_id, job_id_for("acme", key));
+    assert_eq!(job_id, job_id_for("acme", key, BODY));
     assert_eq!(uuid::Uuid::parse_str(&job_id).unwrap().get_version_num(), 5);
     let [msg] = stream_messages(&env).await.try_into().unwrap();
     assert_eq!(
@@ -199,7 +200,13 @@ async fn contenders_on_separate_connections_enqueue_exactly_once() {
                 let store = store_of(&contender);
                 start.wait().await;
                 store
-                    .enqueue_once(&redis_key, &fp, &msg, accepted(&msg.job_id.to_string()))
+                    .enqueue_once(
+                        &redis_key,
+                        &fp,
+                        &msg,
+                        accepted(&msg.job_id.to_string()),
+                        &TenantLimits::default(),
+                    )
                     .await
             })
         })
@@ -303,7 +310,7 @@ async fn keys_are_scoped_per_tenant() {
             "{tenant} is not a replay"
         );
         let id = json_body(res).await["job_id"].as_str().unwrap().to_owned();
-        assert_eq!(id, job_id_for(tenant, key));
+        assert_eq!(id, job_id_for(tenant, key, BODY));
         let stored = record(&env, &record_key(&services, tenant, key))
             .await
             .unwrap();
@@ -344,7 +351,11 @@ async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
         record(&env, &record_key(&services, "acme", key)).await,
         None
     );
-    assert!(job_state(&env, &job_id_for("acme", key)).await.is_empty());
+    assert!(
+        job_state(&env, &job_id_for("acme", key, BODY))
+            .await
+            .is_empty()
+    );
     assert_eq!(idempotency_count(&services, "new"), 0);
 
     let () = r.del(&stream_key).await.unwrap();
@@ -354,7 +365,10 @@ async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
         header(&res, "idempotent-replayed").is_none(),
         "not a replay"
     );
-    assert_eq!(json_body(res).await["job_id"], job_id_for("acme", key));
+    assert_eq!(
+        json_body(res).await["job_id"],
+        job_id_for("acme", key, BODY)
+    );
     assert_eq!(stream_len(&env).await, 1);
 }
 
@@ -451,7 +465,7 @@ async fn redis_down_is_unavailable_at_once_and_writes_nothing() {
     let store = store_of(&down);
     let msg = job_message("acme", "redis-down-key-001", BODY);
     let err = store
-        .enqueue_once("any", "fp", &msg, accepted("j"))
+        .enqueue_once("any", "fp", &msg, accepted("j"), &TenantLimits::default())
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(_)), "{err:?}");

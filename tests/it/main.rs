@@ -18,6 +18,7 @@ mod providers;
 mod relay_http_mail;
 mod relay_outbox;
 mod retry_policy;
+mod tenant_limits;
 mod worker;
 
 #[tokio::test]

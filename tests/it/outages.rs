@@ -270,6 +270,7 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
         &taken[0].id,
         &fields,
         "exceeded 5 deliveries",
+        "processing failed on each of 5 attempts",
     )
     .await
     .unwrap();
@@ -291,6 +292,7 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
             &taken[0].id,
             &fields,
             "exceeded 5 deliveries",
+            "processing failed on each of 5 attempts",
         )
         .await
         .unwrap()
@@ -318,6 +320,7 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
             "w-a",
             &taken[0].id,
             &taken[0].fields,
+            "x",
             "x",
         )
         .await
@@ -606,6 +609,7 @@ async fn dlq_replay_all_skips_a_malformed_entry_and_replays_the_rest() {
             &taken[0].id,
             &taken[0].fields,
             "permanent: 400",
+            "the model rejected the request (HTTP 400)",
         )
         .await
         .unwrap()

@@ -331,7 +331,7 @@ async fn api_key_never_appears_in_debug_errors_or_logs() {
     }
     assert!(
         err.to_string()
-            .contains("Incorrect API key provided: [redacted]"),
+            .contains("Incorrect API key provided: <redacted>"),
         "{err}"
     );
 }
@@ -602,4 +602,82 @@ async fn mail_from_settings_builds_each_provider_and_names_missing_urls() {
             .contains("SUMMARYD_MAIL_FROM"),
         "{err:?}"
     );
+}
+
+// ---- what a tenant and an operator are told about a failed job -------------------------
+
+/// OpenAI's 401 quotes a masked key and the organisation. A job that fails on it is
+/// dead-lettered; the tenant's GET shows summaryd's wording of the class only, and the
+/// operator's `dlq list` keeps the provider's text, without any fragment of the key.
+#[actix_web::test]
+async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_the_key() {
+    use actix_web::test as web;
+    use summaryd::roles::Roles;
+    use summaryd::shutdown::Shutdown;
+
+    const LONG_KEY: &str = "sk-proj-Zq81mVbXw2LpKd77RtY0aa4Hc9Qe";
+    let masked = "Incorrect API key provided: sk-proj-********************4Hc9Qe. \
+                  You can find your API key at https://platform.openai.com/account/api-keys. \
+                  Organization org-Ab12Cd34Ef56.";
+    let stub = HttpStub::start(Reply::json(
+        401,
+        json!({"error": {"message": masked, "code": "invalid_api_key"}}),
+    ))
+    .await;
+    let env = crate::shared::TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    settings.llm = llm_settings(&stub.url("/v1"), Some(LONG_KEY));
+    let model = llm::from_settings(&settings.llm).unwrap();
+    let services = env.services().settings(settings).llm(model).build();
+    summaryd::stream::consumer_group::ensure_group(&mut env.redis().await, &services.keys)
+        .await
+        .unwrap();
+    let app = web::init_service(summaryd::api::app(
+        services.api(),
+        Roles::all(),
+        Shutdown::new(),
+    ))
+    .await;
+    let res = web::call_service(
+        &app,
+        crate::shared::api_requests::post(
+            "acme",
+            "provider-401-key-0001",
+            crate::shared::api_requests::BODY,
+        )
+        .to_request(),
+    )
+    .await;
+    assert_eq!(res.status(), 202);
+    let job_id = crate::shared::api_requests::json_body(res).await["job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let mut worker = summaryd::worker::Consumer::new(services.worker(), "w-401");
+    assert_eq!(worker.run_once().await.unwrap(), 1);
+
+    let res = web::call_service(
+        &app,
+        crate::shared::api_requests::get("acme", &job_id).to_request(),
+    )
+    .await;
+    let view = crate::shared::api_requests::json_body(res).await;
+    assert_eq!(view["status"], "failed");
+    assert_eq!(view["error"], "the model rejected the request (HTTP 401)");
+
+    // What `summaryd dlq list --json` prints.
+    let mut out = Vec::new();
+    summaryd::admin::dlq::list(&services.redis, &services.keys, 10, true, &mut out)
+        .await
+        .unwrap();
+    let reason = String::from_utf8(out).unwrap();
+    assert_eq!(reason.matches(&job_id).count(), 1, "{reason}");
+    assert!(
+        reason.contains("model API answered 401: Incorrect API key provided"),
+        "{reason}"
+    );
+    for fragment in ["4Hc9Qe", "sk-proj", "Ab12Cd34Ef56", LONG_KEY] {
+        assert!(!reason.contains(fragment), "{fragment} in {reason}");
+        assert!(!view.to_string().contains(fragment), "{fragment} in {view}");
+    }
 }

@@ -394,14 +394,21 @@ async fn always_failing_job_is_dead_lettered_on_the_claim_after_max_deliveries()
 
     let dead = w.dead_letters().await;
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0]["reason"], "exceeded 3 deliveries");
+    assert!(
+        dead[0]["reason"].contains("exceeded 3 deliveries"),
+        "{:?}",
+        dead[0]
+    );
     assert_eq!(dead[0]["original_id"], failing_id);
     assert_eq!(dead[0]["job_id"], failing.job_id.to_string());
     assert_eq!(dead[0]["tenant"], "acme");
     assert!(dead[0].contains_key("payload") && dead[0].contains_key("failed_at"));
     let state = w.job_state(failing.job_id).await.unwrap();
     assert_eq!(state.status, Status::Failed);
-    assert_eq!(state.error.as_deref(), Some("exceeded 3 deliveries"));
+    assert_eq!(
+        state.error.as_deref(),
+        Some("processing failed on each of 3 attempts")
+    );
 
     // What did NOT move: the bystander is still pending, with its owner and count.
     assert_eq!(
@@ -449,11 +456,70 @@ async fn bad_request_is_dead_lettered_after_one_call() {
     assert_eq!(w.pending().await, 0);
     let dead = w.dead_letters().await;
     assert_eq!(dead.len(), 1);
-    assert!(dead[0]["reason"].contains("400"), "{:?}", dead[0]);
+    // Operators get the provider's text; the tenant gets our wording of the class.
+    assert!(
+        dead[0]["reason"].contains("model API answered 400: HTTP 400"),
+        "{:?}",
+        dead[0]
+    );
     let state = w.job_state(msg.job_id).await.unwrap();
     assert_eq!(state.status, Status::Failed);
-    assert!(state.error.unwrap_or_default().contains("400"));
+    assert_eq!(
+        state.error.as_deref(),
+        Some("the model rejected the request (HTTP 400)")
+    );
     assert_eq!(w.env.count("outbox").await, 0);
+    assert_eq!(in_flight(&mut w, "acme").await, Vec::<String>::new());
+}
+
+/// The tenant's in-flight set (job ids accepted and not finished).
+async fn in_flight(w: &mut World, tenant: &str) -> Vec<String> {
+    w.redis
+        .smembers(w.services.keys.in_flight(tenant))
+        .await
+        .unwrap()
+}
+
+/// A job the API would refuse (NUL in the text), put on the stream by another producer:
+/// Postgres refuses the commit with a data error (class 22), which is permanent. The job is
+/// dead-lettered after its first delivery, with a reason saying what was wrong, and never
+/// delivered (or paid for) again.
+#[tokio::test]
+async fn a_commit_postgres_refuses_is_dead_lettered_after_one_delivery() {
+    let mut w = World::new(FakeLlm::ok()).await;
+    let mut msg = job("nul-text");
+    msg.text = "Revenue grew.\u{0}Costs fell.".into();
+    w.enqueue(&msg).await;
+    assert_eq!(
+        in_flight(&mut w, "acme").await,
+        vec![msg.job_id.to_string()]
+    );
+    let mut c = w.consumer("w-c", 0);
+    assert_eq!(c.run_once().await.unwrap(), 1);
+
+    assert_eq!(w.llm.calls(), 1);
+    assert_eq!(w.pending().await, 0, "not left pending for redelivery");
+    let dead = w.dead_letters().await;
+    assert_eq!(dead.len(), 1);
+    let reason = &dead[0]["reason"];
+    assert!(reason.contains("could not be stored"), "{reason}");
+    assert!(reason.contains("SQLSTATE 22"), "{reason}");
+    let state = w.job_state(msg.job_id).await.unwrap();
+    assert_eq!(state.status, Status::Failed);
+    assert_eq!(
+        state.error.as_deref(),
+        Some(
+            "the summary could not be stored: the text or summary holds data the database refuses"
+        )
+    );
+    assert_eq!(in_flight(&mut w, "acme").await, Vec::<String>::new());
+    // Claim-idle 0: anything still pending would be taken again at once.
+    assert_eq!(c.run_once().await.unwrap(), 0);
+    assert_eq!(w.llm.calls(), 1);
+    assert_eq!(w.env.count("summaries").await, 0);
+    assert_eq!(w.env.count("outbox").await, 0);
+    assert_eq!(w.jobs_counter("dead_lettered"), 1);
+    assert_eq!(w.jobs_counter("retry"), 0);
 }
 
 #[tokio::test]

@@ -76,12 +76,14 @@ pub fn record_key(services: &Services, tenant: &str, key: &str) -> String {
     services.keys.idempotency(&scoped)
 }
 
-pub fn job_id_for(tenant: &str, key: &str) -> String {
+/// The job id the API derives for `body` under (tenant, key).
+pub fn job_id_for(tenant: &str, key: &str, body: &str) -> String {
+    let request: summaryd::domain::SummaryRequest = serde_json::from_str(body).unwrap();
     ScopedKey::summaries(
         &TenantId::parse(tenant).unwrap(),
         &IdempotencyKey::parse(key).unwrap(),
     )
-    .job_id()
+    .job_id(&request.validate().unwrap().fingerprint())
     .to_string()
 }
 

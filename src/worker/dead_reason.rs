@@ -1,0 +1,95 @@
+//! Why a job was dead-lettered, said twice: to the tenant (GET's `error`), in summaryd's own
+//! stable wording that names the class of failure and never quotes a provider; and to
+//! operators (`summaryd dlq list`, the logs), with the full detail. Provider messages are
+//! scrubbed of credentials where they are made (`llm::openai`), so neither carries a secret.
+
+use crate::db::DbError;
+use crate::llm::LlmError;
+use crate::retry::RetryError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadReason {
+    /// What the tenant is told; fixed wording per class (`docs/reference.md`, GET).
+    pub tenant: String,
+    /// What operators see: the class and the full detail.
+    pub operator: String,
+}
+
+impl DeadReason {
+    fn new(tenant: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+        let tenant = tenant.into();
+        Self {
+            operator: format!("{tenant}: {detail}"),
+            tenant,
+        }
+    }
+
+    /// A model failure that another attempt cannot fix.
+    pub fn model(err: &RetryError) -> Self {
+        let tenant = match err {
+            RetryError::Llm(LlmError::Status { status, .. }) => {
+                format!("the model rejected the request (HTTP {status})")
+            }
+            RetryError::Llm(LlmError::Malformed(_)) => {
+                "the model returned a response that could not be used".into()
+            }
+            RetryError::Llm(LlmError::InvalidInput(_)) => "the text cannot be summarised".into(),
+            RetryError::Llm(LlmError::Timeout | LlmError::Connect(_))
+            | RetryError::DeadlineExceeded { .. } => {
+                "the model could not be reached in time".into()
+            }
+            RetryError::Llm(LlmError::Other(_)) => "the model call failed".into(),
+        };
+        Self::new(tenant, err)
+    }
+
+    /// Postgres refused the summary's data (`DbError::is_data_error`).
+    pub fn unstorable(err: &DbError) -> Self {
+        let code = err.sqlstate().unwrap_or("unknown");
+        let cause = match err {
+            DbError::Query(e) => e
+                .as_db_error()
+                .map_or_else(|| e.to_string(), |db| db.message().to_owned()),
+            other => other.to_string(),
+        };
+        Self::new(
+            "the summary could not be stored: the text or summary holds data the database refuses",
+            format!("Postgres refused the commit (SQLSTATE {code}): {cause}"),
+        )
+    }
+
+    /// The stream entry is not a job (written by something other than the API).
+    pub fn malformed(detail: impl std::fmt::Display) -> Self {
+        Self::new("the queued job could not be read", detail)
+    }
+
+    /// Every delivery failed transiently.
+    pub fn exhausted(max_deliveries: u64) -> Self {
+        Self::new(
+            format!("processing failed on each of {max_deliveries} attempts"),
+            format!("exceeded {max_deliveries} deliveries; each one's error is in the worker logs"),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenants_get_the_class_and_operators_the_detail() {
+        let err = RetryError::Llm(LlmError::Status {
+            status: 401,
+            retry_after: None,
+            message: "Incorrect API key provided: <redacted>. Organisation acme-corp".into(),
+        });
+        let reason = DeadReason::model(&err);
+        assert_eq!(reason.tenant, "the model rejected the request (HTTP 401)");
+        assert!(reason.operator.starts_with(&reason.tenant));
+        assert!(reason.operator.contains("Organisation acme-corp"));
+        assert_eq!(
+            DeadReason::model(&RetryError::Llm(LlmError::Malformed("no choices".into()))).tenant,
+            "the model returned a response that could not be used"
+        );
+    }
+}

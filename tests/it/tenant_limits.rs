@@ -1,0 +1,208 @@
+//! Per-tenant limits from the tokens file, enforced in Redis (`docs/reference.md`, Tenants):
+//! they hold for all API replicas together, `max_in_flight` counts jobs accepted and not yet
+//! finished (freed on done and on dead-letter, taken again by `dlq replay`), and a replay of
+//! an accepted request is never charged or refused. Effects are read from Redis and Postgres.
+
+use std::sync::Arc;
+
+use actix_web::test::{self, TestRequest};
+use redis::AsyncCommands;
+use summaryd::api;
+use summaryd::auth::token_sha256;
+use summaryd::llm::LlmError;
+use summaryd::roles::Roles;
+use summaryd::shutdown::Shutdown;
+use summaryd::stream::consumer_group::ensure_group;
+use summaryd::stream::dead_letters;
+use summaryd::worker::Consumer;
+
+use crate::shared::test_env::Services;
+use crate::shared::{FakeLlm, TestEnv};
+
+const TOKEN: &str = "acme-limits-token";
+
+fn tokens_file(limits: &str) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    let text = format!(
+        "[tenants.acme]\ntoken_sha256 = \"{}\"\n{limits}\n",
+        token_sha256(TOKEN)
+    );
+    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
+    file
+}
+
+fn post(key: &str) -> TestRequest {
+    TestRequest::post()
+        .uri("/v1/summaries")
+        .insert_header(("Content-Type", "application/json"))
+        .insert_header(("Idempotency-Key", key))
+        .insert_header(("Authorization", format!("Bearer {TOKEN}")))
+        .set_payload(format!(
+            r#"{{"text":"Limits test {key}. Revenue grew.","notify":"am@example.com"}}"#
+        ))
+}
+
+/// Services of one replica: its own pools, token store and actix app; Redis is shared.
+fn replica(env: &TestEnv, file: &tempfile::NamedTempFile, llm: FakeLlm) -> Services {
+    let mut settings = env.settings.clone();
+    settings.auth.tokens_file = Some(file.path().to_path_buf());
+    env.services().settings(settings).llm(Arc::new(llm)).build()
+}
+
+async fn stream_len(env: &TestEnv) -> u64 {
+    env.redis()
+        .await
+        .xlen(format!("{}jobs:summaries", env.settings.key_prefix))
+        .await
+        .unwrap()
+}
+
+async fn in_flight(env: &TestEnv, services: &Services) -> Vec<String> {
+    let mut ids: Vec<String> = env
+        .redis()
+        .await
+        .smembers(services.keys.in_flight("acme"))
+        .await
+        .unwrap();
+    ids.sort();
+    ids
+}
+
+fn retry_after<B>(res: &actix_web::dev::ServiceResponse<B>) -> u64 {
+    res.headers()
+        .get("retry-after")
+        .expect("Retry-After")
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[actix_web::test]
+async fn the_rate_holds_for_two_replicas_together_and_replays_are_never_charged() {
+    let env = TestEnv::new().await;
+    let file = tokens_file("rate_per_s = 0.01\nburst = 3");
+    let (a, b) = (
+        replica(&env, &file, FakeLlm::ok()),
+        replica(&env, &file, FakeLlm::ok()),
+    );
+    let app_a = test::init_service(api::app(a.api(), Roles::all(), Shutdown::new())).await;
+    let app_b = test::init_service(api::app(b.api(), Roles::all(), Shutdown::new())).await;
+
+    // A burst of 3 for the tenant, whichever replica takes each request.
+    let mut statuses = Vec::new();
+    for n in 0..6 {
+        let req = post(&format!("rate-two-replicas-{n:03}")).to_request();
+        let res = if n % 2 == 0 {
+            test::call_service(&app_a, req).await
+        } else {
+            test::call_service(&app_b, req).await
+        };
+        if res.status() == 429 {
+            // 0.01/s: the next job fits in about 100 s.
+            let wait = retry_after(&res);
+            assert!((90..=100).contains(&wait), "{wait}");
+            let p: serde_json::Value = test::read_body_json(res).await;
+            assert!(p["detail"].as_str().unwrap().contains("rate"), "{p}");
+            statuses.push(429);
+        } else {
+            statuses.push(res.status().as_u16());
+        }
+    }
+    assert_eq!(statuses, [202, 202, 202, 429, 429, 429]);
+    assert_eq!(
+        stream_len(&env).await,
+        3,
+        "only accepted requests are queued"
+    );
+
+    // Over the limit, a replay of an accepted request is still answered, on either replica,
+    // and costs nothing: a new key is still refused afterwards, the stream is unchanged.
+    for app in [&app_a, &app_b] {
+        let res = test::call_service(app, post("rate-two-replicas-001").to_request()).await;
+        assert_eq!(res.status(), 202);
+        assert_eq!(res.headers().get("idempotent-replayed").unwrap(), "true");
+    }
+    let res = test::call_service(&app_b, post("rate-two-replicas-100").to_request()).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(stream_len(&env).await, 3);
+}
+
+#[actix_web::test]
+async fn max_in_flight_counts_accepted_jobs_until_done_or_dead_lettered() {
+    let env = TestEnv::new().await;
+    let file = tokens_file("max_in_flight = 2");
+    // The worker's model fails the first job permanently, then succeeds.
+    let bad_request = LlmError::Status {
+        status: 400,
+        retry_after: None,
+        message: "bad".into(),
+    };
+    let services = replica(
+        &env,
+        &file,
+        FakeLlm::with(
+            vec![crate::shared::fakes::Step::Fail(bad_request)],
+            crate::shared::fakes::Step::Ok(String::new()),
+        ),
+    );
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
+    ensure_group(&mut env.redis().await, &services.keys)
+        .await
+        .unwrap();
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let res =
+            test::call_service(&app, post(&format!("in-flight-key-{n:04}")).to_request()).await;
+        assert_eq!(res.status(), 202);
+        let body: serde_json::Value = test::read_body_json(res).await;
+        ids.push(body["job_id"].as_str().unwrap().to_owned());
+    }
+    ids.sort();
+    assert_eq!(in_flight(&env, &services).await, ids);
+
+    let res = test::call_service(&app, post("in-flight-key-0002").to_request()).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(retry_after(&res), 1);
+    let p: serde_json::Value = test::read_body_json(res).await;
+    assert!(
+        p["detail"].as_str().unwrap().contains("max_in_flight"),
+        "{p}"
+    );
+    // A replay is never refused, even at the limit.
+    let res = test::call_service(&app, post("in-flight-key-0000").to_request()).await;
+    assert_eq!(res.status(), 202);
+    assert_eq!(stream_len(&env).await, 2);
+
+    // First job: dead-lettered (model 400). It no longer counts.
+    let mut worker = Consumer::new(services.worker(), "limits-worker");
+    assert_eq!(worker.run_once().await.unwrap(), 1);
+    assert_eq!(in_flight(&env, &services).await.len(), 1);
+    let res = test::call_service(&app, post("in-flight-key-0002").to_request()).await;
+    assert_eq!(res.status(), 202, "a slot was freed by the dead-letter");
+    let res = test::call_service(&app, post("in-flight-key-0003").to_request()).await;
+    assert_eq!(res.status(), 429);
+
+    // Second job: done. Its slot is freed too.
+    assert_eq!(worker.run_once().await.unwrap(), 1);
+    assert_eq!(env.count("summaries").await, 1);
+    assert_eq!(in_flight(&env, &services).await.len(), 1);
+    let res = test::call_service(&app, post("in-flight-key-0003").to_request()).await;
+    assert_eq!(res.status(), 202, "a slot was freed by the finished job");
+    assert_eq!(in_flight(&env, &services).await.len(), 2);
+
+    // `dlq replay` puts the dead job back in flight (never refused: it was accepted).
+    let mut r = env.redis().await;
+    let dead = dead_letters::all_ids(&mut r, &services.keys).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    let replayed = dead_letters::replay(&mut r, &services.keys, &dead[0])
+        .await
+        .unwrap();
+    let dead_job = match replayed {
+        dead_letters::ReplayOutcome::Replayed { job_id, .. } => job_id,
+        other => panic!("{other:?}"),
+    };
+    let now = in_flight(&env, &services).await;
+    assert_eq!(now.len(), 3, "{now:?}");
+    assert!(now.contains(&dead_job));
+}

@@ -224,6 +224,20 @@ async fn a_delivery_slower_than_claim_idle_keeps_its_entry_and_calls_the_model_o
 
     let mut slow = Consumer::new(services.worker(), "w-slow");
     let delivery = tokio::spawn(async move { slow.run_once().await.unwrap() });
+    // The slow consumer must hold the entry before the reclaimer's first pass, or the
+    // reclaimer reads it as new work and the test measures nothing.
+    let held = Instant::now();
+    while !pending(&mut redis, &services)
+        .await
+        .iter()
+        .any(|(_, consumer, _)| consumer == "w-slow")
+    {
+        assert!(
+            held.elapsed() < Duration::from_secs(5),
+            "w-slow never read the entry"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let mut reclaimer = Consumer::new(services.worker(), "w-reclaimer");
     let mut reclaimed = 0;
     let mut passes = 0;

@@ -43,6 +43,9 @@ DOCUMENTED = {
     "summaryd_llm_tokens_total",
     "summaryd_llm_breaker_open",
     "summaryd_loop_errors_total",
+    "summaryd_gauges_refreshed_timestamp_seconds",
+    "summaryd_maintenance_runs_total",
+    "summaryd_maintenance_removed_total",
 }
 # Series a histogram exports besides its name.
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")

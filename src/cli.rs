@@ -2,6 +2,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
@@ -79,6 +80,43 @@ pub enum DlqCommand {
         #[arg(long)]
         all: bool,
     },
+    /// Remove dead letters and their job state (GET then answers 404 for those jobs).
+    Purge {
+        /// Only dead letters that failed longer ago than this: a number and a unit, s, m,
+        /// h, d or w (e.g. 30d). Without ids: every dead letter that old.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+              required_unless_present = "ids")]
+        older_than: Option<Duration>,
+        /// Dead-letter entry ids (from `dlq list`).
+        ids: Vec<String>,
+    },
+}
+
+/// `30s`, `15m`, `36h`, `14d`, `2w`: one whole number and one unit.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{text:?} has no unit; use s, m, h, d or w, e.g. 14d"))?;
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} does not start with a whole number, e.g. 14d"))?;
+    let unit_s = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        "w" => 7 * 86_400,
+        _ => {
+            return Err(format!(
+                "unknown unit {unit:?} in {text:?}; use s, m, h, d or w"
+            ));
+        }
+    };
+    n.checked_mul(unit_s)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long"))
 }
 
 #[derive(Debug, Subcommand)]
@@ -149,6 +187,23 @@ mod tests {
             cli.command,
             Command::Token(TokenCommand::New { tenant }) if tenant == "acme"
         ));
+    }
+
+    #[test]
+    fn purge_needs_an_age_or_ids_and_parses_durations() {
+        assert!(Cli::try_parse_from(["summaryd", "dlq", "purge"]).is_err());
+        let cli = Cli::try_parse_from(["summaryd", "dlq", "purge", "--older-than", "14d"]).unwrap();
+        let Command::Dlq(DlqCommand::Purge { older_than, ids }) = cli.command else {
+            panic!("expected dlq purge")
+        };
+        assert_eq!(older_than, Some(Duration::from_secs(14 * 86_400)));
+        assert!(ids.is_empty());
+        assert!(Cli::try_parse_from(["summaryd", "dlq", "purge", "1-0", "2-0"]).is_ok());
+        assert_eq!(parse_duration("90m"), Ok(Duration::from_secs(5_400)));
+        assert_eq!(parse_duration("2w"), Ok(Duration::from_secs(1_209_600)));
+        for bad in ["14", "d", "1.5h", "3y", "-1d", "99999999999999999999w"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

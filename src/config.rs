@@ -51,6 +51,8 @@ pub struct Settings {
     pub worker: WorkerSettings,
     pub relay: RelaySettings,
     pub idempotency: IdempotencySettings,
+    pub retention: RetentionSettings,
+    pub maintenance: MaintenanceSettings,
     pub auth: AuthSettings,
     pub log: LogSettings,
     pub shutdown: ShutdownSettings,
@@ -74,6 +76,8 @@ impl std::fmt::Debug for Settings {
             worker,
             relay,
             idempotency,
+            retention,
+            maintenance,
             auth,
             log,
             shutdown,
@@ -93,6 +97,8 @@ impl std::fmt::Debug for Settings {
             .field("worker", worker)
             .field("relay", relay)
             .field("idempotency", idempotency)
+            .field("retention", retention)
+            .field("maintenance", maintenance)
             .field("auth", auth)
             .field("log", log)
             .field("shutdown", shutdown)
@@ -270,6 +276,26 @@ pub struct IdempotencySettings {
     pub result_ttl_s: u64,
 }
 
+/// How long finished work is kept; 0 keeps it forever. Removed by the maintenance task.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSettings {
+    /// Dead letters (and their job state) older than this are removed.
+    pub dead_letters_s: u64,
+    /// Sent outbox rows older than this (since they were sent) are deleted.
+    pub outbox_sent_s: u64,
+    /// Summaries completed longer ago than this are deleted; must exceed the idempotency
+    /// result TTL (see `validate`).
+    pub summaries_s: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MaintenanceSettings {
+    /// How often the maintenance task refreshes the cluster-wide gauges and applies retention.
+    pub interval_ms: u64,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSettings {
@@ -367,6 +393,14 @@ impl Default for Settings {
             idempotency: IdempotencySettings {
                 lock_ttl_s: 30,
                 result_ttl_s: 86_400,
+            },
+            retention: RetentionSettings {
+                dead_letters_s: 14 * 86_400,
+                outbox_sent_s: 7 * 86_400,
+                summaries_s: 0,
+            },
+            maintenance: MaintenanceSettings {
+                interval_ms: 10_000,
             },
             auth: AuthSettings::default(),
             log: LogSettings::default(),
@@ -544,6 +578,19 @@ impl Settings {
         if self.idempotency.result_ttl_s == 0 {
             return bad("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S", "must be positive");
         }
+        if self.retention.summaries_s != 0
+            && self.retention.summaries_s <= self.idempotency.result_ttl_s
+        {
+            return bad(
+                "SUMMARYD_RETENTION_SUMMARIES_S",
+                "must exceed SUMMARYD_IDEMPOTENCY_RESULT_TTL_S (or be 0 to keep summaries): \
+                 while a job's idempotency record is replayed, its summary must exist, or a \
+                 replayed job would be unknown to GET and a redelivery of it would run it again",
+            );
+        }
+        if self.maintenance.interval_ms == 0 {
+            return bad("SUMMARYD_MAINTENANCE_INTERVAL_MS", "must be positive");
+        }
         if self.key_prefix.chars().any(|c| c.is_whitespace()) {
             return bad("SUMMARYD_KEY_PREFIX", "must not contain whitespace");
         }
@@ -701,6 +748,18 @@ mod tests {
         s.idempotency.lock_ttl_s = 0;
         let err = s.validate().unwrap_err().to_string();
         assert!(err.contains("SUMMARYD_IDEMPOTENCY_LOCK_TTL_S"), "{err}");
+    }
+
+    #[test]
+    fn summaries_retention_must_outlast_the_idempotency_records() {
+        let mut s = Settings::default();
+        s.retention.summaries_s = s.idempotency.result_ttl_s;
+        let err = s.validate().unwrap_err().to_string();
+        assert!(err.contains("SUMMARYD_RETENTION_SUMMARIES_S"), "{err}");
+        s.retention.summaries_s = s.idempotency.result_ttl_s + 1;
+        assert!(s.validate().is_ok());
+        s.retention.summaries_s = 0;
+        assert!(s.validate().is_ok(), "0 keeps summaries forever");
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod keys;
 mod layering;
 pub mod llm;
 pub mod mail;
+pub mod maintenance;
 pub mod metrics;
 pub mod redact;
 pub mod redis_conn;

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use prometheus::{
-    Encoder, Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
-    TextEncoder,
+    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -16,14 +16,23 @@ pub struct Metrics {
     pub jobs: IntCounterVec,
     pub llm_requests: IntCounterVec,
     pub llm_duration: Histogram,
+    pub http_duration: HistogramVec,
+    pub job_latency: HistogramVec,
+    /// Cluster-wide gauges: set only by the maintenance task (`maintenance.rs`), read by
+    /// scrapes, so a scrape never runs a query.
     pub stream_pending: IntGauge,
+    pub stream_lag: IntGauge,
+    pub oldest_queued_age: Gauge,
     pub dead_letters: IntGauge,
     pub outbox_unsent: IntGauge,
+    pub gauges_refreshed: Gauge,
     pub outbox_sent: IntCounter,
     /// `summaryd_loop_errors_total{role,kind}`: failed passes of the worker and relay loops.
     pub loop_errors: IntCounterVec,
     /// Per role, the current run of consecutive failed passes and the last reason.
     loop_streaks: Mutex<BTreeMap<&'static str, (u32, String)>>,
+    pub maintenance_runs: IntCounterVec,
+    pub maintenance_removed: IntCounterVec,
 }
 
 /// A role whose last this many passes all failed is reported not ready (with the reason),
@@ -78,12 +87,74 @@ impl Metrics {
             ]),
         )?;
         registry.register(Box::new(llm_duration.clone()))?;
+        let histogram_vec = |name: &str,
+                             help: &str,
+                             label: &str,
+                             buckets: Vec<f64>|
+         -> Result<HistogramVec, prometheus::Error> {
+            let h = HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), &[label])?;
+            registry.register(Box::new(h.clone()))?;
+            Ok(h)
+        };
+        // From a cached replay (well under a millisecond) to a POST waiting on a slow Redis.
+        let http_duration = histogram_vec(
+            "summaryd_http_request_duration_seconds",
+            "Time from receiving a request to its response, by route template",
+            "route",
+            vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ],
+        )?;
+        // From the builtin model with an empty queue (milliseconds) to a backlog drained
+        // after an outage (an hour and more).
+        let job_latency = histogram_vec(
+            "summaryd_job_latency_seconds",
+            "Time from acceptance (202) to the summary's commit (stage=summarised) and to the email's acceptance by the provider (stage=emailed)",
+            "stage",
+            vec![
+                0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0,
+                3600.0, 7200.0,
+            ],
+        )?;
+        let float_gauge = |name: &str, help: &str| -> Result<Gauge, prometheus::Error> {
+            let g = Gauge::new(name, help)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+        let stream_lag = gauge(
+            "summaryd_stream_lag",
+            "Job stream entries not yet delivered to any consumer (cluster-wide)",
+        )?;
+        let oldest_queued_age = float_gauge(
+            "summaryd_oldest_queued_age_seconds",
+            "Age of the oldest unfinished job stream entry, pending or not yet delivered; 0 when none (cluster-wide)",
+        )?;
+        let gauges_refreshed = float_gauge(
+            "summaryd_gauges_refreshed_timestamp_seconds",
+            "Unix time the cluster-wide gauges of this process were last refreshed",
+        )?;
+        let maintenance_runs = counter_vec(
+            "summaryd_maintenance_runs_total",
+            "Maintenance passes by outcome: done (this process applied retention), skipped (another replica held the lock; gauges still refreshed), error (a step failed; see the log)",
+            &["outcome"],
+        )?;
+        let maintenance_removed = counter_vec(
+            "summaryd_maintenance_removed_total",
+            "What maintenance removed: stream_entries, dead_letters, outbox_sent, summaries, consumers",
+            &["what"],
+        )?;
         let stream_pending = gauge(
             "summaryd_stream_pending",
-            "Messages delivered to a consumer and not yet acknowledged",
+            "Job stream entries delivered to a consumer and not yet acknowledged (cluster-wide)",
         )?;
-        let dead_letters = gauge("summaryd_dead_letters", "Entries in the dead-letter stream")?;
-        let outbox_unsent = gauge("summaryd_outbox_unsent", "Outbox rows not yet sent")?;
+        let dead_letters = gauge(
+            "summaryd_dead_letters",
+            "Entries in the dead-letter stream (cluster-wide)",
+        )?;
+        let outbox_unsent = gauge(
+            "summaryd_outbox_unsent",
+            "Outbox rows not yet sent, stuck ones included (cluster-wide)",
+        )?;
         let outbox_sent = IntCounter::new("summaryd_outbox_sent_total", "Outbox rows sent")?;
         registry.register(Box::new(outbox_sent.clone()))?;
         let loop_errors = counter_vec(
@@ -98,12 +169,19 @@ impl Metrics {
             jobs,
             llm_requests,
             llm_duration,
+            http_duration,
+            job_latency,
             stream_pending,
+            stream_lag,
+            oldest_queued_age,
             dead_letters,
             outbox_unsent,
+            gauges_refreshed,
             outbox_sent,
             loop_errors,
             loop_streaks: Mutex::new(BTreeMap::new()),
+            maintenance_runs,
+            maintenance_removed,
         })
     }
 
@@ -150,4 +228,12 @@ impl Metrics {
         }
         String::from_utf8(buf).unwrap_or_default()
     }
+}
+
+/// Seconds from `since` to now, for the latency histograms; 0 when the clock went back.
+pub fn seconds_since(since: chrono::DateTime<chrono::Utc>) -> f64 {
+    let elapsed = chrono::Utc::now() - since;
+    elapsed
+        .num_microseconds()
+        .map_or(0.0, |us| us.max(0) as f64 / 1e6)
 }

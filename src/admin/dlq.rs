@@ -1,6 +1,7 @@
-//! `summaryd dlq list` and `summaryd dlq replay`.
+//! `summaryd dlq list`, `summaryd dlq replay` and `summaryd dlq purge`.
 
 use std::io::Write;
+use std::time::Duration;
 
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
@@ -85,4 +86,26 @@ pub async fn replay(
         )?;
     }
     Ok(report)
+}
+
+/// Remove dead letters (and their job state): the given ids, or all of them, that failed
+/// longer than `older_than` ago. Returns how many were removed.
+pub async fn purge(
+    redis: &deadpool_redis::Pool,
+    keys: &RedisKeys,
+    ids: &[String],
+    older_than: Option<Duration>,
+    out: &mut impl Write,
+) -> Result<u64, AdminError> {
+    let mut conn = redis.get().await?;
+    let cutoff_ms = older_than.map(|age| {
+        let now_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
+        now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
+    });
+    let removed = match (ids.is_empty(), cutoff_ms) {
+        (true, Some(cutoff_ms)) => dlq::purge_before(&mut conn, keys, cutoff_ms).await?,
+        _ => dlq::purge_ids(&mut conn, keys, ids, cutoff_ms).await?,
+    };
+    writeln!(out, "{removed} dead letters purged")?;
+    Ok(removed)
 }

@@ -68,6 +68,9 @@ async fn run_dlq(
                 n => Err(AdminError::SkippedMalformed(n)),
             }
         }
+        DlqCommand::Purge { older_than, ids } => dlq::purge(&redis, &keys, &ids, older_than, out)
+            .await
+            .map(|_| ()),
     }
 }
 

@@ -129,15 +129,17 @@ fn app_with(
     App::new().configure(config).wrap_fn(move |req, srv| {
         let metrics = metrics.clone();
         let pattern = req.match_pattern();
+        let started = std::time::Instant::now();
         let call = srv.call(req);
         async move {
             let result = call.await;
             match &result {
-                Ok(res) => metrics::record_request(&metrics, res),
+                Ok(res) => metrics::record_request(&metrics, res, started),
                 Err(e) => metrics::record_failed(
                     &metrics,
                     pattern,
                     e.as_response_error().status_code().as_u16(),
+                    started,
                 ),
             }
             result

@@ -13,8 +13,10 @@ use crate::connections::{self, ConnectError, SharedRedis};
 use crate::keys::RedisKeys;
 use crate::llm::Llm;
 use crate::mail::Mailer;
+use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
 use crate::relay::RelayServices;
+use crate::roles::{Role, Roles};
 use crate::worker::{DependencyGate, WorkerServices};
 
 #[derive(Clone)]
@@ -84,5 +86,17 @@ impl Handles {
             mailer,
             metrics: self.metrics.clone(),
         }
+    }
+
+    /// The maintenance task's share for a process with `roles`: Redis only with the worker
+    /// role (a relay-only process has no stream to look after, and may have no Redis).
+    pub fn maintenance(&self, roles: Roles) -> Maintenance {
+        Maintenance::new(
+            &self.settings,
+            self.pg.clone(),
+            roles.has(Role::Worker).then(|| self.redis.clone()),
+            self.keys.clone(),
+            self.metrics.clone(),
+        )
     }
 }

@@ -241,6 +241,12 @@ impl Application {
                 });
             }
         }
+        if crate::maintenance::Maintenance::enabled_for(roles) {
+            let (maintenance, shutdown) = (handles.maintenance(roles), shutdown.clone());
+            supervisor.spawn("maintenance".into(), move || {
+                maintenance.clone().run(shutdown.clone())
+            });
+        }
         info!(%roles, port, ops_port, "summaryd started");
 
         let http_result = tokio::select! {

@@ -13,6 +13,10 @@ pub struct SummaryReady {
     /// The recipient (the job's `notify`).
     pub to: Email,
     pub summary: String,
+    /// When the API accepted the job, for the acceptance-to-email latency. Absent in rows
+    /// written before it existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// An outbox payload that is not a valid event. It will be just as invalid on every later
@@ -36,6 +40,7 @@ impl SummaryReady {
             tenant: job.tenant.clone(),
             to: job.notify.clone(),
             summary: summary.into(),
+            accepted_at: Some(job.created_at),
         }
     }
 

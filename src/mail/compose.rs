@@ -34,6 +34,7 @@ mod tests {
             tenant: TenantId::parse("acme").unwrap(),
             to: Email::parse("a@b.co").unwrap(),
             summary: "Q3 is up.".into(),
+            accepted_at: None,
         };
         let email = summary_ready_email("me@x.io", &event);
         assert_eq!(email.from, "me@x.io");

@@ -81,9 +81,16 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
     let relay = &services.settings.relay;
     let pg = &services.pg;
     match send(services, row).await {
-        Ok(()) => {
+        Ok(event) => {
             if outbox::mark_sent(pg, row.id).await? {
                 services.metrics.outbox_sent.inc();
+                if let Some(accepted_at) = event.accepted_at {
+                    services
+                        .metrics
+                        .job_latency
+                        .with_label_values(&["emailed"])
+                        .observe(crate::metrics::seconds_since(accepted_at));
+                }
                 info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent");
             } else {
                 // Another relay (whose lease we outlived, or who outlived ours) recorded it.
@@ -149,8 +156,9 @@ fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
     Outcome::LostClaim
 }
 
-/// Compose and hand the row to the provider once, under a wall-clock cap.
-async fn send(services: &RelayServices, row: &OutboxRow) -> Result<(), Failure> {
+/// Compose and hand the row to the provider once, under a wall-clock cap. Returns the
+/// event that was sent.
+async fn send(services: &RelayServices, row: &OutboxRow) -> Result<SummaryReady, Failure> {
     if row.topic != SummaryReady::TOPIC {
         return Err(Failure::Permanent(format!(
             "no email is defined for outbox topic {:?}",
@@ -167,7 +175,7 @@ async fn send(services: &RelayServices, row: &OutboxRow) -> Result<(), Failure> 
     // The dedupe key is the provider's idempotency key: the same row always sends the same
     // key, so a resend after a crash between send and mark_sent is recognisably a duplicate.
     match tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key)).await {
-        Ok(result) => result,
+        Ok(result) => result.map(|()| event),
         Err(_) => Err(Failure::Transient(format!(
             "mail provider did not answer within {} ms",
             mail.timeout_ms

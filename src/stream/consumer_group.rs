@@ -193,9 +193,12 @@ pub async fn clear_alive<C: ConnectionLike + Send + Sync>(
     conn.del(keys.consumer_alive(consumer)).await
 }
 
-/// Acknowledge a finished job, drop its Redis job state and stop counting it in flight for
-/// its tenant, in one MULTI/EXEC: once Postgres has the summary, it is the truth, and
-/// neither the state nor the tenant's in-flight count may outlive the ack.
+/// Acknowledge a finished job, delete its stream entry, drop its Redis job state and stop
+/// counting it in flight for its tenant, in one MULTI/EXEC: once Postgres has the summary it
+/// is the truth, and neither the entry (the job's full text), the state nor the tenant's
+/// in-flight count may outlive the ack. Deleting in the same step as the ack means an entry
+/// is never gone while still pending, and never left behind finished (the dead-letter step,
+/// `dead_letters::add`, deletes the same way).
 pub async fn ack_done<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
@@ -204,6 +207,7 @@ pub async fn ack_done<C: ConnectionLike + Send + Sync>(
 ) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     pipe.atomic().xack(keys.stream(), GROUP, &[msg_id]).ignore();
+    pipe.xdel(keys.stream(), &[msg_id]).ignore();
     job_state::add_forget(&mut pipe, &keys.job(job.job_id));
     tenant_limits::add_finished(&mut pipe, keys, job.tenant.as_str(), job.job_id);
     pipe.query_async(conn).await
@@ -256,11 +260,115 @@ pub async fn remove_idle_consumers<C: ConnectionLike + Send + Sync>(
     Ok(removed)
 }
 
-/// Entries delivered and not yet acknowledged, for the `summaryd_stream_pending` gauge.
+/// Entries delivered and not yet acknowledged (the gauge reads it with the rest of the
+/// backlog, in [`backlog_and_trim`]).
 pub async fn pending_count<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
 ) -> redis::RedisResult<u64> {
     let reply: redis::streams::StreamPendingReply = conn.xpending(keys.stream(), GROUP).await?;
     Ok(u64::try_from(reply.count()).unwrap_or(u64::MAX))
+}
+
+/// The group's backlog, as the cluster-wide gauges report it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Backlog {
+    /// Entries not yet delivered to any consumer (`None` when Redis cannot tell).
+    pub lag: Option<u64>,
+    /// Entries delivered and not yet acknowledged.
+    pub pending: u64,
+    /// Age of the oldest entry that is pending or not yet delivered; 0 when there is none.
+    pub oldest_age_ms: u64,
+    /// Finished entries this call removed (see [`backlog_and_trim`]).
+    pub trimmed: u64,
+}
+
+/// KEYS[1] job stream   ARGV[1] group
+/// Returns {lag or -1, pending, oldest unfinished entry id or '', trimmed, now in ms}.
+///
+/// The oldest unfinished entry is the older of the oldest pending entry (XPENDING) and the
+/// first entry after the group's last-delivered id (the oldest undelivered one). Every entry
+/// before it was delivered and is no longer pending, i.e. finished; they are trimmed
+/// (XTRIM MINID), which removes nothing that is pending or undelivered. One script, so no
+/// delivery can slip between the reads and the trim.
+static BACKLOG: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(BACKLOG_LUA));
+const BACKLOG_LUA: &str = r"
+local t = redis.call('TIME')
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if redis.call('EXISTS', KEYS[1]) == 0 then return {0, 0, '', 0, now_ms} end
+local group = nil
+for _, g in ipairs(redis.call('XINFO', 'GROUPS', KEYS[1])) do
+  local f = {}
+  for i = 1, #g, 2 do f[g[i]] = g[i + 1] end
+  if f['name'] == ARGV[1] then group = f end
+end
+if not group then
+  local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+  local oldest = ''
+  if #first > 0 then oldest = first[1][1] end
+  return {redis.call('XLEN', KEYS[1]), 0, oldest, 0, now_ms}
+end
+local lag = group['lag']
+if not lag then
+  -- Redis reports no lag when a deleted entry sits at the group's last-delivered id; the
+  -- read counter stays exact (undelivered entries are never deleted), so derive it.
+  lag = -1
+  if group['entries-read'] then
+    local info = redis.call('XINFO', 'STREAM', KEYS[1])
+    for i = 1, #info, 2 do
+      if info[i] == 'entries-added' then lag = info[i + 1] - group['entries-read'] end
+    end
+  end
+end
+local function parse(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function before(a, b)
+  local am, as = parse(a)
+  local bm, bs = parse(b)
+  return am < bm or (am == bm and as < bs)
+end
+local oldest = redis.call('XPENDING', KEYS[1], ARGV[1])[2]
+local undelivered = redis.call('XRANGE', KEYS[1], '(' .. group['last-delivered-id'], '+', 'COUNT', 1)
+if #undelivered > 0 and (not oldest or before(undelivered[1][1], oldest)) then
+  oldest = undelivered[1][1]
+end
+local trimmed
+if oldest then
+  trimmed = redis.call('XTRIM', KEYS[1], 'MINID', oldest)
+else
+  trimmed = redis.call('XTRIM', KEYS[1], 'MAXLEN', 0)
+  oldest = ''
+end
+return {lag, group['pending'], oldest, trimmed, now_ms}
+";
+
+/// Measure the group's backlog and remove finished entries the ack did not delete (left by
+/// an older version, or by a step that acknowledged without deleting).
+pub async fn backlog_and_trim<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+) -> redis::RedisResult<Backlog> {
+    let (lag, pending, oldest, trimmed, now_ms): (i64, i64, String, i64, i64) = BACKLOG
+        .key(keys.stream())
+        .arg(GROUP)
+        .invoke_async(conn)
+        .await?;
+    let as_u64 = |n: i64| u64::try_from(n).unwrap_or(0);
+    let oldest_age_ms = entry_millis(&oldest)
+        .map(|ms| as_u64(now_ms).saturating_sub(ms))
+        .unwrap_or(0);
+    Ok(Backlog {
+        lag: u64::try_from(lag).ok(),
+        pending: as_u64(pending),
+        oldest_age_ms,
+        trimmed: as_u64(trimmed),
+    })
+}
+
+/// The millisecond timestamp of an entry id (`<ms>-<seq>`): Redis's clock when it was added.
+pub fn entry_millis(id: &str) -> Option<u64> {
+    id.split_once('-').and_then(|(ms, _)| ms.parse().ok())
 }

@@ -34,8 +34,9 @@ pub struct DeadLetter {
 /// Move the entry `msg_id`, pending for `consumer`, to the dead-letter stream (its original
 /// fields plus the operator's `reason`, original id and time), mark the job failed with
 /// `tenant_error` (what GET shows) and stop counting it in flight for its tenant, in one
-/// script; see [`DEAD_LETTER_LUA`]. Returns false when the entry was no longer pending for
-/// `consumer` (acknowledged by a delivery that finished, or reclaimed by another consumer):
+/// script; see [`DEAD_LETTER_LUA`]. The entry leaves the job stream in the same step, so its
+/// text is kept once (in the dead letter), not twice. Returns false when the entry was no
+/// longer pending for `consumer` (acknowledged by a delivery that finished, or reclaimed by another consumer):
 /// then nothing was written, and whoever holds the entry decides its fate.
 pub async fn add<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
@@ -103,8 +104,8 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
 /// its dead letter. Then XACK, then the job state, and only while the state still exists:
 /// a finished job's state is gone and must stay gone. The job stops counting against its
 /// tenant's `max_in_flight` in the same step (SREM is idempotent, so a job the set never
-/// held is no harm). (Removing the finished entry from the job stream belongs in this same
-/// step, after the XACK.)
+/// held is no harm). The entry is deleted from the job stream right after the XACK, in this
+/// same step: never gone while still pending, never left behind once dead.
 ///
 /// KEYS[1] job stream   KEYS[2] dead-letter stream   KEYS[3] job state hash
 /// KEYS[4] the tenant's in-flight set
@@ -118,6 +119,7 @@ if #pending == 0 then return false end
 local n = tonumber(ARGV[5])
 local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 6 + n))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
+redis.call('XDEL', KEYS[1], ARGV[3])
 if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('HSET', KEYS[3], unpack(ARGV, 6, 5 + n))
 end
@@ -186,6 +188,111 @@ pub async fn all_ids<C: ConnectionLike + Send + Sync>(
 ) -> redis::RedisResult<Vec<String>> {
     let reply: StreamRangeReply = conn.xrange_all(keys.dead_letters()).await?;
     Ok(reply.ids.into_iter().map(|e| e.id).collect())
+}
+
+/// Remove dead letters and the job state of each, atomically per batch: KEYS[1] is the
+/// dead-letter stream, KEYS[2..] the job-state hashes; ARGV[1], ARGV[2] the job-state field
+/// and value of a failed job (`job_state::pass_failed_marker`); then per dead letter its id
+/// and the index into KEYS of its job state (0 when the entry has no usable job id).
+/// Only a dead letter this call actually deletes counts, and its job state is dropped only
+/// while the job is still failed (not replayed meanwhile), so concurrent purges never
+/// remove or count anything twice.
+static PURGE: LazyLock<Script> = LazyLock::new(|| Script::new(PURGE_LUA));
+const PURGE_LUA: &str = r"
+local removed = 0
+for i = 3, #ARGV, 2 do
+  if redis.call('XDEL', KEYS[1], ARGV[i]) == 1 then
+    removed = removed + 1
+    local k = tonumber(ARGV[i + 1])
+    if k > 0 and redis.call('HGET', KEYS[k], ARGV[1]) == ARGV[2] then
+      redis.call('DEL', KEYS[k])
+    end
+  end
+end
+return removed
+";
+
+/// Dead letters taken per read and removed per script call: small, so a purge of a
+/// large dead-letter stream never blocks Redis for long.
+pub const PURGE_BATCH: usize = 200;
+
+/// Remove every dead letter added before `cutoff_ms` (Unix milliseconds, Redis's clock: a
+/// dead letter's id is the time it was added), with its job state, in batches.
+/// A dead letter added at `cutoff_ms` or later stays. Returns how many this call removed.
+pub async fn purge_before<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    cutoff_ms: u64,
+) -> redis::RedisResult<u64> {
+    if cutoff_ms == 0 {
+        return Ok(0);
+    }
+    let end = format!("({cutoff_ms}-0");
+    let mut removed = 0;
+    loop {
+        let reply: StreamRangeReply = conn
+            .xrange_count(keys.dead_letters(), "-", &end, PURGE_BATCH)
+            .await?;
+        let batch = reply.ids.len();
+        if batch == 0 {
+            return Ok(removed);
+        }
+        removed += purge_entries(conn, keys, &reply.ids).await?;
+        if batch < PURGE_BATCH {
+            return Ok(removed);
+        }
+    }
+}
+
+/// Remove the given dead letters (those still there) with their job state; with
+/// `cutoff_ms`, only those added before it. Returns how many were removed.
+pub async fn purge_ids<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    ids: &[String],
+    cutoff_ms: Option<u64>,
+) -> redis::RedisResult<u64> {
+    let mut removed = 0;
+    for chunk in ids.chunks(PURGE_BATCH) {
+        let mut entries = Vec::new();
+        for id in chunk {
+            let reply: StreamRangeReply = conn.xrange(keys.dead_letters(), id, id).await?;
+            entries.extend(reply.ids.into_iter().filter(|e| {
+                cutoff_ms.is_none_or(|cut| {
+                    super::consumer_group::entry_millis(&e.id).is_some_and(|ms| ms < cut)
+                })
+            }));
+        }
+        removed += purge_entries(conn, keys, &entries).await?;
+    }
+    Ok(removed)
+}
+
+async fn purge_entries<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    entries: &[redis::streams::StreamId],
+) -> redis::RedisResult<u64> {
+    if entries.is_empty() {
+        return Ok(0);
+    }
+    let mut invocation = PURGE.prepare_invoke();
+    invocation.key(keys.dead_letters());
+    job_state::pass_failed_marker(&mut invocation);
+    let mut next_key = 2;
+    for entry in entries {
+        invocation.arg(&entry.id);
+        match job_entry::job_id(&entry.map) {
+            Some(job_id) => {
+                invocation.key(keys.job(job_id)).arg(next_key);
+                next_key += 1;
+            }
+            None => {
+                invocation.arg(0);
+            }
+        }
+    }
+    invocation.invoke_async(conn).await
 }
 
 /// Entries in the dead-letter stream (the `summaryd_dead_letters` gauge).

@@ -135,6 +135,12 @@ pub(crate) fn pass_failed(script: &mut ScriptInvocation, reason: &str) {
         .arg(reason);
 }
 
+/// Hand a script the field and value that mark a job dead-lettered, as two arguments, so
+/// it can drop the state of a dead letter it removes only while the job is still `failed`.
+pub(crate) fn pass_failed_marker(script: &mut ScriptInvocation) {
+    script.arg(STATUS).arg(Status::Failed.as_str());
+}
+
 /// Drop the state: once Postgres has the summary, it is the truth.
 pub(crate) fn add_forget(pipe: &mut Pipeline, key: &str) {
     pipe.del(key).ignore();

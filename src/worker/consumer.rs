@@ -347,7 +347,14 @@ impl Consumer {
             Ok(outcome) => {
                 group::ack_done(conn, &self.services.keys, &delivery.id, job).await?;
                 let label = match outcome {
-                    JobOutcome::Done => "done",
+                    JobOutcome::Done => {
+                        self.services
+                            .metrics
+                            .job_latency
+                            .with_label_values(&["summarised"])
+                            .observe(crate::metrics::seconds_since(job.created_at));
+                        "done"
+                    }
                     JobOutcome::Duplicate => "duplicate",
                 };
                 self.count(label);
@@ -503,8 +510,8 @@ impl Consumer {
             .inc();
     }
 
-    /// Remove consumers that are gone. (The stream gauges are read when `/metrics` is
-    /// scraped, so nothing here polls them.)
+    /// Remove consumers that are gone, at the cadence `consumer_gc_ms` asks for (the
+    /// maintenance task runs the same cleanup at its own, usually longer, interval).
     pub async fn maintain(&self) -> Result<(), WorkerError> {
         let keys = &self.services.keys;
         let mut conn = self.services.redis.get().await?;

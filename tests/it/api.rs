@@ -355,7 +355,7 @@ async fn readyz_checks_only_the_dependencies_of_the_enabled_roles() {
 }
 
 #[actix_web::test]
-async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates() {
+async fn metrics_expose_contract_names_serve_cached_gauges_and_count_route_templates() {
     let env = TestEnv::new().await;
     let services = env.services().build();
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
@@ -392,14 +392,27 @@ async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates(
         .await
         .unwrap();
 
-    let res = test::call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
-    assert_eq!(res.status(), StatusCode::OK);
-    assert!(
-        header(&res, "content-type")
-            .unwrap()
-            .starts_with("text/plain")
-    );
-    let text = String::from_utf8(test::read_body(res).await.to_vec()).unwrap();
+    let scrape = || async {
+        let res = test::call_service(&app, TestRequest::get().uri("/metrics").to_request()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(
+            header(&res, "content-type")
+                .unwrap()
+                .starts_with("text/plain")
+        );
+        String::from_utf8(test::read_body(res).await.to_vec()).unwrap()
+    };
+    // A scrape serves the cache: nothing was refreshed yet, so the gauges are still 0.
+    let text = scrape().await;
+    for line in [
+        "summaryd_stream_pending 0",
+        "summaryd_dead_letters 0",
+        "summaryd_outbox_unsent 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
+    }
+    services.maintenance(Roles::all()).run_once().await.unwrap();
+    let text = scrape().await;
     for name in [
         "summaryd_http_requests_total",
         "summaryd_idempotency_total",
@@ -410,6 +423,10 @@ async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates(
         "summaryd_dead_letters",
         "summaryd_outbox_unsent",
         "summaryd_outbox_sent_total",
+        "summaryd_stream_lag",
+        "summaryd_oldest_queued_age_seconds",
+        "summaryd_job_latency_seconds",
+        "summaryd_http_request_duration_seconds",
     ] {
         assert!(text.contains(name), "{name} missing:\n{text}");
     }
@@ -422,10 +439,33 @@ async fn metrics_expose_contract_names_refresh_gauges_and_count_route_templates(
         "summaryd_stream_pending 1",
         "summaryd_dead_letters 1",
         "summaryd_outbox_unsent 1",
+        "summaryd_stream_lag 0",
+        r#"summaryd_http_request_duration_seconds_count{route="/v1/summaries"} 1"#,
     ] {
         assert!(text.lines().any(|l| l == line), "{line} missing:\n{text}");
     }
     assert!(!text.contains(&job_id), "raw paths must not become labels");
+
+    // Scrapes keep serving the cached value until maintenance refreshes it.
+    let _: String = r
+        .xadd(services.keys.dead_letters(), "*", &[("job_id", "another")])
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert!(
+            scrape()
+                .await
+                .lines()
+                .any(|l| l == "summaryd_dead_letters 1")
+        );
+    }
+    services.maintenance(Roles::all()).run_once().await.unwrap();
+    assert!(
+        scrape()
+            .await
+            .lines()
+            .any(|l| l == "summaryd_dead_letters 2")
+    );
 }
 
 #[actix_web::test]

@@ -17,6 +17,7 @@ mod properties;
 mod providers;
 mod relay_http_mail;
 mod relay_outbox;
+mod retention;
 mod retry_policy;
 mod tenant_limits;
 mod worker;

@@ -616,6 +616,7 @@ async fn the_log_mailer_logs_the_email_with_the_recipient_hashed_and_the_text_as
         tenant: TenantId::parse("acme").unwrap(),
         to: Email::parse(NOTIFY).unwrap(),
         summary: "Churn fell by 3 %.".into(),
+        accepted_at: None,
     };
     let email: OutgoingEmail = summary_ready_email("summaryd@localhost", &event);
 

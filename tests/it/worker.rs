@@ -651,7 +651,15 @@ async fn idle_consumers_with_nothing_pending_are_removed_from_the_group() {
     // Let every consumer be idle for longer than consumer_gc_ms = 0.
     tokio::time::sleep(Duration::from_millis(10)).await;
 
-    w.consumer("w-me", NEVER_IDLE_MS).maintain().await.unwrap();
+    let removed = summaryd::stream::consumer_group::remove_idle_consumers(
+        &mut w.redis,
+        &w.services.keys,
+        "w-me",
+        0,
+    )
+    .await
+    .unwrap();
+    assert_eq!(removed, vec!["w-gone".to_string()]);
 
     let info: redis::streams::StreamInfoConsumersReply =
         w.redis.xinfo_consumers(&stream, GROUP).await.unwrap();

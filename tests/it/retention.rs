@@ -1,0 +1,763 @@
+//! Bounded storage and the visible backlog: finished jobs leave Redis, retention removes
+//! exactly what is past its horizon, maintenance is safe on many replicas at once, and the
+//! backlog metrics move as a known sequence of jobs says they must.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, SubsecRound, Utc};
+use redis::AsyncCommands;
+use redis::aio::MultiplexedConnection;
+use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamRangeReply};
+use summaryd::config::Settings;
+use summaryd::db;
+use summaryd::domain::{Email, Job, JobId, TenantId};
+use summaryd::keys::GROUP;
+use summaryd::llm::LlmError;
+use summaryd::maintenance::{Maintenance, Report};
+use summaryd::relay::relay_once;
+use summaryd::roles::Roles;
+use summaryd::stream::consumer_group::{self as group, ensure_group};
+use summaryd::stream::job_state::{self, Status};
+use summaryd::stream::{dead_letters, enqueue, job_entry};
+use summaryd::worker::Consumer;
+
+use crate::shared::fakes::Step;
+use crate::shared::test_env::Services;
+use crate::shared::{FakeLlm, FakeMailer, TestEnv};
+
+struct World {
+    env: TestEnv,
+    services: Services,
+    redis: MultiplexedConnection,
+}
+
+impl World {
+    async fn new(llm: FakeLlm, adjust: impl FnOnce(&mut Settings)) -> Self {
+        let env = TestEnv::new().await;
+        let mut settings = env.settings.clone();
+        settings.llm.max_attempts = 1;
+        adjust(&mut settings);
+        let services = env
+            .services()
+            .settings(settings)
+            .llm(Arc::new(llm))
+            .mailer(Arc::new(FakeMailer::new()))
+            .build();
+        let mut redis = env.redis().await;
+        ensure_group(&mut redis, &services.keys).await.unwrap();
+        Self {
+            env,
+            services,
+            redis,
+        }
+    }
+
+    fn maintenance(&self) -> Maintenance {
+        self.services.maintenance(Roles::all())
+    }
+
+    async fn enqueue(&mut self, job: &Job) -> String {
+        enqueue(&mut self.redis, &self.services.keys, job)
+            .await
+            .unwrap()
+    }
+
+    async fn stream_ids(&mut self) -> Vec<String> {
+        let reply: StreamRangeReply = self
+            .redis
+            .xrange_all(self.services.keys.stream())
+            .await
+            .unwrap();
+        reply.ids.into_iter().map(|e| e.id).collect()
+    }
+
+    async fn dead_ids(&mut self) -> Vec<String> {
+        let reply: StreamRangeReply = self
+            .redis
+            .xrange_all(self.services.keys.dead_letters())
+            .await
+            .unwrap();
+        reply.ids.into_iter().map(|e| e.id).collect()
+    }
+
+    async fn state(&mut self, job_id: JobId) -> Option<Status> {
+        job_state::get(&mut self.redis, &self.services.keys, job_id)
+            .await
+            .unwrap()
+            .map(|s| s.status)
+    }
+
+    /// Dead-letter `job` the way the worker does: delivered to a consumer, then buried by
+    /// it. Its state says failed and its job-stream entry is gone.
+    async fn dead_letter(&mut self, job: &Job) -> String {
+        let msg_id = self.enqueue(job).await;
+        assert_eq!(self.read_as("dead-letterer").await, msg_id);
+        let fields: HashMap<String, redis::Value> = job_entry::to_fields(job)
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), redis::Value::BulkString(v.into_bytes())))
+            .collect();
+        dead_letters::add(
+            &mut self.redis,
+            &self.services.keys,
+            "dead-letterer",
+            &msg_id,
+            &fields,
+            "test",
+            "test",
+        )
+        .await
+        .unwrap();
+        assert!(!self.stream_ids().await.contains(&msg_id));
+        let ids = self.dead_ids().await;
+        ids.last().cloned().unwrap()
+    }
+
+    async fn read_as(&mut self, consumer: &str) -> String {
+        let reply: Vec<group::Delivery> =
+            group::read_new(&mut self.redis, &self.services.keys, consumer, 1, 10)
+                .await
+                .unwrap();
+        reply[0].id.clone()
+    }
+}
+
+fn job(key: &str) -> Job {
+    Job {
+        job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:{key}")),
+        tenant: TenantId::parse("acme").unwrap(),
+        text: format!("Quarterly report {key}. Revenue grew. Costs fell."),
+        notify: Email::parse("team@example.com").unwrap(),
+        created_at: Utc::now().trunc_subsecs(6),
+    }
+}
+
+fn status(code: u16) -> LlmError {
+    LlmError::Status {
+        status: code,
+        retry_after: None,
+        message: format!("HTTP {code}"),
+    }
+}
+
+/// The value of one series in a Prometheus text exposition, e.g.
+/// `summaryd_jobs_total{outcome="done"}`.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} missing:\n{text}"))
+        .parse()
+        .unwrap()
+}
+
+fn ms(id: &str) -> u64 {
+    group::entry_millis(id).unwrap()
+}
+
+fn at_ms(ms: u64) -> DateTime<Utc> {
+    DateTime::from_timestamp_millis(i64::try_from(ms).unwrap()).unwrap()
+}
+
+/// One job of each fate: done, dead-lettered, failing transiently (pending), not yet
+/// delivered. Finished entries are gone at once; the unfinished two survive maintenance,
+/// the pending one is still claimable with its body; every metric says so.
+#[tokio::test]
+async fn finished_entries_leave_redis_and_unfinished_ones_survive_maintenance() {
+    let llm = FakeLlm::with(
+        vec![Step::Ok("summary".into()), Step::Fail(status(400))],
+        Step::Fail(status(503)),
+    );
+    let mut w = World::new(llm, |_| {}).await;
+    let (done, dead, retrying, waiting) = (job("done"), job("dead"), job("retry"), job("wait"));
+    let mut consumer = Consumer::new(w.services.worker(), "c1");
+    for j in [&done, &dead, &retrying] {
+        w.enqueue(j).await;
+        assert_eq!(consumer.run_once().await.unwrap(), 1);
+    }
+    let retrying_id = w.stream_ids().await[0].clone();
+    let waiting_id = w.enqueue(&waiting).await;
+
+    assert_eq!(
+        w.stream_ids().await,
+        vec![retrying_id.clone(), waiting_id.clone()],
+        "done and dead-lettered entries were deleted with their acknowledgement"
+    );
+    assert_eq!(w.state(done.job_id).await, None, "done: state dropped");
+    assert_eq!(w.state(dead.job_id).await, Some(Status::Failed));
+    assert_eq!(w.state(retrying.job_id).await, Some(Status::Queued));
+    assert_eq!(w.dead_ids().await.len(), 1);
+    relay_once(&w.services.relay()).await.unwrap();
+
+    // The oldest unfinished entry is the pending one; let it age measurably.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    for _ in 0..2 {
+        let report = w.maintenance().run_once().await.unwrap();
+        assert_eq!(
+            report.stream_entries, 0,
+            "nothing finished was left to trim"
+        );
+    }
+    assert_eq!(
+        w.stream_ids().await,
+        vec![retrying_id.clone(), waiting_id.clone()]
+    );
+
+    let text = w.services.metrics.render();
+    for (series, want) in [
+        (r#"summaryd_jobs_total{outcome="done"}"#, 1.0),
+        (r#"summaryd_jobs_total{outcome="dead_lettered"}"#, 1.0),
+        (r#"summaryd_jobs_total{outcome="retry"}"#, 1.0),
+        (
+            r#"summaryd_job_latency_seconds_count{stage="summarised"}"#,
+            1.0,
+        ),
+        (
+            r#"summaryd_job_latency_seconds_count{stage="emailed"}"#,
+            1.0,
+        ),
+        ("summaryd_stream_lag", 1.0),
+        ("summaryd_stream_pending", 1.0),
+        ("summaryd_dead_letters", 1.0),
+        ("summaryd_outbox_unsent", 0.0),
+        ("summaryd_outbox_sent_total", 1.0),
+        (r#"summaryd_maintenance_runs_total{outcome="done"}"#, 2.0),
+    ] {
+        assert_eq!(sample(&text, series), want, "{series}");
+    }
+    let age = sample(&text, "summaryd_oldest_queued_age_seconds");
+    assert!((1.0..30.0).contains(&age), "oldest queued age {age}");
+    assert!(sample(&text, "summaryd_gauges_refreshed_timestamp_seconds") > 0.0);
+
+    // The pending entry is still claimable, body and all.
+    let claimed: StreamAutoClaimReply = w
+        .redis
+        .xautoclaim_options(
+            w.services.keys.stream(),
+            GROUP,
+            "c2",
+            0,
+            "0-0",
+            StreamAutoClaimOptions::default().count(10),
+        )
+        .await
+        .unwrap();
+    assert!(claimed.deleted_ids.is_empty());
+    let [entry] = claimed.claimed.try_into().unwrap();
+    assert_eq!(entry.id, retrying_id);
+    assert_eq!(job_entry::from_fields(&entry.map).unwrap(), retrying);
+}
+
+/// Entries an acknowledgement left behind (an older version acked without deleting) are
+/// trimmed, and only those; with nothing pending or waiting, the stream ends empty. The lag
+/// stays exact where Redis itself cannot tell it.
+#[tokio::test]
+async fn maintenance_trims_only_finished_entries_and_keeps_the_lag_exact() {
+    let mut w = World::new(FakeLlm::ok(), |_| {}).await;
+    let stream = w.services.keys.stream();
+    let ids = [
+        w.enqueue(&job("a")).await,
+        w.enqueue(&job("b")).await,
+        w.enqueue(&job("c")).await,
+        w.enqueue(&job("d")).await,
+    ];
+    for _ in 0..3 {
+        w.read_as("old").await;
+    }
+    // a: acknowledged but left in the stream; b: pending; c: finished by today's ack
+    // (deleted with it, so Redis's own lag becomes unknown); d: not delivered yet.
+    let _: i64 = w.redis.xack(&stream, GROUP, &[&ids[0]]).await.unwrap();
+    group::ack_done(&mut w.redis, &w.services.keys, &ids[2], &job("c"))
+        .await
+        .unwrap();
+    let backlog = group::backlog_and_trim(&mut w.redis, &w.services.keys)
+        .await
+        .unwrap();
+    assert_eq!(backlog.trimmed, 1);
+    assert_eq!(backlog.lag, Some(1), "d is the one entry not delivered");
+    assert_eq!(backlog.pending, 1);
+    assert_eq!(w.stream_ids().await, vec![ids[1].clone(), ids[3].clone()]);
+
+    // Finish everything with acks that leave the entries behind: all of them go.
+    w.read_as("old").await;
+    let _: i64 = w
+        .redis
+        .xack(&stream, GROUP, &[&ids[1], &ids[3]])
+        .await
+        .unwrap();
+    let backlog = group::backlog_and_trim(&mut w.redis, &w.services.keys)
+        .await
+        .unwrap();
+    assert_eq!(
+        (backlog.trimmed, backlog.pending, backlog.lag),
+        (2, 0, Some(0))
+    );
+    assert_eq!(backlog.oldest_age_ms, 0);
+    assert!(w.stream_ids().await.is_empty());
+}
+
+/// Each horizon removes exactly what is older; what sits exactly at it survives, and so do
+/// rows retention does not cover (unsent outbox rows), and job state of other jobs.
+#[tokio::test]
+async fn retention_removes_exactly_what_is_older_than_its_horizon() {
+    const DEAD_S: u64 = 3_600;
+    const SENT_S: u64 = 7_200;
+    const SUMMARIES_S: u64 = 100_000;
+    let mut w = World::new(FakeLlm::ok(), |s| {
+        s.retention.dead_letters_s = DEAD_S;
+        s.retention.outbox_sent_s = SENT_S;
+        s.retention.summaries_s = SUMMARIES_S;
+    })
+    .await;
+    let (old_dead, young_dead) = (job("old-dead"), job("young-dead"));
+    let old_id = w.dead_letter(&old_dead).await;
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let young_id = w.dead_letter(&young_dead).await;
+    assert!(ms(&old_id) < ms(&young_id));
+    // Horizons end exactly at the younger dead letter's time.
+    let now = at_ms(ms(&young_id)) + chrono::Duration::seconds(DEAD_S as i64);
+
+    let pg = w.env.pg().await;
+    let keys = ["old", "edge", "unsent"];
+    for k in keys {
+        db::summaries::commit_with_outbox(&w.services.pg, &job(k), "s")
+            .await
+            .unwrap();
+    }
+    let sent_cutoff = (now - chrono::Duration::seconds(SENT_S as i64)).trunc_subsecs(6);
+    let done_cutoff = (now - chrono::Duration::seconds(SUMMARIES_S as i64)).trunc_subsecs(6);
+    let micro = chrono::Duration::microseconds(1);
+    for (k, sent_at, completed_at) in [
+        ("old", Some(sent_cutoff - micro), done_cutoff - micro),
+        ("edge", Some(sent_cutoff), done_cutoff),
+        ("unsent", None, done_cutoff - chrono::Duration::days(30)),
+    ] {
+        let job_id = job(k).job_id.as_uuid();
+        pg.execute(
+            "UPDATE outbox SET sent_at = $2 WHERE payload->>'job_id' = $1::uuid::text",
+            &[&job_id, &sent_at],
+        )
+        .await
+        .unwrap();
+        pg.execute(
+            "UPDATE summaries SET completed_at = $2 WHERE job_id = $1",
+            &[&job_id, &completed_at],
+        )
+        .await
+        .unwrap();
+    }
+
+    let report = w.maintenance().run_at(now).await.unwrap();
+    assert_eq!(
+        report,
+        Report {
+            led: true,
+            dead_letters: 1,
+            outbox_sent: 1,
+            summaries: 2,
+            ..Report::default()
+        }
+    );
+    assert_eq!(w.dead_ids().await, vec![young_id]);
+    assert_eq!(w.state(old_dead.job_id).await, None, "state went with it");
+    assert_eq!(w.state(young_dead.job_id).await, Some(Status::Failed));
+    let outbox: Vec<String> = pg
+        .query("SELECT payload->>'job_id' FROM outbox ORDER BY id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let want =
+        |ks: &[&str]| -> Vec<String> { ks.iter().map(|k| job(k).job_id.to_string()).collect() };
+    assert_eq!(
+        outbox,
+        want(&["edge", "unsent"]),
+        "unsent rows are never removed"
+    );
+    let summaries: Vec<String> = pg
+        .query("SELECT job_id::text FROM summaries ORDER BY job_id", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(summaries, want(&["edge"]));
+
+    // A second pass at the same time finds nothing more.
+    let again = w.maintenance().run_at(now).await.unwrap();
+    assert_eq!(
+        (again.dead_letters, again.outbox_sent, again.summaries),
+        (0, 0, 0)
+    );
+}
+
+/// `dlq purge`: by id, by age, or both; a replayed job's state is left alone.
+#[tokio::test]
+async fn dlq_purge_removes_the_chosen_dead_letters_and_their_state() {
+    let mut w = World::new(FakeLlm::ok(), |_| {}).await;
+    let jobs: Vec<Job> = (0..4).map(|i| job(&format!("p{i}"))).collect();
+    let mut ids = Vec::new();
+    for j in &jobs {
+        ids.push(w.dead_letter(j).await);
+        tokio::time::sleep(Duration::from_millis(3)).await;
+    }
+    let mut out = Vec::new();
+    let n = summaryd::admin::dlq::purge(
+        &w.services.redis,
+        &w.services.keys,
+        &[ids[3].clone()],
+        None,
+        &mut out,
+    )
+    .await
+    .unwrap();
+    assert_eq!(n, 1);
+    assert_eq!(w.state(jobs[3].job_id).await, None);
+    // By id, but only if old enough: nothing is that old.
+    let n = summaryd::admin::dlq::purge(
+        &w.services.redis,
+        &w.services.keys,
+        &[ids[0].clone()],
+        Some(Duration::from_secs(3_600)),
+        &mut out,
+    )
+    .await
+    .unwrap();
+    assert_eq!(n, 0);
+    // Everything before the third one, by cutoff.
+    let n = dead_letters::purge_before(&mut w.redis, &w.services.keys, ms(&ids[2]))
+        .await
+        .unwrap();
+    assert_eq!(n, 2);
+    assert_eq!(w.dead_ids().await, vec![ids[2].clone()]);
+    assert_eq!(w.state(jobs[0].job_id).await, None);
+    assert_eq!(w.state(jobs[2].job_id).await, Some(Status::Failed));
+    assert!(
+        String::from_utf8(out)
+            .unwrap()
+            .contains("1 dead letters purged")
+    );
+}
+
+/// Eight replicas' maintenance at once: no error, and every row and dead letter removed
+/// exactly once in total. The deletes are exact even without the lock.
+#[tokio::test]
+async fn concurrent_maintenance_never_double_deletes_or_errors() {
+    const DEAD: usize = 300;
+    const SENT: i64 = 2_600;
+    let mut w = World::new(FakeLlm::ok(), |s| {
+        s.retention.dead_letters_s = 60;
+        s.retention.outbox_sent_s = 60;
+    })
+    .await;
+    let pg = w.env.pg().await;
+    pg.batch_execute(&format!(
+        "INSERT INTO outbox (topic, dedupe_key, payload, sent_at) \
+         SELECT 't', 'a' || g, '{{}}', now() - interval '1 hour' FROM generate_series(1, {SENT}) g"
+    ))
+    .await
+    .unwrap();
+    for i in 0..DEAD {
+        w.dead_letter(&job(&format!("c{i}"))).await;
+    }
+    let later = Utc::now() + chrono::Duration::hours(1);
+    let passes = futures_util::future::join_all((0..8).map(|_| {
+        let m = w.maintenance();
+        async move { m.run_at(later).await }
+    }))
+    .await;
+    let reports: Vec<Report> = passes.into_iter().map(|r| r.unwrap()).collect();
+    assert!(reports.iter().any(|r| r.led));
+    assert_eq!(
+        reports.iter().map(|r| r.outbox_sent).sum::<u64>(),
+        SENT as u64
+    );
+    assert_eq!(
+        reports.iter().map(|r| r.dead_letters).sum::<u64>(),
+        DEAD as u64
+    );
+    assert_eq!(w.env.count("outbox").await, 0);
+    assert!(w.dead_ids().await.is_empty());
+
+    // The same without the lock: the deletes themselves never count a row twice.
+    pg.batch_execute(&format!(
+        "INSERT INTO outbox (topic, dedupe_key, payload, sent_at) \
+         SELECT 't', 'b' || g, '{{}}', now() - interval '1 hour' FROM generate_series(1, {SENT}) g"
+    ))
+    .await
+    .unwrap();
+    for i in 0..DEAD {
+        w.dead_letter(&job(&format!("d{i}"))).await;
+    }
+    let cutoff_ms = u64::try_from(later.timestamp_millis()).unwrap();
+    let deletes = (0..8).map(|_| {
+        let services = w.services.clone();
+        async move {
+            let mut rows = 0;
+            loop {
+                let n = db::outbox::delete_sent_before(&services.pg, later, 100)
+                    .await
+                    .unwrap();
+                rows += n;
+                if n == 0 {
+                    break;
+                }
+            }
+            let mut conn = services.redis.get().await.unwrap();
+            let dead = dead_letters::purge_before(&mut conn, &services.keys, cutoff_ms)
+                .await
+                .unwrap();
+            (rows, dead)
+        }
+    });
+    let totals = futures_util::future::join_all(deletes).await;
+    assert_eq!(totals.iter().map(|t| t.0).sum::<u64>(), SENT as u64);
+    assert_eq!(totals.iter().map(|t| t.1).sum::<u64>(), DEAD as u64);
+    for i in 0..DEAD {
+        assert_eq!(w.state(job(&format!("d{i}")).job_id).await, None);
+    }
+}
+
+/// The outbox backlog gauge's query reads the partial index, not the table.
+#[tokio::test]
+async fn outbox_backlog_count_uses_its_index() {
+    let env = TestEnv::new().await;
+    let pg = env.pg().await;
+    pg.batch_execute(
+        "INSERT INTO outbox (topic, dedupe_key, payload, sent_at) \
+         SELECT 't', 'k' || g, '{}', CASE WHEN g % 100 = 0 THEN NULL ELSE now() END \
+           FROM generate_series(1, 20000) g; ANALYZE outbox;",
+    )
+    .await
+    .unwrap();
+    let plan: Vec<String> = pg
+        .query(
+            "EXPLAIN SELECT count(*) FROM outbox WHERE sent_at IS NULL",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("outbox_unsent"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+}
+
+/// `INFO memory` fields of a Redis server.
+async fn redis_memory(redis: &mut MultiplexedConnection) -> HashMap<String, i64> {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(redis)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.trim().parse().ok()?)))
+        .collect()
+}
+
+/// Memory of the data, without what connected clients hold (their buffers come and go
+/// with the connection pools, not with jobs).
+async fn data_memory(redis: &mut MultiplexedConnection) -> i64 {
+    let m = redis_memory(redis).await;
+    m["used_memory"] - m["mem_clients_normal"]
+}
+
+async fn post_jobs(base: &str, tag: &str, n: usize, text: &str) {
+    use futures_util::StreamExt;
+    let client = reqwest::Client::new();
+    let url = format!("{base}/v1/summaries");
+    futures_util::stream::iter(0..n)
+        .map(|i| {
+            let req = client
+                .post(&url)
+                .header("Idempotency-Key", format!("{tag}-key-{i:08}"))
+                .header("X-Tenant-Id", "acme")
+                .json(&serde_json::json!({"text": text, "notify": "team@example.com"}));
+            async move { req.send().await.unwrap().status().as_u16() }
+        })
+        .buffer_unordered(32)
+        .for_each(|status| async move { assert_eq!(status, 202) })
+        .await;
+}
+
+/// 20,000 jobs through one process with the builtin model: afterwards the job stream is
+/// empty (the acks deleted every entry; the trim found nothing), no job state is left, and
+/// Redis holds the idempotency records and nothing else: its memory is back to where it
+/// was plus those records. Prints the figures the README's arithmetic uses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn twenty_thousand_jobs_leave_only_their_idempotency_records_in_redis() {
+    const QUEUED: usize = 1_000;
+    const JOBS: usize = 20_000;
+    let dir = tempfile::tempdir().unwrap();
+    // A private Redis: other tests' keys would move the shared one's memory.
+    let redis_server = crate::shared::servers::RedisProc::start(dir.path(), &[]);
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    let redis_url = format!("redis://127.0.0.1:{}", redis_server.port);
+    settings.redis_url = redis_url.clone();
+    settings.worker.consumers = 8;
+    settings.maintenance.interval_ms = 500;
+    let text = "Revenue grew eleven percent in the third quarter. ".repeat(20);
+    let mut redis = redis::Client::open(redis_url.as_str())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let start = |roles: Roles| {
+        env.services()
+            .settings(settings.clone())
+            .llm(Arc::new(summaryd::llm::BuiltinSummariser))
+            .application(roles)
+    };
+
+    // Queued jobs: only the api runs, so every job waits in the stream.
+    let api = start(Roles::of(&[summaryd::roles::Role::Api])).await;
+    let base = format!("http://127.0.0.1:{}", api.port());
+    let shutdown = summaryd::shutdown::Shutdown::new();
+    let task = tokio::spawn(api.run(shutdown.clone()));
+    post_jobs(&base, "warm", 10, &text).await;
+    let before_queue = data_memory(&mut redis).await;
+    post_jobs(&base, "queued", QUEUED, &text).await;
+    let queued_bytes = (data_memory(&mut redis).await - before_queue) / QUEUED as i64;
+    shutdown.trigger();
+    task.await.unwrap().unwrap();
+
+    // Everything: drain the queued jobs, then measure, run 20,000 more, measure again.
+    let app = start(Roles::all()).await;
+    let base = format!("http://127.0.0.1:{}", app.port());
+    let metrics = app.handles().metrics.clone();
+    let pg = env.pg().await;
+    let shutdown = summaryd::shutdown::Shutdown::new();
+    let task = tokio::spawn(app.run(shutdown.clone()));
+    let stream = summaryd::keys::RedisKeys::new(settings.key_prefix.clone()).stream();
+    let watcher = redis.clone();
+    let all_sent = |n: i64| {
+        let (pg, stream) = (&pg, &stream);
+        let mut redis = watcher.clone();
+        async move {
+            let sent: i64 = pg
+                .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL", &[])
+                .await
+                .unwrap()
+                .get(0);
+            let len: i64 = redis.xlen(stream).await.unwrap();
+            sent == n && len == 0
+        }
+    };
+    let drained = (QUEUED + 10) as i64;
+    assert!(crate::shared::eventually(Duration::from_secs(120), || all_sent(drained)).await);
+    let before = data_memory(&mut redis).await;
+    let started = std::time::Instant::now();
+    post_jobs(&base, "bulk", JOBS, &text).await;
+    let total = drained + JOBS as i64;
+    assert!(
+        crate::shared::eventually(Duration::from_secs(600), || all_sent(total)).await,
+        "all jobs summarised and emailed"
+    );
+    let elapsed = started.elapsed();
+    shutdown.trigger();
+    task.await.unwrap().unwrap();
+    let after = data_memory(&mut redis).await;
+
+    // No finished entry is left, and the acks removed them, not the trim.
+    let len: i64 = redis.xlen(&stream).await.unwrap();
+    assert_eq!(len, 0);
+    let trimmed = metrics
+        .maintenance_removed
+        .with_label_values(&["stream_entries"])
+        .get();
+    assert_eq!(trimmed, 0, "acks deleted every entry themselves");
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let idem_prefix = format!("{}idem:", settings.key_prefix);
+    let others: Vec<&String> = keys
+        .iter()
+        .filter(|k| !k.starts_with(&idem_prefix) && **k != stream)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "only idempotency records remain: {others:?}"
+    );
+    assert_eq!(keys.len(), total as usize + 1);
+
+    let mut usage = 0;
+    let sample: Vec<&String> = keys
+        .iter()
+        .filter(|k| k.starts_with(&idem_prefix))
+        .take(500)
+        .collect();
+    for k in &sample {
+        let n: i64 = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(k)
+            .arg("SAMPLES")
+            .arg(0)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        usage += n;
+    }
+    let per_record = usage / sample.len() as i64;
+    let grown = after - before;
+    let per_job_left = grown / JOBS as i64;
+    let row_bytes = |table: &str| {
+        let pg = &pg;
+        let sql = format!("SELECT pg_total_relation_size('{table}') / count(*) FROM {table}");
+        async move { pg.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) }
+    };
+    println!(
+        "text {} bytes; Redis per queued job {queued_bytes} B; per idempotency record: \
+         MEMORY USAGE {per_record} B, used_memory growth {per_job_left} B; \
+         Postgres per summaries row {} B, per outbox row {} B; {JOBS} jobs in {:.1} s",
+        text.len(),
+        row_bytes("summaries").await,
+        row_bytes("outbox").await,
+        elapsed.as_secs_f64(),
+    );
+    // The growth is the records (MEMORY USAGE counts the key, value and main-dictionary
+    // entry) plus what the keyspace spends per key outside them: the expiry dictionary's
+    // entry and a slot in each of the two hash tables, which double as keys are added
+    // (about 80 B a key here). Nothing that scales with the jobs' text (1,000 B) is left.
+    assert!(
+        grown <= JOBS as i64 * (per_record + 128),
+        "grew {grown} B for {JOBS} records of {per_record} B"
+    );
+    assert!(grown >= JOBS as i64 * per_record, "grew {grown} B");
+}
+
+/// A relay-only process has no Redis: its maintenance keeps the outbox gauge and
+/// retention going without one. With the worker role, Redis being down fails the pass
+/// (counted as an error) but the Postgres gauge is still refreshed.
+#[tokio::test]
+async fn maintenance_works_with_what_its_roles_have() {
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    settings.redis_url =
+        crate::shared::http_stub::closed_port_url("").replace("http://", "redis://");
+    let services = env.services().settings(settings).build();
+    db::summaries::commit_with_outbox(&services.pg, &job("r1"), "s")
+        .await
+        .unwrap();
+    let relay = services.maintenance(Roles::of(&[summaryd::roles::Role::Relay]));
+    assert!(relay.run_once().await.unwrap().led);
+    assert_eq!(services.metrics.outbox_unsent.get(), 1);
+
+    db::summaries::commit_with_outbox(&services.pg, &job("r2"), "s")
+        .await
+        .unwrap();
+    let worker = services.maintenance(Roles::of(&[summaryd::roles::Role::Worker]));
+    assert!(worker.run_once().await.is_err(), "Redis is down");
+    assert_eq!(services.metrics.outbox_unsent.get(), 2);
+    let text = services.metrics.render();
+    assert_eq!(
+        sample(&text, r#"summaryd_maintenance_runs_total{outcome="error"}"#),
+        1.0
+    );
+}

@@ -177,7 +177,7 @@ _deps_ensure_redis() {
     _deps_wait_for _deps_redis_answers "redis on $REDIS_HOST:$REDIS_PORT"
 }
 
-# The TLS and durability tests start servers of their own (tests/shared/servers.rs): a
+# The TLS and durability tests start servers of their own (tests/support/servers.rs): a
 # redis-server built with TLS (Debian's is) and PostgreSQL's initdb/pg_ctl. Needed even when
 # the shared services run elsewhere (SUMMARYD_DEPS_*_HOST), so checked separately.
 _deps_ensure_test_servers() {

@@ -6,7 +6,7 @@
 //! = distinct Idempotency-Keys at the mail sink, and every GET says done.
 
 mod harness;
-#[path = "../shared/mod.rs"]
+#[path = "../support/mod.rs"]
 mod shared;
 
 mod backends;

@@ -1,5 +1,5 @@
-//! Token mode (contract §4): the tenant comes from the bearer token, X-Tenant-Id is ignored,
-//! and nothing is enqueued for a request that is not authenticated.
+//! Token mode (docs/reference.md, Tenants): the tenant comes from the bearer token,
+//! X-Tenant-Id is ignored, and nothing is enqueued for a request that is not authenticated.
 
 use actix_web::test::{self, TestRequest};
 use summaryd::api;

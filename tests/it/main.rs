@@ -1,6 +1,6 @@
 //! One integration-test binary (one link step) with a module per area.
 
-#[path = "../shared/mod.rs"]
+#[path = "../support/mod.rs"]
 mod shared;
 
 mod admin;

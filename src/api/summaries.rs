@@ -32,9 +32,11 @@ pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 pub struct CreateSummary {
     /// The text to summarise; must not be blank, and must not contain NUL or control
     /// characters other than tab, LF and CR (the pipeline could not store or send them).
+    /// The pattern says both: at least one character outside Unicode White_Space (what
+    /// `str::trim` removes, e.g. U+0085), and no refused control character anywhere.
     #[schema(
         min_length = 1,
-        pattern = r"^[^\u0000-\u0008\u000B\u000C\u000E-\u001F]*$"
+        pattern = r"^[^\u0000-\u0008\u000B\u000C\u000E-\u001F]*[^\u0000-\u0020\u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000][^\u0000-\u0008\u000B\u000C\u000E-\u001F]*$"
     )]
     pub text: String,
     /// Who gets the "summary ready" email.

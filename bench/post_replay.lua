@@ -23,6 +23,12 @@ function init(args)
     key = "bench-replay-" .. args[1]
   end
   headers["Idempotency-Key"] = key
+  -- A second argument, when not empty, is a bearer token (token mode), as in
+  -- post_unique_keys.lua.
+  if args[2] ~= nil and args[2] ~= "" then
+    headers["X-Tenant-Id"] = nil
+    headers["Authorization"] = "Bearer " .. args[2]
+  end
   wrk.method = "POST"
   wrk.path = "/v1/summaries"
   wrk.body = body

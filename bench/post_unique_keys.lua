@@ -4,6 +4,8 @@
 --   wrk -t2 -c32 -d10s --latency -s bench/post_unique_keys.lua http://127.0.0.1:8080 -- <nonce>
 --
 -- <nonce> (optional) makes keys unique across runs; bench/run.sh passes a random one.
+-- A second argument, when not empty, is a bearer token: the request then authenticates
+-- with it (token mode) instead of naming its tenant in X-Tenant-Id.
 -- Keys look like bench-<nonce>-<thread>-<counter>: visible ASCII, 16-128 chars.
 
 local thread_count = 0
@@ -32,6 +34,10 @@ function init(args)
     nonce = string.format("%d%08x", os.time(), math.random(0, 0x7fffffff))
   end
   prefix = string.format("bench-%s-%d-", nonce, thread_id)
+  if args[2] ~= nil and args[2] ~= "" then
+    headers["X-Tenant-Id"] = nil
+    headers["Authorization"] = "Bearer " .. args[2]
+  end
 end
 
 function request()

@@ -18,6 +18,9 @@
 #   BENCH_PGBENCH_S          seconds per pgbench run (default 5)
 #   BENCH_SUMMARYD_BIN       use this binary instead of building target/release/summaryd
 #   BENCH_OUT                where results go (default bench/results)
+#   BENCH_LIMITS             1: the intake runs in token mode with per-tenant limits enabled
+#                            (rate_per_s, burst and max_in_flight set so high that nothing is
+#                            refused): measures what enforcing them costs. Default 0.
 #
 # Everything runs on loopback. Redis is a private redis-server started here on a free port
 # (same version and persistence settings as the shared one: none), so the service and
@@ -36,6 +39,7 @@ LATENCY_MS=${BENCH_LATENCY_MS:-200}
 JOBS_PER_CONSUMER=${BENCH_JOBS_PER_CONSUMER:-25}
 PGBENCH_S=${BENCH_PGBENCH_S:-5}
 OUT=${BENCH_OUT:-bench/results}
+LIMITS=${BENCH_LIMITS:-0}
 PG_PORT=${SUMMARYD_DEPS_PG_PORT:-5432}
 PG_BASE="postgres://postgres@127.0.0.1:$PG_PORT"
 BENCH_DB=summaryd_bench
@@ -171,8 +175,24 @@ payload="{\"notify\":\"bench@example.com\",\"text\":\"$text\"}"
 # count of field/value arguments, the pairs to HSET, then the field to HDEL.
 state_args=(6 tenant bench status queued created_at "$stamp" error)
 # The tenant limits the script receives (src/stream/tenant_limits.rs): emission interval in
-# µs, burst, max in flight; 0 = no limit, as for a tenant without limits.
+# µs, burst, max in flight; 0 = no limit, as for a tenant without limits. With BENCH_LIMITS=1
+# the tenant has every limit, set far above what one machine can send (1,000,000 jobs/s,
+# a burst of as many, 10^9 in flight), so each check runs and none refuses.
 limit_args=(0 1 0)
+tokens_file=""
+token=""
+if [[ "$LIMITS" == 1 ]]; then
+    limit_args=(1 1000000 1000000000)
+    token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+    tokens_file="$workdir/tokens.toml"
+    cat >"$tokens_file" <<EOF_TOKENS
+[tenants.bench]
+token_sha256 = "$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)"
+rate_per_s = 1000000.0
+burst = 1000000
+max_in_flight = 1000000000
+EOF_TOKENS
+fi
 # $1 = clients, $2 = idempotency key, $3 = output file
 redis_reference() {
     rcli -n "$REF_DB" FLUSHDB >/dev/null
@@ -203,7 +223,7 @@ start_service() { # $1 = roles, $2 = log file
         SUMMARYD_SHUTDOWN_GRACE_MS=5000 \
         SUMMARYD_LOG_FORMAT=json \
         SUMMARYD_MAIL_PROVIDER=log \
-        "$bin" serve --roles "$1" >"$2" 2>&1 &
+        env ${tokens_file:+SUMMARYD_AUTH_TOKENS_FILE="$tokens_file"} "$bin" serve --roles "$1" >"$2" 2>&1 &
     pid=$!
     # Migrations on a new database take a second or two; 60 s bounds a service that hangs.
     local deadline=$((SECONDS + 60))
@@ -248,7 +268,7 @@ run_wrk() { # $1 = script, $2 = duration s, $3 = nonce, $4 = output file, $5 = c
     ) &
     sampler=$!
     timeout $(($2 + 60)) wrk -t"$THREADS" -c"$5" -d"$2s" --timeout 5s --latency \
-        -s "$1" "$url" -- "$3" >"$4"
+        -s "$1" "$url" -- "$3" "$token" >"$4"
     kill "$sampler" 2>/dev/null || true
     wait "$sampler" 2>/dev/null || true
     local r
@@ -266,13 +286,16 @@ for c in $CONNECTIONS; do
     log "connections $c: redis-benchmark of the POST script (new keys, then replay)"
     redis_reference "$c" 'ref:idem:__rand_int__' "$workdir/ref-unique-$c.csv"
     # The replay reference: one key that exists, so the script only reads it, as for a replay.
-    rcli -n "$REF_DB" EVALSHA "$lua_sha" 3 ref:idem:fixed ref:stream ref:job:fixed "$record" 86400 \
-        "${state_args[@]}" job_id "$job" >/dev/null
+    # Same arguments as the new-key call; the first call stores the record, so every call
+    # redis-benchmark makes only reads it. A failed store would make this a new-key run:
+    # the reply is checked.
+    replay_call=(EVALSHA "$lua_sha" 5 ref:idem:fixed ref:stream ref:job:fixed ref:in_flight ref:rate
+        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}"
+        job_id "$job" tenant bench payload "$payload" created_at "$stamp")
+    [[ "$(rcli -n "$REF_DB" "${replay_call[@]}" | head -n 1)" == 1 ]] ||
+        die "the replay reference could not store its record"
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
-        -c "$c" -n "$REDIS_REQUESTS" \
-        EVALSHA "$lua_sha" 3 ref:idem:fixed ref:stream ref:job:fixed \
-        "$record" 86400 "${state_args[@]}" \
-        job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$workdir/ref-replay-$c.csv" 2>&1
+        -c "$c" -n "$REDIS_REQUESTS" "${replay_call[@]}" >"$workdir/ref-replay-$c.csv" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
     for f in unique replay; do
         [[ -n "$(ref_field "$workdir/ref-$f-$c.csv" rps)" ]] ||

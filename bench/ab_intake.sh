@@ -1,0 +1,166 @@
+#!/usr/bin/env bash
+# POST throughput of two summaryd binaries, measured in alternation on one machine:
+#
+#   bench/ab_intake.sh BASELINE_BIN CANDIDATE_BIN
+#
+# A shared machine drifts by tens of percent over minutes (bench/run.sh's sweep takes ten),
+# which hides a 10 % difference between two sequential runs. Here both binaries run side by
+# side (api role, the same private Redis, their own database and key prefix) and wrk hits
+# them in turn, AB_ROUNDS times, with the order swapped every round; each round's ratio
+# candidate/baseline compares two runs seconds apart. Prints one line per run and the
+# median ratio per scenario.
+#
+# Scenarios: `new key` (every request its own Idempotency-Key) for the baseline and the
+# candidate as they are (no tokens file, so no tenant limits), and, with AB_LIMITS=1, the
+# candidate once more in token mode with rate_per_s, burst and max_in_flight all set (far
+# above what the machine can send, so every check runs and none refuses).
+#
+# Settings (environment): AB_ROUNDS (5), AB_DURATION_S (8), AB_CONNECTIONS ("32"),
+# AB_THREADS (2), AB_LIMITS (0).
+set -euo pipefail
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo_root"
+
+[[ $# -eq 2 ]] || {
+    echo "usage: $0 BASELINE_BIN CANDIDATE_BIN" >&2
+    exit 2
+}
+base_bin=$(realpath "$1")
+cand_bin=$(realpath "$2")
+ROUNDS=${AB_ROUNDS:-5}
+DURATION_S=${AB_DURATION_S:-8}
+CONNECTIONS=${AB_CONNECTIONS:-32}
+THREADS=${AB_THREADS:-2}
+LIMITS=${AB_LIMITS:-0}
+PG_PORT=${SUMMARYD_DEPS_PG_PORT:-5432}
+PG_BASE="postgres://postgres@127.0.0.1:$PG_PORT"
+
+log() { printf 'ab: %s\n' "$*" >&2; }
+die() {
+    printf 'ab: ERROR: %s\n' "$*" >&2
+    exit 1
+}
+# shellcheck source=scripts/deps.sh
+. scripts/deps.sh
+command -v wrk >/dev/null 2>&1 || _deps_apt_install wrk
+command -v redis-server >/dev/null 2>&1 || _deps_apt_install redis-server
+for bin in "$base_bin" "$cand_bin"; do [[ -x "$bin" ]] || die "$bin is not an executable"; done
+
+workdir=$(mktemp -d "${TMPDIR:-/tmp}/summaryd-ab.XXXXXX")
+nonce=$(od -An -N6 -tx1 /dev/urandom | tr -d ' \n')
+pids=()
+redis_pid=""
+dbs=()
+psql_admin() { psql -X -q -w -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres "$@"; }
+cleanup() {
+    local rc=$?
+    for p in "${pids[@]}" $redis_pid; do kill "$p" 2>/dev/null || true; done
+    wait 2>/dev/null || true
+    for db in "${dbs[@]}"; do
+        psql_admin -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 || true
+    done
+    if [[ $rc -eq 0 ]]; then rm -rf "$workdir"; else log "logs kept in $workdir"; fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+free_port() {
+    local p
+    for ((p = $1; p < $1 + 200; p++)); do
+        _deps_tcp_open 127.0.0.1 "$p" || {
+            echo "$p"
+            return 0
+        }
+    done
+    die "no free port in $1-$(($1 + 199))"
+}
+
+rport=$(free_port 16600)
+redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
+    --dir "$workdir" --logfile "$workdir/redis.log" &
+redis_pid=$!
+for _ in $(seq 100); do
+    [[ "$(redis-cli -p "$rport" PING 2>/dev/null || true)" == PONG ]] && break
+    sleep 0.1
+done
+redis_url="redis://127.0.0.1:$rport"
+
+token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+cat >"$workdir/tokens.toml" <<EOF
+[tenants.bench]
+token_sha256 = "$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)"
+rate_per_s = 1000000.0
+burst = 1000000
+max_in_flight = 1000000000
+EOF
+
+declare -A url=() bearer=()
+# $1 = scenario name, $2 = binary, $3 = tokens file or empty
+start() {
+    local name=$1 bin=$2 tokens=$3 port db
+    port=$(free_port $((18300 + ${#pids[@]} * 10)))
+    db="summaryd_ab_${name//-/_}_$nonce"
+    dbs+=("$db")
+    env SUMMARYD_LISTEN="127.0.0.1:$port" SUMMARYD_KEY_PREFIX="ab:$name:" \
+        SUMMARYD_REDIS_URL="$redis_url" SUMMARYD_DATABASE_URL="$PG_BASE/$db" \
+        SUMMARYD_LOG_FORMAT=json SUMMARYD_MAIL_PROVIDER=log \
+        ${tokens:+SUMMARYD_AUTH_TOKENS_FILE="$tokens"} \
+        "$bin" serve --roles api >"$workdir/$name.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 300); do
+        _deps_tcp_open 127.0.0.1 "$port" && break
+        sleep 0.1
+    done
+    _deps_tcp_open 127.0.0.1 "$port" || die "$name did not start; see $workdir/$name.log"
+    url[$name]="http://127.0.0.1:$port"
+    bearer[$name]=${tokens:+$token}
+}
+start baseline "$base_bin" ""
+start candidate "$cand_bin" ""
+scenarios=(baseline candidate)
+if [[ "$LIMITS" == 1 ]]; then
+    start candidate-limits "$cand_bin" "$workdir/tokens.toml"
+    scenarios+=(candidate-limits)
+fi
+sleep 1
+
+declare -A results=()
+run() { # $1 = scenario, $2 = round
+    local out="$workdir/$1-$2.txt"
+    timeout $((DURATION_S + 60)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION_S}s" \
+        --timeout 5s -s bench/post_unique_keys.lua "${url[$1]}" -- "$nonce-$2-$1" "${bearer[$1]}" >"$out"
+    local rps non2xx
+    rps=$(sed -n 's/^BENCH //p' "$out" | tr ' ' '\n' | sed -n 's/^req_per_s=//p')
+    non2xx=$(sed -n 's/^BENCH //p' "$out" | tr ' ' '\n' | sed -n 's/^non2xx=//p')
+    [[ -n "$rps" ]] || die "no BENCH line from wrk ($1): $(cat "$out")"
+    [[ "$non2xx" == 0 ]] || die "$1 answered $non2xx non-2xx responses; see $workdir/$1.log"
+    results[$1,$2]=$rps
+    printf 'round %s  %-17s %9.1f req/s\n' "$2" "$1" "$rps"
+}
+
+log "warm-up"
+for s in "${scenarios[@]}"; do
+    wrk -t"$THREADS" -c"$CONNECTIONS" -d2s -s bench/post_unique_keys.lua "${url[$s]}" \
+        -- "warm-$nonce-$s" "${bearer[$s]}" >/dev/null
+done
+for ((r = 1; r <= ROUNDS; r++)); do
+    order=("${scenarios[@]}")
+    if ((r % 2 == 0)); then
+        # Reverse the order every other round, so drift favours neither side.
+        order=()
+        for ((i = ${#scenarios[@]} - 1; i >= 0; i--)); do order+=("${scenarios[$i]}"); done
+    fi
+    for s in "${order[@]}"; do run "$s" "$r"; done
+    redis-cli -p "$rport" FLUSHALL >/dev/null
+done
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+echo
+echo "connections $CONNECTIONS, $ROUNDS rounds of ${DURATION_S} s, ratios to the baseline of the same round:"
+for s in "${scenarios[@]:1}"; do
+    ratios=$(for ((r = 1; r <= ROUNDS; r++)); do
+        awk -v a="${results[$s,$r]}" -v b="${results[baseline,$r]}" 'BEGIN { printf "%.3f\n", a / b }'
+    done)
+    printf '%-17s median %s  (rounds: %s)\n' "$s" "$(median <<<"$ratios")" "$(tr '\n' ' ' <<<"$ratios")"
+done

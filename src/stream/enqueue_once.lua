@@ -42,7 +42,11 @@ local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 9 + n))
 redis.call('HSET', KEYS[3], unpack(ARGV, 8, 7 + n))
 redis.call('HDEL', KEYS[3], ARGV[8 + n])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-redis.call('SADD', KEYS[4], ARGV[3])
+-- Only a tenant with a max_in_flight needs its jobs counted; one command less per POST for
+-- every other tenant. (A limit added later by a reload counts the jobs accepted after it.)
+if max_in_flight > 0 then
+  redis.call('SADD', KEYS[4], ARGV[3])
+end
 if tat then
   redis.call('SET', KEYS[5], string.format('%.0f', tat), 'PX', math.max(1, math.ceil((tat - now) / 1000)))
 end

@@ -15,7 +15,7 @@ use chrono::Utc;
 use summaryd::app::Application;
 use summaryd::config::Settings;
 use summaryd::domain::{Email, Job, JobId, TenantId};
-use summaryd::llm::{BuiltinSummariser, Llm, LlmError};
+use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
 use summaryd::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
@@ -29,7 +29,7 @@ struct DelayedModel {
 
 #[async_trait]
 impl Llm for DelayedModel {
-    async fn summarise(&self, text: &str) -> Result<String, LlmError> {
+    async fn summarise(&self, text: &str) -> Result<Completion, LlmError> {
         tokio::time::sleep(self.latency).await;
         self.inner.summarise(text).await
     }

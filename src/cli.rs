@@ -37,6 +37,8 @@ pub enum Command {
     /// Tenant bearer tokens for the tokens file.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Jobs and model tokens per tenant and model, from the summaries table.
+    Usage(UsageArgs),
     /// GET /healthz of the summaryd configured here (on SUMMARYD_OPS_LISTEN when set, else
     /// SUMMARYD_LISTEN); exit 0 on 200, 1 otherwise (container health checks: no curl).
     Healthcheck(HealthcheckArgs),
@@ -50,6 +52,20 @@ pub struct HealthcheckArgs {
     /// Deadline for the connect and for each read and write.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
     pub timeout_ms: u64,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct UsageArgs {
+    /// Only summaries completed within this long: a number and a unit, s, m, h, d or w
+    /// (e.g. 30d). Without it: every summary still stored.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub since: Option<Duration>,
+    /// Only this tenant.
+    #[arg(long, value_name = "T")]
+    pub tenant: Option<String>,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Subcommand)]
@@ -187,6 +203,26 @@ mod tests {
             cli.command,
             Command::Token(TokenCommand::New { tenant }) if tenant == "acme"
         ));
+    }
+
+    #[test]
+    fn usage_takes_a_window_a_tenant_and_json() {
+        let cli = Cli::try_parse_from([
+            "summaryd", "usage", "--since", "30d", "--tenant", "acme", "--json",
+        ])
+        .unwrap();
+        let Command::Usage(args) = cli.command else {
+            panic!("expected usage")
+        };
+        assert_eq!(args.since, Some(Duration::from_secs(30 * 86_400)));
+        assert_eq!(args.tenant.as_deref(), Some("acme"));
+        assert!(args.json);
+        let Command::Usage(all) = Cli::try_parse_from(["summaryd", "usage"]).unwrap().command
+        else {
+            panic!("expected usage")
+        };
+        assert_eq!((all.since, all.tenant, all.json), (None, None, false));
+        assert!(Cli::try_parse_from(["summaryd", "usage", "--since", "soon"]).is_err());
     }
 
     #[test]

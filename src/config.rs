@@ -22,6 +22,9 @@ const TOP_LEVEL: [&str; 5] = [
 /// Env vars with the `SUMMARYD_` prefix that are not settings.
 const NOT_SETTINGS: [&str; 1] = ["config"];
 
+/// Settings only the file can hold: a list of tables has no sensible env spelling.
+const FILE_ONLY: [&str; 1] = ["llm.fallback"];
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("invalid configuration: {0}")]
@@ -176,6 +179,44 @@ pub struct LlmSettings {
     /// model's context and fail the same way on every attempt, so it is refused up front
     /// (413 at the API, `InvalidInput` in the worker) instead of paying for doomed calls.
     pub max_input_chars: usize,
+    /// Completion cap sent with every request (`max_tokens`), so one job's cost is bounded.
+    pub max_tokens: u32,
+    /// Consecutive transient failures of one provider that open its circuit breaker.
+    pub breaker_failures: u32,
+    /// How long an open breaker waits before its first probe; doubles while probes fail.
+    pub breaker_cooldown_ms: u64,
+    /// Providers tried in order after this one (`[[llm.fallback]]`; only in the file).
+    #[serde(default)]
+    pub fallback: Vec<FallbackSettings>,
+}
+
+/// One `[[llm.fallback]]` table: a provider tried when the ones before it are unavailable.
+/// Attempts, backoff, the input cap, `max_tokens` and the breaker settings are `[llm]`'s.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FallbackSettings {
+    pub provider: LlmProvider,
+    #[serde(default)]
+    pub base_url: String,
+    #[serde(default)]
+    pub model: String,
+    /// The name of the environment variable holding this provider's API key (the key itself
+    /// never sits in the file); none = requests carry no `Authorization`.
+    pub api_key_env: Option<String>,
+    /// Defaults to `[llm] call_timeout_ms`.
+    pub call_timeout_ms: Option<u64>,
+}
+
+impl std::fmt::Debug for FallbackSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FallbackSettings")
+            .field("provider", &self.provider)
+            .field("base_url", &crate::redact::url(&self.base_url))
+            .field("model", &self.model)
+            .field("api_key_env", &self.api_key_env)
+            .field("call_timeout_ms", &self.call_timeout_ms)
+            .finish()
+    }
 }
 
 impl std::fmt::Debug for LlmSettings {
@@ -190,6 +231,10 @@ impl std::fmt::Debug for LlmSettings {
             .field("backoff_ms", &self.backoff_ms)
             .field("max_backoff_ms", &self.max_backoff_ms)
             .field("max_input_chars", &self.max_input_chars)
+            .field("max_tokens", &self.max_tokens)
+            .field("breaker_failures", &self.breaker_failures)
+            .field("breaker_cooldown_ms", &self.breaker_cooldown_ms)
+            .field("fallback", &self.fallback)
             .finish()
     }
 }
@@ -364,6 +409,13 @@ impl Default for Settings {
                 // ~25k tokens of English: fits every current chat model's context with room
                 // for the prompt and the answer.
                 max_input_chars: 100_000,
+                // A few paragraphs: what a summary for the account team needs.
+                max_tokens: 512,
+                // Five failures in a row is past what one flaky call or a short blip makes,
+                // and early enough that an outage costs only the deliveries in hand.
+                breaker_failures: 5,
+                breaker_cooldown_ms: 30_000,
+                fallback: Vec::new(),
             },
             mail: MailSettings {
                 provider: MailProvider::Log,
@@ -548,6 +600,15 @@ impl Settings {
         if self.llm.max_input_chars == 0 {
             return bad("SUMMARYD_LLM_MAX_INPUT_CHARS", "must be at least 1");
         }
+        if self.llm.max_tokens == 0 {
+            return bad("SUMMARYD_LLM_MAX_TOKENS", "must be at least 1");
+        }
+        if self.llm.breaker_failures == 0 {
+            return bad("SUMMARYD_LLM_BREAKER_FAILURES", "must be at least 1");
+        }
+        if self.llm.breaker_cooldown_ms == 0 {
+            return bad("SUMMARYD_LLM_BREAKER_COOLDOWN_MS", "must be positive");
+        }
         if self.llm.backoff_ms > self.llm.max_backoff_ms {
             return bad(
                 "SUMMARYD_LLM_BACKOFF_MS",
@@ -641,7 +702,12 @@ fn known_paths() -> std::collections::HashSet<String> {
         for (key, value) in top {
             match value {
                 serde_json::Value::Object(section) => {
-                    paths.extend(section.keys().map(|k| format!("{key}.{k}")));
+                    paths.extend(
+                        section
+                            .keys()
+                            .map(|k| format!("{key}.{k}"))
+                            .filter(|path| !FILE_ONLY.contains(&path.as_str())),
+                    );
                 }
                 _ => {
                     paths.insert(key);
@@ -668,6 +734,16 @@ fn describe_figment_error(err: figment::Error) -> ConfigError {
 }
 
 fn env_name(path: &str) -> String {
+    // File-only settings have no env name: name the table and the entry (numbered from 1).
+    if let Some(rest) = path.strip_prefix("llm.fallback.") {
+        let (index, key) = rest.split_once('.').unwrap_or((rest, ""));
+        let number = index
+            .parse::<usize>()
+            .map_or(index.to_owned(), |i| (i + 1).to_string());
+        return format!("[[llm.fallback]] #{number} {key}")
+            .trim_end()
+            .to_owned();
+    }
     format!("SUMMARYD_{}", path.replace('.', "_").to_ascii_uppercase())
 }
 
@@ -804,5 +880,73 @@ mod tests {
             assert!(err.contains("SUMMARYD_WORKER_CONSUMERS"), "{err}");
             Ok(())
         });
+    }
+
+    #[test]
+    #[allow(clippy::result_large_err)] // figment's Jail API fixes the closure's error type
+    fn fallbacks_come_from_the_file_only_and_errors_name_the_table() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "s.toml",
+                "[llm]\nprovider = \"openai\"\nmax_tokens = 300\n\
+                 [[llm.fallback]]\nprovider = \"openai\"\nbase_url = \"http://local:8000/v1\"\n\
+                 model = \"llama\"\napi_key_env = \"LOCAL_KEY\"\ncall_timeout_ms = 40000\n\
+                 [[llm.fallback]]\nprovider = \"builtin\"\n",
+            )?;
+            jail.set_env("SUMMARYD_LLM_BREAKER_FAILURES", "7");
+            jail.set_env("SUMMARYD_LLM_FALLBACK", "[]");
+            let flags = FlagOverrides::default();
+            let s = Settings::load(Some(Path::new("s.toml")), &flags).map_err(|e| e.to_string())?;
+            assert_eq!(s.llm.max_tokens, 300);
+            assert_eq!(s.llm.breaker_failures, 7);
+            assert_eq!(s.llm.breaker_cooldown_ms, 30_000);
+            assert_eq!(
+                s.llm.fallback.len(),
+                2,
+                "the env cannot replace the file's list"
+            );
+            let first = &s.llm.fallback[0];
+            assert_eq!(first.model, "llama");
+            assert_eq!(first.api_key_env.as_deref(), Some("LOCAL_KEY"));
+            assert_eq!(first.call_timeout_ms, Some(40_000));
+            assert_eq!(s.llm.fallback[1].provider, LlmProvider::Builtin);
+            assert_eq!(
+                Settings::ignored_env_vars(),
+                vec!["SUMMARYD_LLM_FALLBACK".to_string()]
+            );
+
+            jail.create_file(
+                "bad.toml",
+                "[[llm.fallback]]\nprovider = \"builtin\"\n[[llm.fallback]]\nprovider = \"openai\"\napi_key = \"sk-in-file\"\n",
+            )?;
+            let err = Settings::load(Some(Path::new("bad.toml")), &flags)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("[[llm.fallback]] #2"), "{err}");
+            assert!(err.contains("api_key"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn breaker_and_token_settings_must_be_positive() {
+        for (setting, adjust) in [
+            (
+                "SUMMARYD_LLM_MAX_TOKENS",
+                (|s: &mut Settings| s.llm.max_tokens = 0) as fn(&mut Settings),
+            ),
+            ("SUMMARYD_LLM_BREAKER_FAILURES", |s| {
+                s.llm.breaker_failures = 0
+            }),
+            ("SUMMARYD_LLM_BREAKER_COOLDOWN_MS", |s| {
+                s.llm.breaker_cooldown_ms = 0
+            }),
+        ] {
+            let mut s = Settings::default();
+            adjust(&mut s);
+            let err = s.validate().unwrap_err().to_string();
+            assert!(err.contains(setting), "{err}");
+        }
     }
 }

@@ -29,6 +29,7 @@ fn main() -> ExitCode {
             Command::Migrate => migrate(config).await,
             Command::Dlq(cmd) => admin(config, AdminCommand::Dlq(cmd)).await,
             Command::Outbox(cmd) => admin(config, AdminCommand::Outbox(cmd)).await,
+            Command::Usage(args) => admin(config, AdminCommand::Usage(args)).await,
             Command::Token(TokenCommand::New { tenant }) => token_new(&tenant),
             Command::Healthcheck(args) => summaryd::healthcheck::run(config, &args),
         }

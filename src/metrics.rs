@@ -6,7 +6,7 @@ use std::sync::Mutex;
 
 use prometheus::{
     Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    Opts, Registry, TextEncoder,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -16,6 +16,10 @@ pub struct Metrics {
     pub jobs: IntCounterVec,
     pub llm_requests: IntCounterVec,
     pub llm_duration: Histogram,
+    /// `summaryd_llm_tokens_total{model,kind}`: tokens the providers reported.
+    pub llm_tokens: IntCounterVec,
+    /// `summaryd_llm_breaker_open{provider}`: 1 while a provider's breaker is open.
+    pub llm_breaker_open: IntGaugeVec,
     pub http_duration: HistogramVec,
     pub job_latency: HistogramVec,
     /// Cluster-wide gauges: set only by the maintenance task (`maintenance.rs`), read by
@@ -157,6 +161,19 @@ impl Metrics {
         )?;
         let outbox_sent = IntCounter::new("summaryd_outbox_sent_total", "Outbox rows sent")?;
         registry.register(Box::new(outbox_sent.clone()))?;
+        let llm_tokens = counter_vec(
+            "summaryd_llm_tokens_total",
+            "Tokens the model providers reported, by configured model name and kind (prompt, completion); probes included",
+            &["model", "kind"],
+        )?;
+        let llm_breaker_open = IntGaugeVec::new(
+            Opts::new(
+                "summaryd_llm_breaker_open",
+                "1 while a model provider's circuit breaker is open (no job calls it), else 0; per provider of this process",
+            ),
+            &["provider"],
+        )?;
+        registry.register(Box::new(llm_breaker_open.clone()))?;
         let loop_errors = counter_vec(
             "summaryd_loop_errors_total",
             "Failed passes of the worker and relay loops, by role and kind of failure",
@@ -169,6 +186,8 @@ impl Metrics {
             jobs,
             llm_requests,
             llm_duration,
+            llm_tokens,
+            llm_breaker_open,
             http_duration,
             job_latency,
             stream_pending,

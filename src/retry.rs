@@ -1,6 +1,8 @@
-//! The single owner of the model retry policy: per-call wall-clock timeouts, full-jitter
-//! exponential backoff, `Retry-After`, and the per-delivery deadline. Which errors are worth
-//! another attempt is [`LlmError`]'s classification.
+//! The single owner of the model retry policy on one provider: per-call wall-clock timeouts,
+//! full-jitter exponential backoff, `Retry-After`, and the per-delivery deadline. Which
+//! errors are worth another attempt is [`LlmError`]'s classification; whether the provider
+//! may be called at all is its breaker's, asked through [`AttemptObserver`]
+//! (`llm::ModelChain` moves on to the next provider).
 //!
 //! Providers make exactly one attempt; nothing else retries the model, so attempts never
 //! multiply across layers.
@@ -12,8 +14,7 @@ use tokio::time::Instant;
 use crate::backoff::{Backoff, Jitter};
 use crate::config::LlmSettings;
 use crate::failure::{Classify, Disposition};
-use crate::llm::{Llm, LlmError};
-use crate::metrics::Metrics;
+use crate::llm::{Completion, Llm, LlmError};
 
 /// Below this much time, an attempt cannot realistically finish, so we do not start one.
 const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_secs(1);
@@ -49,7 +50,12 @@ pub struct RetryPolicy {
 
 impl RetryPolicy {
     pub fn from_settings(settings: &LlmSettings) -> Self {
-        let call_timeout = Duration::from_millis(settings.call_timeout_ms);
+        Self::for_call_timeout(settings, settings.call_timeout_ms)
+    }
+
+    /// `[llm]`'s policy with a provider's own call timeout (a fallback may set one).
+    pub fn for_call_timeout(settings: &LlmSettings, call_timeout_ms: u64) -> Self {
+        let call_timeout = Duration::from_millis(call_timeout_ms);
         Self {
             call_timeout,
             max_attempts: settings.max_attempts.max(1),
@@ -78,12 +84,23 @@ impl RetryPolicy {
     }
 }
 
+/// Sees every attempt on one provider: says whether another may start (its breaker is
+/// closed), and records each result (breaker, metrics).
+pub trait AttemptObserver: Send + Sync {
+    fn may_attempt(&self) -> bool;
+    fn observe(&self, result: &Result<Completion, LlmError>, elapsed: Duration);
+}
+
 /// Why `complete_with_retries` gave up.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RetryError {
     /// The last model error; its classification says whether redelivery may help.
     #[error(transparent)]
     Llm(LlmError),
+    /// The provider's breaker is open (it opened before this attempt, or while this delivery
+    /// waited to retry): no attempt was made on it.
+    #[error("the provider's circuit breaker is open")]
+    BreakerOpen,
     /// Too little of the delivery's budget was left to start an attempt. Deliberately not a
     /// timeout: it is never retried in-process, only by redelivery with a fresh budget.
     #[error("deadline exceeded: {remaining:?} left, an attempt needs {needed:?}")]
@@ -98,23 +115,27 @@ impl Classify for RetryError {
     fn disposition(&self) -> Disposition {
         match self {
             RetryError::Llm(e) => e.disposition(),
-            RetryError::DeadlineExceeded { .. } => Disposition::TRANSIENT,
+            RetryError::BreakerOpen | RetryError::DeadlineExceeded { .. } => Disposition::TRANSIENT,
         }
     }
 }
 
 /// Call the model under the policy: each attempt gets `min(call_timeout, remaining)` of
-/// wall clock; only retryable errors are retried; stops on `max_attempts` or when the next
-/// sleep would leave less than one useful attempt, returning the last error.
+/// wall clock; only retryable errors are retried; stops on `max_attempts`, when the next
+/// sleep would leave less than one useful attempt (returning the last error), or when the
+/// observer forbids another attempt (`BreakerOpen`).
 pub async fn complete_with_retries(
     llm: &dyn Llm,
     text: &str,
     deadline: Deadline,
     policy: &RetryPolicy,
-    metrics: Option<&Metrics>,
-) -> Result<String, RetryError> {
+    observer: Option<&dyn AttemptObserver>,
+) -> Result<Completion, RetryError> {
     let mut attempt: u32 = 0;
     loop {
+        if observer.is_some_and(|o| !o.may_attempt()) {
+            return Err(RetryError::BreakerOpen);
+        }
         let remaining = deadline.remaining();
         let timeout = policy.call_timeout.min(remaining);
         if timeout < policy.min_attempt {
@@ -124,7 +145,7 @@ pub async fn complete_with_retries(
             });
         }
         attempt += 1;
-        let err = match call_once(llm, text, timeout, metrics).await {
+        let err = match call_once(llm, text, timeout, observer).await {
             Ok(summary) => return Ok(summary),
             Err(err) => err,
         };
@@ -141,38 +162,23 @@ pub async fn complete_with_retries(
     }
 }
 
-/// One attempt under a hard wall-clock timeout, recorded in the metrics.
+/// One attempt under a hard wall-clock timeout (a server that sends headers and then drips
+/// its body is cut off by it too), shown to the observer.
 async fn call_once(
     llm: &dyn Llm,
     text: &str,
     timeout: Duration,
-    metrics: Option<&Metrics>,
-) -> Result<String, LlmError> {
+    observer: Option<&dyn AttemptObserver>,
+) -> Result<Completion, LlmError> {
     let started = Instant::now();
     let result = match tokio::time::timeout(timeout, llm.summarise(text)).await {
         Ok(result) => result,
         Err(_elapsed) => Err(LlmError::Timeout),
     };
-    if let Some(m) = metrics {
-        m.llm_duration.observe(started.elapsed().as_secs_f64());
-        m.llm_requests
-            .with_label_values(&[&result_label(&result)])
-            .inc();
+    if let Some(o) = observer {
+        o.observe(&result, started.elapsed());
     }
     result
-}
-
-/// The `result` label of `summaryd_llm_requests_total`.
-fn result_label(result: &Result<String, LlmError>) -> String {
-    match result {
-        Ok(_) => "ok".into(),
-        Err(LlmError::Timeout) => "timeout".into(),
-        Err(LlmError::Connect(_)) => "connect".into(),
-        Err(LlmError::Status { status, .. }) => format!("status_{status}"),
-        Err(LlmError::Malformed(_)) => "malformed".into(),
-        Err(LlmError::InvalidInput(_)) => "invalid_input".into(),
-        Err(LlmError::Other(_)) => "other".into(),
-    }
 }
 
 #[cfg(test)]
@@ -227,12 +233,12 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Llm for FailsFirst {
-        async fn summarise(&self, _text: &str) -> Result<String, LlmError> {
+        async fn summarise(&self, _text: &str) -> Result<Completion, LlmError> {
             let call = self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             if call < self.failures {
                 Err(self.error.clone())
             } else {
-                Ok("summary".into())
+                Ok(Completion::without_usage("summary".into()))
             }
         }
     }
@@ -248,7 +254,7 @@ mod tests {
                 let started = Instant::now();
                 let deadline = Deadline::after(Duration::from_secs(60));
                 let summary = complete_with_retries(&llm, "text", deadline, &p, None).await;
-                assert_eq!(summary.unwrap(), "summary");
+                assert_eq!(summary.unwrap().summary, "summary");
                 let slept = started.elapsed();
                 assert!(
                     slept <= Duration::from_millis(cap_ms),
@@ -274,7 +280,7 @@ mod tests {
         );
         let deadline = Deadline::after(after + p.min_attempt);
         let summary = complete_with_retries(&llm, "text", deadline, &p, None).await;
-        assert_eq!(summary.unwrap(), "summary");
+        assert_eq!(summary.unwrap().summary, "summary");
         // One minimal attempt less and the call gives up instead of sleeping.
         let llm = FailsFirst::new(1, llm.error.clone());
         let deadline = Deadline::after(after + p.min_attempt - Duration::from_millis(1));
@@ -325,14 +331,46 @@ mod tests {
         assert!(p.sleep_after(&permanent, 0) <= Duration::from_millis(1));
     }
 
-    #[test]
-    fn results_have_stable_metric_labels() {
-        assert_eq!(result_label(&Ok(String::new())), "ok");
-        assert_eq!(result_label(&Err(status(503))), "status_503");
-        assert_eq!(result_label(&Err(LlmError::Timeout)), "timeout");
+    /// Allows `allowed` attempts, then reports the breaker open; counts what it saw.
+    struct OpensAfter {
+        allowed: usize,
+        seen: std::sync::Mutex<Vec<bool>>,
+    }
+
+    impl AttemptObserver for OpensAfter {
+        fn may_attempt(&self) -> bool {
+            self.seen.lock().unwrap().len() < self.allowed
+        }
+        fn observe(&self, result: &Result<Completion, LlmError>, _elapsed: Duration) {
+            self.seen.lock().unwrap().push(result.is_ok());
+        }
+    }
+
+    /// A breaker that opens between attempts stops the retries at once, without a call.
+    #[tokio::test(start_paused = true)]
+    async fn an_observer_that_forbids_attempts_stops_the_retries() {
+        let p = policy(1, 10);
+        let llm = FailsFirst::new(10, status(503));
+        let observer = OpensAfter {
+            allowed: 2,
+            seen: Default::default(),
+        };
+        let deadline = Deadline::after(Duration::from_secs(60));
+        let got = complete_with_retries(&llm, "t", deadline, &p, Some(&observer)).await;
+        assert!(matches!(got, Err(RetryError::BreakerOpen)), "{got:?}");
+        assert!(RetryError::BreakerOpen.is_transient());
+        assert_eq!(*observer.seen.lock().unwrap(), [false, false]);
+        assert_eq!(llm.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+        let closed = OpensAfter {
+            allowed: 0,
+            seen: Default::default(),
+        };
+        let got = complete_with_retries(&llm, "t", deadline, &p, Some(&closed)).await;
+        assert!(matches!(got, Err(RetryError::BreakerOpen)), "{got:?}");
         assert_eq!(
-            result_label(&Err(LlmError::InvalidInput(String::new()))),
-            "invalid_input"
+            llm.calls.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "no call"
         );
     }
 }

@@ -1,15 +1,16 @@
 //! Operator commands (`docs/reference.md`, Command line): inspect and recover what landed in
-//! a dead-letter place. Each command opens only the connection it needs: `dlq` Redis,
-//! `outbox` Postgres.
+//! a dead-letter place, and report what the model cost. Each command opens only the
+//! connection it needs: `dlq` Redis, `outbox` and `usage` Postgres.
 
 pub mod dlq;
 pub mod outbox;
 pub mod output;
 pub mod token;
+pub mod usage;
 
 use std::io::Write;
 
-use crate::cli::{DlqCommand, OutboxCommand};
+use crate::cli::{DlqCommand, OutboxCommand, UsageArgs};
 use crate::config::Settings;
 use crate::connections::{self, ConnectError};
 use crate::keys::RedisKeys;
@@ -38,6 +39,7 @@ pub enum AdminError {
 pub enum AdminCommand {
     Dlq(DlqCommand),
     Outbox(OutboxCommand),
+    Usage(UsageArgs),
 }
 
 /// Run `command`, writing its output to `out` (a table or JSON lines).
@@ -49,6 +51,10 @@ pub async fn run(
     match command {
         AdminCommand::Dlq(command) => run_dlq(settings, command, out).await,
         AdminCommand::Outbox(command) => run_outbox(settings, command, out).await,
+        AdminCommand::Usage(args) => {
+            let pg = connections::pg_pool(settings)?;
+            usage::report(&pg, &args, out).await
+        }
     }
 }
 

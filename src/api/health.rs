@@ -18,7 +18,9 @@ const CHECK_TIMEOUT: Duration = Duration::from_millis(800);
 pub struct Health {
     /// `ok` (liveness) or `ready` (readiness).
     pub status: String,
-    /// Per dependency: `ok` or why not (readiness only).
+    /// Per dependency: `ok` or why not (readiness only). `model:<provider>` entries say
+    /// whether that model provider's circuit breaker is open; they never make the process
+    /// unready.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub checks: BTreeMap<String, String>,
 }
@@ -99,10 +101,30 @@ pub async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, ApiError
         reasons.extend(broken);
         return Err(ApiError::NotReady(reasons.join("; ")));
     }
+    if roles.has(crate::roles::Role::Worker) {
+        checks.extend(model_checks(services));
+    }
     Ok(HttpResponse::Ok().json(Health {
         status: "ready".into(),
         checks,
     }))
+}
+
+/// `model:<provider>` per model provider of this process's worker: `ok`, or why its breaker
+/// is open. Reported, never a reason to be unready: an outage of the provider is not this
+/// pod's fault, and restarting pods would not end it (the consumers wait it out).
+fn model_checks(services: &ApiServices) -> Vec<(String, String)> {
+    let Some(model) = &services.model else {
+        return Vec::new();
+    };
+    model
+        .statuses()
+        .into_iter()
+        .map(|s| {
+            let state = s.open.unwrap_or_else(|| "ok".into());
+            (format!("model:{}", s.provider), state)
+        })
+        .collect()
 }
 
 async fn bounded(check: impl Future<Output = Result<(), String>>) -> Result<(), String> {

@@ -8,12 +8,14 @@ use crate::auth::Tokens;
 use crate::config::Settings;
 use crate::connections::SharedRedis;
 use crate::keys::RedisKeys;
+use crate::llm::ModelChain;
 use crate::metrics::Metrics;
 use crate::roles::Roles;
 use crate::shutdown::Shutdown;
 
 /// What the HTTP side uses: `/v1/summaries` (role api) and the operations routes every
-/// process serves (readiness, metrics). No model, no mailer: the API only enqueues and reads.
+/// process serves (readiness, metrics). No model calls, no mailer: the API only enqueues and
+/// reads (it may look at the worker's model breakers, for `/readyz`).
 #[derive(Clone)]
 pub struct ApiServices {
     pub settings: Arc<Settings>,
@@ -28,6 +30,9 @@ pub struct ApiServices {
     /// Token mode when a tokens file is configured; `None`: tenant from `X-Tenant-Id`.
     /// SIGHUP reloads it (see `auth::reload_on_sighup`).
     pub auth: Option<Arc<Tokens>>,
+    /// The worker's model providers when this process runs the worker role: `/readyz`
+    /// reports their breakers.
+    pub model: Option<Arc<ModelChain>>,
 }
 
 pub struct ApiState {

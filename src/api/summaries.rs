@@ -67,6 +67,11 @@ pub struct JobView {
     pub status: JobStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// The model that wrote the summary (its configured name; `builtin` for the built-in
+    /// summariser); only for `done`, and absent for summaries stored before models were
+    /// recorded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// When the job was accepted (RFC 3339).
@@ -270,6 +275,7 @@ pub async fn read_job(
             job_id: job_id.as_uuid(),
             status: JobStatus::Done,
             summary: Some(row.summary),
+            model: row.model,
             error: None,
             created_at: Some(row.created_at),
             completed_at: Some(row.completed_at),
@@ -283,6 +289,7 @@ pub async fn read_job(
                 Status::Queued => JobStatus::Queued,
             },
             summary: None,
+            model: None,
             error: s.error,
             created_at: s.created_at,
             completed_at: None,

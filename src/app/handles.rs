@@ -11,7 +11,7 @@ use crate::auth::Tokens;
 use crate::config::Settings;
 use crate::connections::{self, ConnectError, SharedRedis};
 use crate::keys::RedisKeys;
-use crate::llm::Llm;
+use crate::llm::ModelChain;
 use crate::mail::Mailer;
 use crate::maintenance::Maintenance;
 use crate::metrics::Metrics;
@@ -55,7 +55,8 @@ impl Handles {
     }
 
     /// The HTTP side's share; `auth` is the loaded tokens file, if the role api runs with one.
-    pub fn api(&self, auth: Option<Arc<Tokens>>) -> ApiServices {
+    /// `model` is the worker's chain when this process runs the worker role (for `/readyz`).
+    pub fn api(&self, auth: Option<Arc<Tokens>>, model: Option<Arc<ModelChain>>) -> ApiServices {
         ApiServices {
             settings: self.settings.clone(),
             keys: self.keys.clone(),
@@ -64,16 +65,17 @@ impl Handles {
             pg: self.pg.clone(),
             metrics: self.metrics.clone(),
             auth,
+            model,
         }
     }
 
-    pub fn worker(&self, llm: Arc<dyn Llm>) -> WorkerServices {
+    pub fn worker(&self, model: Arc<ModelChain>) -> WorkerServices {
         WorkerServices {
             settings: self.settings.clone(),
             keys: self.keys.clone(),
             redis: self.redis.clone(),
             pg: self.pg.clone(),
-            llm,
+            model,
             metrics: self.metrics.clone(),
             gate: self.worker_gate.clone(),
         }

@@ -15,7 +15,7 @@ use tracing::{info, warn};
 use crate::api::ApiServices;
 use crate::backoff::{Backoff, Jitter};
 use crate::config::Settings;
-use crate::llm::{Llm, LlmConfigError};
+use crate::llm::{Llm, LlmConfigError, ModelChain};
 use crate::mail::{MailConfigError, Mailer};
 use crate::relay::RelayServices;
 use crate::roles::{Role, Roles};
@@ -76,10 +76,19 @@ enum Providers {
 }
 
 impl Providers {
-    fn llm(&self, settings: &Settings) -> Result<Arc<dyn Llm>, LlmConfigError> {
+    /// The model chain: every configured provider, or the given model as the only one.
+    fn model(
+        &self,
+        settings: &Settings,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Result<ModelChain, LlmConfigError> {
         match self {
-            Self::FromSettings => crate::llm::from_settings(&settings.llm),
-            Self::Given { llm, .. } => Ok(llm.clone()),
+            Self::FromSettings => ModelChain::from_settings(&settings.llm, Some(metrics)),
+            Self::Given { llm, .. } => Ok(ModelChain::single(
+                &settings.llm,
+                llm.clone(),
+                Some(metrics),
+            )),
         }
     }
 
@@ -140,8 +149,13 @@ impl Application {
         } else {
             None
         };
-        let llm = if roles.has(Role::Worker) {
-            Some(providers.llm(&settings)?)
+        // No connection is made here; the handles only carry the metrics the providers use.
+        let handles = Handles::new(settings)?;
+        let settings = handles.settings.clone();
+        let model = if roles.has(Role::Worker) {
+            Some(Arc::new(
+                providers.model(&settings, handles.metrics.clone())?,
+            ))
         } else {
             None
         };
@@ -170,10 +184,9 @@ impl Application {
             ),
             None => None,
         };
-        let handles = Handles::new(settings)?;
         Ok(Self {
-            api: handles.api(auth),
-            worker: llm.map(|llm| handles.worker(llm)),
+            api: handles.api(auth, model.clone()),
+            worker: model.map(|model| handles.worker(model)),
             relay: mailer.map(|mailer| handles.relay(mailer)),
             handles,
             roles,

@@ -5,13 +5,15 @@ use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
 
 use super::DbError;
-use crate::domain::{Job, JobId, SummaryReady};
+use crate::domain::{Job, JobId, ModelSummary, SummaryReady};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SummaryRow {
     pub job_id: JobId,
     pub tenant: String,
     pub summary: String,
+    /// The model that wrote it; `None` for summaries stored before models were recorded.
+    pub model: Option<String>,
     pub created_at: DateTime<Utc>,
     pub completed_at: DateTime<Utc>,
 }
@@ -48,7 +50,7 @@ pub async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbEr
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached(
-            "SELECT tenant, summary, created_at, completed_at FROM summaries WHERE job_id = $1",
+            "SELECT tenant, summary, model, created_at, completed_at FROM summaries WHERE job_id = $1",
         )
         .await?;
     Ok(client
@@ -58,8 +60,9 @@ pub async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbEr
             job_id,
             tenant: row.get(0),
             summary: row.get(1),
-            created_at: row.get(2),
-            completed_at: row.get(3),
+            model: row.get(2),
+            created_at: row.get(3),
+            completed_at: row.get(4),
         }))
 }
 
@@ -72,19 +75,28 @@ pub async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbEr
 pub async fn commit_with_outbox(
     pool: &Pool,
     job: &Job,
-    summary: &str,
+    summary: &ModelSummary,
 ) -> Result<CommitOutcome, DbError> {
+    // Postgres integer is signed; a count past i32::MAX is no real completion.
+    let tokens = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    let prompt_tokens = summary.usage.map(|u| tokens(u.prompt));
+    let completion_tokens = summary.usage.map(|u| tokens(u.completion));
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let inserted = tx
         .query_opt(
-            "INSERT INTO summaries (job_id, tenant, summary, created_at) VALUES ($1, $2, $3, $4) \
+            "INSERT INTO summaries \
+                (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7) \
              ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
             &[
                 &job.job_id.as_uuid(),
                 &job.tenant.as_str(),
-                &summary,
+                &summary.text,
                 &job.created_at,
+                &summary.model,
+                &prompt_tokens,
+                &completion_tokens,
             ],
         )
         .await?;
@@ -92,7 +104,7 @@ pub async fn commit_with_outbox(
         tx.rollback().await?;
         return Ok(CommitOutcome::Duplicate);
     }
-    let event = SummaryReady::new(job, summary);
+    let event = SummaryReady::new(job, &summary.text);
     // `Json` serialises the event as the statement is sent; the payload's shape is the
     // event type's alone.
     tx.execute(
@@ -106,6 +118,54 @@ pub async fn commit_with_outbox(
     .await?;
     tx.commit().await?;
     Ok(CommitOutcome::Inserted)
+}
+
+/// Jobs and tokens of one tenant and model (`summaryd usage`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UsageRow {
+    pub tenant: String,
+    /// `unknown` for summaries stored before models were recorded.
+    pub model: String,
+    pub jobs: i64,
+    /// Sums of what the providers reported; jobs whose provider reported nothing add 0.
+    pub prompt_tokens: i64,
+    pub completion_tokens: i64,
+}
+
+/// What the model cost per tenant and model, for summaries completed within `since` (all
+/// of them without) and of `tenant` (every tenant without), ordered by tenant and model.
+pub async fn usage(
+    pool: &Pool,
+    since: Option<std::time::Duration>,
+    tenant: Option<&str>,
+) -> Result<Vec<UsageRow>, DbError> {
+    let client = pool.get().await?;
+    // A window reaching past what chrono can hold is "everything".
+    let cutoff: Option<DateTime<Utc>> = since
+        .and_then(|d| chrono::Duration::from_std(d).ok())
+        .and_then(|d| Utc::now().checked_sub_signed(d));
+    let stmt = client
+        .prepare_cached(
+            "SELECT tenant, coalesce(model, 'unknown') AS model, count(*), \
+                    coalesce(sum(prompt_tokens), 0)::bigint, \
+                    coalesce(sum(completion_tokens), 0)::bigint \
+               FROM summaries \
+              WHERE ($1::timestamptz IS NULL OR completed_at >= $1) \
+                AND ($2::text IS NULL OR tenant = $2) \
+              GROUP BY 1, 2 ORDER BY 1, 2",
+        )
+        .await?;
+    let rows = client.query(&stmt, &[&cutoff, &tenant]).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| UsageRow {
+            tenant: row.get(0),
+            model: row.get(1),
+            jobs: row.get(2),
+            prompt_tokens: row.get(3),
+            completion_tokens: row.get(4),
+        })
+        .collect())
 }
 
 /// Delete up to `batch` summaries completed before `cutoff`, oldest first; returns how

@@ -1,12 +1,13 @@
 //! Newtypes that parse (once a value of these types exists, it is valid), and the types
-//! that cross the seams between stages: `Job` (api → stream → worker → db) and the
-//! `SummaryReady` event (db → relay → mail). Every module may import these; they import
-//! nothing of the service.
+//! that cross the seams between stages: `Job` (api → stream → worker → db), `ModelSummary`
+//! (worker → db) and the `SummaryReady` event (db → relay → mail). Every module may import
+//! these; they import nothing of the service.
 
 mod email;
 mod idempotency_key;
 mod job;
 mod job_id;
+mod model_summary;
 mod summary_ready;
 mod summary_request;
 mod tenant;
@@ -15,6 +16,7 @@ pub use email::Email;
 pub use idempotency_key::IdempotencyKey;
 pub use job::Job;
 pub use job_id::JobId;
+pub use model_summary::{ModelSummary, TokenUsage};
 pub use summary_ready::{InvalidEvent, SummaryReady};
 pub use summary_request::{SummaryRequest, ValidSummaryRequest};
 pub use tenant::TenantId;

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 
 use async_trait::async_trait;
 
-use super::{Llm, LlmError};
+use super::{Completion, Llm, LlmError};
 
 /// Sentences in a summary: enough for the gist, short enough to read in an email.
 pub const SUMMARY_SENTENCES: usize = 3;
@@ -30,8 +30,10 @@ pub struct BuiltinSummariser;
 
 #[async_trait]
 impl Llm for BuiltinSummariser {
-    async fn summarise(&self, text: &str) -> Result<String, LlmError> {
-        summarise(text).ok_or_else(|| LlmError::InvalidInput("text has no content".into()))
+    async fn summarise(&self, text: &str) -> Result<Completion, LlmError> {
+        summarise(text)
+            .map(Completion::without_usage)
+            .ok_or_else(|| LlmError::InvalidInput("text has no content".into()))
     }
 }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::{Llm, LlmError};
+use super::{Completion, Llm, LlmError};
 use crate::config::LlmSettings;
 
 /// `Err(InvalidInput)` when `text` has more than `settings.max_input_chars` characters.
@@ -53,9 +53,13 @@ impl fmt::Debug for Guarded {
 
 #[async_trait]
 impl Llm for Guarded {
-    async fn summarise(&self, text: &str) -> Result<String, LlmError> {
+    async fn summarise(&self, text: &str) -> Result<Completion, LlmError> {
         check_len(self.max_input_chars, text)?;
         self.inner.summarise(text).await
+    }
+
+    async fn probe(&self) -> Result<Option<crate::domain::TokenUsage>, LlmError> {
+        self.inner.probe().await
     }
 }
 

@@ -1,10 +1,14 @@
-//! The model behind one trait; the provider is chosen by configuration.
+//! The model behind one trait; the providers are chosen by configuration: `[llm]` and the
+//! `[[llm.fallback]]` chain after it (`chain.rs`), each behind its own circuit breaker
+//! (`breaker.rs`).
 //!
 //! Providers make exactly one attempt per call: `crate::retry` owns timeouts and backoff, so
-//! no layer multiplies the other's retries. Whether an error is worth another attempt is
-//! decided once, below, by [`LlmError`]'s [`Classify`] impl.
+//! no layer multiplies the other's retries. Whether an error is worth another attempt, and
+//! whose fault it is, is decided once, below, by [`LlmError::fault`].
 
+mod breaker;
 mod builtin;
+mod chain;
 mod guard;
 mod openai;
 mod retry_after;
@@ -14,15 +18,51 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+pub use breaker::{Breaker, BreakerState, Transition};
 pub use builtin::BuiltinSummariser;
+pub use chain::{ChainError, ModelChain, Provider, ProviderStatus};
 pub use guard::{Guarded, check_input};
-pub use openai::{OpenAiClient, PROMPT_PREFIX, prompt};
+pub use openai::{OpenAiClient, PROBE_TEXT, PROMPT_PREFIX, prompt};
 
-use crate::config::{LlmProvider, LlmSettings};
+use crate::config::{FallbackSettings, LlmProvider, LlmSettings};
+use crate::domain::TokenUsage;
 use crate::failure::{Classify, Disposition};
 
 /// The 4xx statuses a later attempt can fix (the set the OpenAI SDK retries); every 5xx too.
 const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
+/// The statuses that say the provider is misconfigured (a revoked key, a model that does not
+/// exist there): no job can succeed on it, and any job may succeed elsewhere.
+const PROVIDER_FAULT_4XX: [u16; 3] = [401, 403, 404];
+
+/// Whose fault a failed call is, which decides what happens next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// The provider is down, slow or rate-limiting: try again, here or on the next provider.
+    Transient { retry_after: Option<Duration> },
+    /// The request itself is refused (400, 413, 422, an unusable answer, input too long):
+    /// every provider would refuse it, so the job is dead-lettered at once.
+    Job,
+    /// The provider is misconfigured (401, 403, 404): its breaker opens at once and the job
+    /// moves on; it is never dead-lettered for this.
+    Provider,
+}
+
+/// One successful call: the summary, and the tokens it cost when the provider said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Completion {
+    pub summary: String,
+    pub usage: Option<TokenUsage>,
+}
+
+impl Completion {
+    /// A completion of a provider that reports no usage (the built-in summariser).
+    pub fn without_usage(summary: String) -> Self {
+        Self {
+            summary,
+            usage: None,
+        }
+    }
+}
 
 /// What went wrong in one model call; its [`Classify`] impl says what each means.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -46,20 +86,32 @@ pub enum LlmError {
     Other(String),
 }
 
-impl Classify for LlmError {
-    /// Unknown errors are not retried: they are bugs until logs prove otherwise, and would
-    /// fail the same way every time.
-    fn disposition(&self) -> Disposition {
+impl LlmError {
+    /// Whose fault the failure is. Unknown errors are the job's: they are bugs until logs
+    /// prove otherwise, and would fail the same way every time.
+    pub fn fault(&self) -> Fault {
         match self {
-            LlmError::Timeout | LlmError::Connect(_) => Disposition::TRANSIENT,
+            LlmError::Timeout | LlmError::Connect(_) => Fault::Transient { retry_after: None },
             LlmError::Status {
                 status,
                 retry_after,
                 ..
-            } => Disposition::of_http_status(*status, &TRANSIENT_4XX, *retry_after),
-            LlmError::Malformed(_) | LlmError::InvalidInput(_) | LlmError::Other(_) => {
-                Disposition::Permanent
-            }
+            } => match Disposition::of_http_status(*status, &TRANSIENT_4XX, *retry_after) {
+                Disposition::Transient { retry_after } => Fault::Transient { retry_after },
+                Disposition::Permanent if PROVIDER_FAULT_4XX.contains(status) => Fault::Provider,
+                Disposition::Permanent => Fault::Job,
+            },
+            LlmError::Malformed(_) | LlmError::InvalidInput(_) | LlmError::Other(_) => Fault::Job,
+        }
+    }
+}
+
+impl Classify for LlmError {
+    /// Whether another attempt on the same provider may pass: only for transient faults.
+    fn disposition(&self) -> Disposition {
+        match self.fault() {
+            Fault::Transient { retry_after } => Disposition::Transient { retry_after },
+            Fault::Job | Fault::Provider => Disposition::Permanent,
         }
     }
 }
@@ -67,37 +119,135 @@ impl Classify for LlmError {
 #[async_trait]
 pub trait Llm: Send + Sync {
     /// Summarise `text`. One attempt; the caller bounds it with a wall-clock timeout.
-    async fn summarise(&self, text: &str) -> Result<String, LlmError>;
+    async fn summarise(&self, text: &str) -> Result<Completion, LlmError>;
+
+    /// The smallest request that proves the provider would take a job now: what an open
+    /// breaker sends before it lets jobs through again (`chain.rs` says why a probe is a
+    /// request of its own and not a job). Any answer the provider accepts is a pass.
+    async fn probe(&self) -> Result<Option<TokenUsage>, LlmError> {
+        self.summarise(PROBE_TEXT).await.map(|c| c.usage)
+    }
 }
 
 /// A provider that cannot be built from the settings; names the setting to fix.
 #[derive(Debug, thiserror::Error)]
 pub enum LlmConfigError {
     #[error("{setting}: {reason}")]
-    Invalid {
-        setting: &'static str,
-        reason: String,
-    },
+    Invalid { setting: String, reason: String },
     #[error("could not build the HTTP client for the model API: {0}")]
     Client(String),
 }
 
-/// Build the configured provider, wrapped in the input-size guard (`SUMMARYD_LLM_MAX_INPUT_CHARS`).
-pub fn from_settings(settings: &LlmSettings) -> Result<Arc<dyn Llm>, LlmConfigError> {
-    let provider: Arc<dyn Llm> = match settings.provider {
-        LlmProvider::Builtin => Arc::new(BuiltinSummariser),
-        LlmProvider::Openai => {
-            let client = OpenAiClient::new(settings)?;
-            if !client.has_api_key() {
-                // Fine for local OpenAI-compatible servers; a hosted API will answer 401.
-                tracing::info!(
-                    "SUMMARYD_LLM_API_KEY / OPENAI_API_KEY not set: model requests carry no Authorization header"
-                );
-            }
-            Arc::new(client)
+/// What one provider of the chain is built from: `[llm]` itself, or a `[[llm.fallback]]`
+/// table with the rest taken from `[llm]`. `setting` names where each value came from, so
+/// errors name what to fix.
+#[derive(Debug, Clone)]
+pub struct ProviderConfig {
+    pub provider: LlmProvider,
+    pub base_url: String,
+    pub model: String,
+    pub api_key: Option<String>,
+    pub call_timeout_ms: u64,
+    pub max_tokens: u32,
+    /// `SUMMARYD_LLM` for `[llm]`, `[[llm.fallback]] #n` for a fallback.
+    pub setting: String,
+}
+
+impl ProviderConfig {
+    /// The primary provider, `[llm]`.
+    pub fn primary(settings: &LlmSettings) -> Self {
+        Self {
+            provider: settings.provider,
+            base_url: settings.base_url.clone(),
+            model: settings.model.clone(),
+            api_key: settings.api_key.clone(),
+            call_timeout_ms: settings.call_timeout_ms,
+            max_tokens: settings.max_tokens,
+            setting: "SUMMARYD_LLM".into(),
         }
-    };
-    Ok(Arc::new(Guarded::new(provider, settings.max_input_chars)))
+    }
+
+    /// The `number`-th fallback (from 1); its key is read from the variable it names.
+    pub fn fallback(
+        settings: &LlmSettings,
+        fallback: &FallbackSettings,
+        number: usize,
+    ) -> Result<Self, LlmConfigError> {
+        let setting = format!("[[llm.fallback]] #{number}");
+        let api_key = match &fallback.api_key_env {
+            None => None,
+            Some(var) => match std::env::var(var) {
+                Ok(key) if !key.trim().is_empty() => Some(key),
+                // A named key that is missing is a deployment mistake (a Secret not mounted);
+                // starting anyway would only turn every call into a 401.
+                _ => {
+                    return Err(LlmConfigError::Invalid {
+                        setting: format!("{setting} api_key_env"),
+                        reason: format!("the environment variable {var} is not set or empty"),
+                    });
+                }
+            },
+        };
+        Ok(Self {
+            provider: fallback.provider,
+            base_url: fallback.base_url.clone(),
+            model: fallback.model.clone(),
+            api_key,
+            call_timeout_ms: fallback.call_timeout_ms.unwrap_or(settings.call_timeout_ms),
+            max_tokens: settings.max_tokens,
+            setting,
+        })
+    }
+
+    /// The model name summaries and metrics are labelled with.
+    pub fn model_name(&self) -> &str {
+        match self.provider {
+            LlmProvider::Builtin => "builtin",
+            LlmProvider::Openai => &self.model,
+        }
+    }
+
+    /// The provider's name in logs, `/readyz` and `summaryd_llm_breaker_open{provider}`:
+    /// its kind and model, which an operator recognises from the config.
+    pub fn label(&self) -> String {
+        match self.provider {
+            LlmProvider::Builtin => "builtin".into(),
+            LlmProvider::Openai => format!("openai:{}", self.model),
+        }
+    }
+
+    /// Build the provider, wrapped in the input-size guard (`SUMMARYD_LLM_MAX_INPUT_CHARS`).
+    pub fn build(&self, max_input_chars: usize) -> Result<Arc<dyn Llm>, LlmConfigError> {
+        let provider: Arc<dyn Llm> = match self.provider {
+            LlmProvider::Builtin => Arc::new(BuiltinSummariser),
+            LlmProvider::Openai => {
+                let client = OpenAiClient::new(self)?;
+                if !client.has_api_key() {
+                    // Fine for local OpenAI-compatible servers; a hosted API will answer 401.
+                    tracing::info!(
+                        provider = %self.label(),
+                        "no API key configured: model requests carry no Authorization header"
+                    );
+                }
+                Arc::new(client)
+            }
+        };
+        Ok(Arc::new(Guarded::new(provider, max_input_chars)))
+    }
+}
+
+/// Every configured provider, in the order they are tried: `[llm]`, then each fallback.
+pub fn provider_configs(settings: &LlmSettings) -> Result<Vec<ProviderConfig>, LlmConfigError> {
+    let mut configs = vec![ProviderConfig::primary(settings)];
+    for (i, fallback) in settings.fallback.iter().enumerate() {
+        configs.push(ProviderConfig::fallback(settings, fallback, i + 1)?);
+    }
+    Ok(configs)
+}
+
+/// Build the primary provider alone (`[llm]`), guarded.
+pub fn from_settings(settings: &LlmSettings) -> Result<Arc<dyn Llm>, LlmConfigError> {
+    ProviderConfig::primary(settings).build(settings.max_input_chars)
 }
 
 #[cfg(test)]
@@ -122,6 +272,33 @@ mod tests {
         for code in [400, 401, 403, 404, 413, 422] {
             assert!(!status(code, None).is_transient(), "{code} must not retry");
         }
+        for code in [400, 402, 405, 410, 413, 415, 422, 451] {
+            assert_eq!(
+                status(code, None).fault(),
+                Fault::Job,
+                "{code} is the job's"
+            );
+        }
+        for code in [401, 403, 404] {
+            assert_eq!(
+                status(code, None).fault(),
+                Fault::Provider,
+                "{code} is the provider's"
+            );
+        }
+        for code in [408, 409, 429, 500, 503] {
+            assert!(
+                matches!(status(code, None).fault(), Fault::Transient { .. }),
+                "{code} is transient"
+            );
+        }
+        assert_eq!(LlmError::Malformed("x".into()).fault(), Fault::Job);
+        assert_eq!(LlmError::InvalidInput("x".into()).fault(), Fault::Job);
+        assert_eq!(LlmError::Other("x".into()).fault(), Fault::Job);
+        assert_eq!(
+            LlmError::Timeout.fault(),
+            Fault::Transient { retry_after: None }
+        );
         assert!(!LlmError::Malformed("x".into()).is_transient());
         assert!(!LlmError::InvalidInput("x".into()).is_transient());
         assert!(!LlmError::Other("x".into()).is_transient());

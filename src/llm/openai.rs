@@ -12,11 +12,16 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use serde_json::{Value, json};
 
-use super::{Llm, LlmConfigError, LlmError, retry_after};
-use crate::config::LlmSettings;
+use super::{Completion, Llm, LlmConfigError, LlmError, ProviderConfig, retry_after};
+use crate::domain::TokenUsage;
 
-/// The user message sent before the text (exact wording is part of the contract).
+/// The user message sent before the text (exact wording is part of `docs/providers.md`).
 pub const PROMPT_PREFIX: &str = "Summarise for the account team:\n\n";
+/// The text of a breaker probe: a request like a job's, as small as one can be.
+pub const PROBE_TEXT: &str = "ping";
+/// A probe asks for one token: it only has to prove the provider answers, and costs
+/// nothing worth counting.
+const PROBE_MAX_TOKENS: u32 = 1;
 
 /// Reaching a healthy API (TCP + TLS) takes well under a second; a host that has not
 /// answered in 5 s is down, and failing as `Connect` lets the retry module move on while
@@ -41,6 +46,7 @@ pub struct OpenAiClient {
     endpoint: reqwest::Url,
     model: String,
     api_key: Option<ApiKey>,
+    max_tokens: u32,
 }
 
 impl fmt::Debug for OpenAiClient {
@@ -49,6 +55,7 @@ impl fmt::Debug for OpenAiClient {
             .field("endpoint", &crate::redact::url(self.endpoint.as_str()))
             .field("model", &self.model)
             .field("api_key", &self.api_key)
+            .field("max_tokens", &self.max_tokens)
             .finish()
     }
 }
@@ -60,11 +67,11 @@ pub fn prompt(text: &str) -> String {
 
 impl OpenAiClient {
     /// Validates `base_url` (http or https) and builds the HTTP client. No network I/O.
-    pub fn new(settings: &LlmSettings) -> Result<Self, LlmConfigError> {
-        let endpoint = endpoint(&settings.base_url)?;
+    pub fn new(settings: &ProviderConfig) -> Result<Self, LlmConfigError> {
+        let endpoint = endpoint(&settings.base_url, &settings.setting)?;
         if settings.model.trim().is_empty() {
             return Err(LlmConfigError::Invalid {
-                setting: "SUMMARYD_LLM_MODEL",
+                setting: setting_name(&settings.setting, "model"),
                 reason: "must not be empty".into(),
             });
         }
@@ -87,6 +94,7 @@ impl OpenAiClient {
             endpoint,
             model: settings.model.clone(),
             api_key,
+            max_tokens: settings.max_tokens,
         })
     }
 
@@ -95,10 +103,13 @@ impl OpenAiClient {
         self.api_key.is_some()
     }
 
-    async fn call(&self, text: &str) -> Result<String, LlmError> {
+    /// One request; the summary and the usage it reported, or what went wrong. A probe
+    /// (`max_tokens` = 1) takes any 2xx as a pass: a one-token answer need not be a summary.
+    async fn call(&self, text: &str, max_tokens: u32) -> Result<Completion, LlmError> {
         let body = json!({
             "model": self.model,
             "messages": [{"role": "user", "content": prompt(text)}],
+            "max_tokens": max_tokens,
         });
         let mut request = self.http.post(self.endpoint.clone()).json(&body);
         if let Some(key) = &self.api_key {
@@ -114,7 +125,16 @@ impl OpenAiClient {
                     "response body is larger than {MAX_RESPONSE_BYTES} bytes"
                 )));
             }
-            return parse_summary(&body);
+            if max_tokens == PROBE_MAX_TOKENS {
+                return Ok(Completion {
+                    summary: String::new(),
+                    usage: parse_usage(&body),
+                });
+            }
+            return Ok(Completion {
+                summary: parse_summary(&body)?,
+                usage: parse_usage(&body),
+            });
         }
         let retry_after = retry_after::from_headers(response.headers(), SystemTime::now());
         // The status is what classifies the failure; an unreadable error body must not turn
@@ -156,8 +176,19 @@ impl OpenAiClient {
 
 #[async_trait]
 impl Llm for OpenAiClient {
-    async fn summarise(&self, text: &str) -> Result<String, LlmError> {
-        let result = self.call(text).await.map_err(|e| self.redact(e));
+    async fn summarise(&self, text: &str) -> Result<Completion, LlmError> {
+        self.logged(self.call(text, self.max_tokens).await)
+    }
+
+    async fn probe(&self) -> Result<Option<TokenUsage>, LlmError> {
+        self.logged(self.call(PROBE_TEXT, PROBE_MAX_TOKENS).await)
+            .map(|c| c.usage)
+    }
+}
+
+impl OpenAiClient {
+    fn logged(&self, result: Result<Completion, LlmError>) -> Result<Completion, LlmError> {
+        let result = result.map_err(|e| self.redact(e));
         if let Err(e) = &result {
             // The endpoint may carry a password (a proxy's); never log it whole.
             let endpoint = crate::redact::url(self.endpoint.as_str());
@@ -167,14 +198,24 @@ impl Llm for OpenAiClient {
     }
 }
 
-fn endpoint(base_url: &str) -> Result<reqwest::Url, LlmConfigError> {
+/// The setting a provider's `key` comes from: `SUMMARYD_LLM_BASE_URL` for `[llm]`,
+/// `[[llm.fallback]] #2 base_url` for a fallback.
+fn setting_name(provider_setting: &str, key: &str) -> String {
+    if provider_setting.starts_with("SUMMARYD_") {
+        format!("{provider_setting}_{}", key.to_ascii_uppercase())
+    } else {
+        format!("{provider_setting} {key}")
+    }
+}
+
+fn endpoint(base_url: &str, provider_setting: &str) -> Result<reqwest::Url, LlmConfigError> {
     let invalid = |reason: String| LlmConfigError::Invalid {
-        setting: "SUMMARYD_LLM_BASE_URL",
+        setting: setting_name(provider_setting, "base_url"),
         reason,
     };
     let base = base_url.trim().trim_end_matches('/');
     if base.is_empty() {
-        return Err(invalid("required when SUMMARYD_LLM_PROVIDER=openai".into()));
+        return Err(invalid("required for the openai provider".into()));
     }
     let url = reqwest::Url::parse(&format!("{base}/chat/completions"))
         .map_err(|e| invalid(format!("not a URL: {e}")))?;
@@ -225,6 +266,22 @@ fn error_excerpt(body: &[u8]) -> String {
     excerpt(&text)
 }
 
+/// `usage.prompt_tokens` and `usage.completion_tokens`, when the response has both (some
+/// local servers send no usage; then the job's cost is unknown, not zero).
+fn parse_usage(body: &[u8]) -> Option<TokenUsage> {
+    let value: Value = serde_json::from_slice(body).ok()?;
+    let count = |name: &str| {
+        value
+            .pointer(&format!("/usage/{name}"))
+            .and_then(Value::as_u64)
+            .and_then(|n| u32::try_from(n).ok())
+    };
+    Some(TokenUsage {
+        prompt: count("prompt_tokens")?,
+        completion: count("completion_tokens")?,
+    })
+}
+
 /// `choices[0].message.content`, or `Malformed` saying exactly what is missing.
 fn parse_summary(body: &[u8]) -> Result<String, LlmError> {
     let malformed = |what: String| LlmError::Malformed(what);
@@ -264,11 +321,37 @@ mod tests {
 
     #[test]
     fn endpoint_appends_path_once_and_names_the_setting() {
-        let url = endpoint("http://127.0.0.1:8000/v1/").unwrap();
+        let url = endpoint("http://127.0.0.1:8000/v1/", "SUMMARYD_LLM").unwrap();
         assert_eq!(url.as_str(), "http://127.0.0.1:8000/v1/chat/completions");
         for bad in ["", "not a url", "ftp://host/v1"] {
-            let err = endpoint(bad).unwrap_err().to_string();
+            let err = endpoint(bad, "SUMMARYD_LLM").unwrap_err().to_string();
             assert!(err.contains("SUMMARYD_LLM_BASE_URL"), "{bad}: {err}");
+            let err = endpoint(bad, "[[llm.fallback]] #2")
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("[[llm.fallback]] #2 base_url"), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn usage_needs_both_counts() {
+        let body = br#"{"usage":{"prompt_tokens":12,"completion_tokens":3,"total_tokens":15}}"#;
+        assert_eq!(
+            parse_usage(body),
+            Some(TokenUsage {
+                prompt: 12,
+                completion: 3
+            })
+        );
+        for body in [
+            &br#"{}"#[..],
+            br#"{"usage":{"prompt_tokens":12}}"#,
+            br#"{"usage":{"prompt_tokens":-1,"completion_tokens":3}}"#,
+            br#"{"usage":{"prompt_tokens":"12","completion_tokens":3}}"#,
+            br#"{"usage":{"prompt_tokens":5000000000,"completion_tokens":3}}"#,
+            b"not json",
+        ] {
+            assert_eq!(parse_usage(body), None, "{}", String::from_utf8_lossy(body));
         }
     }
 

@@ -12,7 +12,7 @@ use tracing::Instrument;
 
 use super::WorkerServices;
 use super::dead_reason::DeadReason;
-use super::gate::{DependencyGate, POSTGRES};
+use super::gate::{DependencyGate, MODEL, POSTGRES};
 use super::handler::{JobError, JobOutcome, handle_summary_job};
 use crate::backoff::{Backoff, Jitter};
 use crate::config::WorkerSettings;
@@ -73,6 +73,9 @@ impl WorkerError {
                 dependency: POSTGRES,
                 ..
             } => "postgres_unavailable",
+            WorkerError::Paused {
+                dependency: MODEL, ..
+            } => "model_unavailable",
             WorkerError::Paused { .. } => "dependency_unavailable",
         }
     }
@@ -243,7 +246,8 @@ impl Consumer {
     }
 
     /// Probe the dependencies that are down and this consumer can check; `Paused` while any
-    /// dependency is still down.
+    /// dependency is still down. The model is down while every provider's breaker is open:
+    /// then no entry is taken or claimed, so no delivery count moves during the outage.
     async fn check_gate(&self) -> Result<(), WorkerError> {
         if self.gate.is_down(POSTGRES) {
             match summaries::probe(&self.services.pg).await {
@@ -252,6 +256,14 @@ impl Consumer {
                 }
                 Err(e) => self.gate.close(POSTGRES, e.to_string()),
             }
+        }
+        let model = &self.services.model;
+        // Breakers whose cooldown is over get their probe, in its own task.
+        model.probe_due();
+        if model.all_open() {
+            self.gate.close(MODEL, model.outage_reason());
+        } else {
+            self.gate.open(MODEL);
         }
         match self.gate.down().into_iter().next() {
             Some((dependency, reason)) => Err(WorkerError::Paused { dependency, reason }),
@@ -266,6 +278,7 @@ impl Consumer {
             POSTGRES => summaries::probe(&self.services.pg)
                 .await
                 .map_err(|e| e.to_string()),
+            MODEL if self.services.model.all_open() => Err(self.services.model.outage_reason()),
             _ => Ok(()),
         }
     }
@@ -593,7 +606,18 @@ pub async fn run(
                 metrics.loop_succeeded("worker");
             }
             Err(e) => {
-                metrics.loop_failed("worker", e.kind(), &e.to_string());
+                // Waiting out a model outage is the loop doing its job: every provider's
+                // breaker is open, which restarting this process would not fix, so it
+                // does not count against readiness (`/readyz` shows the breakers).
+                if !matches!(
+                    e,
+                    WorkerError::Paused {
+                        dependency: MODEL,
+                        ..
+                    }
+                ) {
+                    metrics.loop_failed("worker", e.kind(), &e.to_string());
+                }
                 let wait = e.wait(failures);
                 failures = failures.saturating_add(1);
                 if matches!(e, WorkerError::Paused { .. }) {

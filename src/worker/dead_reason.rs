@@ -5,7 +5,6 @@
 
 use crate::db::DbError;
 use crate::llm::LlmError;
-use crate::retry::RetryError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadReason {
@@ -24,21 +23,18 @@ impl DeadReason {
         }
     }
 
-    /// A model failure that another attempt cannot fix.
-    pub fn model(err: &RetryError) -> Self {
+    /// A model failure that is the job's own (`llm::Fault::Job`).
+    pub fn model(err: &LlmError) -> Self {
         let tenant = match err {
-            RetryError::Llm(LlmError::Status { status, .. }) => {
+            LlmError::Status { status, .. } => {
                 format!("the model rejected the request (HTTP {status})")
             }
-            RetryError::Llm(LlmError::Malformed(_)) => {
-                "the model returned a response that could not be used".into()
-            }
-            RetryError::Llm(LlmError::InvalidInput(_)) => "the text cannot be summarised".into(),
-            RetryError::Llm(LlmError::Timeout | LlmError::Connect(_))
-            | RetryError::DeadlineExceeded { .. } => {
+            LlmError::Malformed(_) => "the model returned a response that could not be used".into(),
+            LlmError::InvalidInput(_) => "the text cannot be summarised".into(),
+            LlmError::Timeout | LlmError::Connect(_) => {
                 "the model could not be reached in time".into()
             }
-            RetryError::Llm(LlmError::Other(_)) => "the model call failed".into(),
+            LlmError::Other(_) => "the model call failed".into(),
         };
         Self::new(tenant, err)
     }
@@ -78,17 +74,17 @@ mod tests {
 
     #[test]
     fn tenants_get_the_class_and_operators_the_detail() {
-        let err = RetryError::Llm(LlmError::Status {
-            status: 401,
+        let err = LlmError::Status {
+            status: 400,
             retry_after: None,
-            message: "Incorrect API key provided: <redacted>. Organisation acme-corp".into(),
-        });
+            message: "Invalid request from key <redacted>. Organisation acme-corp".into(),
+        };
         let reason = DeadReason::model(&err);
-        assert_eq!(reason.tenant, "the model rejected the request (HTTP 401)");
+        assert_eq!(reason.tenant, "the model rejected the request (HTTP 400)");
         assert!(reason.operator.starts_with(&reason.tenant));
         assert!(reason.operator.contains("Organisation acme-corp"));
         assert_eq!(
-            DeadReason::model(&RetryError::Llm(LlmError::Malformed("no choices".into()))).tenant,
+            DeadReason::model(&LlmError::Malformed("no choices".into())).tenant,
             "the model returned a response that could not be used"
         );
     }

@@ -3,8 +3,9 @@
 //! (`docs/delivery.md`).
 //!
 //! Anything that learns a dependency is down closes the gate under the dependency's name,
-//! and whatever can tell it is back opens it again: the consumer probes Postgres itself; a
-//! model circuit breaker can close and open the gate for the model the same way. Consumers
+//! and whatever can tell it is back opens it again: the consumer probes Postgres itself, and
+//! asks the model chain whether any provider's breaker is closed (starting the probes that
+//! close them). Consumers
 //! check the gate before every XREADGROUP and XAUTOCLAIM, and a closed gate makes them wait
 //! instead.
 
@@ -15,6 +16,9 @@ use tokio::sync::Notify;
 
 /// The dependency name under which the consumers close the gate for Postgres.
 pub const POSTGRES: &str = "postgres";
+/// The dependency name under which the consumers close the gate while every model
+/// provider's circuit breaker is open.
+pub const MODEL: &str = "model";
 
 #[derive(Debug, Default)]
 pub struct DependencyGate {
@@ -82,12 +86,12 @@ mod tests {
         let gate = DependencyGate::new();
         assert!(gate.down().is_empty());
         gate.close(POSTGRES, "connection refused");
-        gate.close("model", "every provider's breaker is open");
+        gate.close(MODEL, "every provider's breaker is open");
         assert!(!gate.open("redis"), "was never down");
         assert!(gate.open(POSTGRES));
         assert_eq!(gate.down().len(), 1);
-        assert!(gate.is_down("model"));
-        assert!(gate.open("model"));
+        assert!(gate.is_down(MODEL));
+        assert!(gate.open(MODEL));
         assert!(gate.down().is_empty());
     }
 }

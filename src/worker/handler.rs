@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use super::WorkerServices;
 use super::dead_reason::DeadReason;
-use super::gate::POSTGRES;
+use super::gate::{MODEL, POSTGRES};
 use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome};
 use crate::domain::Job;
-use crate::failure::Classify;
-use crate::retry::{self, Deadline, RetryPolicy};
+use crate::llm::ChainError;
+use crate::retry::Deadline;
 
 /// What became of one delivery that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,9 +32,10 @@ pub enum JobError {
     /// data itself): dead-letter the job now.
     #[error("permanent: {}", .0.operator)]
     Dead(DeadReason),
-    /// A dependency the delivery needs did not answer, so the job itself was not tried to
-    /// the end. The consumer asks the dependency directly; if it is down, the delivery does
-    /// not count and the consumers wait for it (`docs/delivery.md`).
+    /// A dependency the delivery needs did not answer (Postgres, or every model provider's
+    /// breaker is open), so the job itself was not tried to the end. The consumer asks the
+    /// dependency directly; if it is down, the delivery does not count and the consumers
+    /// wait for it (`docs/delivery.md`).
     #[error("{dependency} unavailable: {reason}")]
     Unavailable {
         dependency: &'static str,
@@ -75,23 +76,19 @@ pub async fn handle_summary_job(
         return Ok(JobOutcome::Duplicate);
     }
 
-    let policy = RetryPolicy::from_settings(&services.settings.llm);
     let deadline = Deadline::after(Duration::from_millis(services.settings.job_budget_ms));
-    let summary = retry::complete_with_retries(
-        services.llm.as_ref(),
-        &job.text,
-        deadline,
-        &policy,
-        Some(&services.metrics),
-    )
-    .await
-    .map_err(|e| {
-        if e.is_transient() {
-            JobError::Retry(e.to_string())
-        } else {
-            JobError::Dead(DeadReason::model(&e))
-        }
-    })?;
+    let summary = services
+        .model
+        .summarise(&job.text, deadline)
+        .await
+        .map_err(|e| match e {
+            ChainError::Job(e) => JobError::Dead(DeadReason::model(&e)),
+            ChainError::AllOpen { reason } => JobError::Unavailable {
+                dependency: MODEL,
+                reason,
+            },
+            ChainError::Transient(e) => JobError::Retry(e.to_string()),
+        })?;
 
     // A commit that fails because Postgres went away is `Unavailable` too: the model was
     // paid, but the job did nothing wrong, and the retry after recovery pays it once more

@@ -1,5 +1,6 @@
 //! The worker role: consumers that take jobs off the stream, the summary job handler, and
-//! the gate that stops the consumers while a dependency is down.
+//! the gate that stops the consumers while a dependency (Postgres, every model provider) is
+//! down.
 
 mod consumer;
 mod dead_reason;
@@ -15,7 +16,7 @@ pub use handler::{JobError, JobOutcome, handle_summary_job};
 
 use crate::config::Settings;
 use crate::keys::RedisKeys;
-use crate::llm::Llm;
+use crate::llm::ModelChain;
 use crate::metrics::Metrics;
 
 /// What the worker uses: the stream (Redis), the summaries and outbox tables (Postgres), and
@@ -27,7 +28,9 @@ pub struct WorkerServices {
     /// Dedicated connections: a consumer holds one while blocked in XREADGROUP.
     pub redis: deadpool_redis::Pool,
     pub pg: deadpool_postgres::Pool,
-    pub llm: Arc<dyn Llm>,
+    /// The providers, in order, with their breakers: one per process, shared by its
+    /// consumers, so one consumer's failures open a breaker for all of them.
+    pub model: Arc<ModelChain>,
     pub metrics: Arc<Metrics>,
     /// One per process, shared by its consumers: one consumer seeing a dependency down
     /// stops them all (`docs/delivery.md`).

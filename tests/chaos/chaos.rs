@@ -50,6 +50,7 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
                 error_rate: 0.03,
                 throttle_rate: 0.02,
                 hang: false,
+                down: false,
             },
             mail: MailBehavior {
                 latency_ms: 0..20,

@@ -15,6 +15,7 @@ mod consumer_cleanup;
 mod front_door;
 mod kill_api;
 mod kill_worker;
+mod model_outage;
 mod outages;
 mod pg_drop;
 mod redis_restart;

@@ -199,9 +199,13 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     let services = env.services().mailer(mailer.clone()).build();
     let give_up = services.settings.relay.give_up();
     let msg = job(3);
-    summaryd::db::summaries::commit_with_outbox(&services.pg, &msg, "The summary.")
-        .await
-        .unwrap();
+    summaryd::db::summaries::commit_with_outbox(
+        &services.pg,
+        &msg,
+        &crate::shared::model_summary("The summary."),
+    )
+    .await
+    .unwrap();
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
 
     let mut table = Vec::new();

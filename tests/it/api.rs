@@ -214,9 +214,13 @@ async fn get_reports_queued_then_done_with_rfc3339_timestamps() {
     let [msg] = stream_messages(&env).await.try_into().unwrap();
     assert_eq!(msg.job_id.to_string(), job_id);
     assert_eq!(msg.notify.as_str(), "ops@example.com");
-    db::summaries::commit_with_outbox(&services.pg, &msg, "Numbers up, churn down.")
-        .await
-        .unwrap();
+    db::summaries::commit_with_outbox(
+        &services.pg,
+        &msg,
+        &crate::shared::model_summary("Numbers up, churn down."),
+    )
+    .await
+    .unwrap();
 
     let res = test::call_service(&app, get("acme", &job_id).to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
@@ -274,7 +278,7 @@ async fn get_is_404_for_other_tenants_unknown_and_malformed_ids() {
         .into_iter()
         .find(|m| m.job_id.to_string() == done_id)
         .unwrap();
-    db::summaries::commit_with_outbox(&services.pg, &done_msg, "s")
+    db::summaries::commit_with_outbox(&services.pg, &done_msg, &crate::shared::model_summary("s"))
         .await
         .unwrap();
 
@@ -324,7 +328,11 @@ async fn healthz_is_200_and_readyz_follows_dependencies_and_shutdown() {
     let res = test::call_service(&app, TestRequest::get().uri("/readyz").to_request()).await;
     assert_eq!(res.status(), StatusCode::OK);
     let ready = json_body(res).await;
-    assert_eq!(ready["checks"], json!({"redis": "ok", "postgres": "ok"}));
+    // With the worker role, each model provider's breaker is reported too.
+    assert_eq!(
+        ready["checks"],
+        json!({"redis": "ok", "postgres": "ok", "model:builtin": "ok"})
+    );
 
     shutdown.trigger();
     let res = test::call_service(&app, TestRequest::get().uri("/readyz").to_request()).await;
@@ -388,7 +396,7 @@ async fn metrics_expose_contract_names_serve_cached_gauges_and_count_route_templ
         .await
         .unwrap();
     let [msg] = stream_messages(&env).await.try_into().unwrap();
-    db::summaries::commit_with_outbox(&services.pg, &msg, "s")
+    db::summaries::commit_with_outbox(&services.pg, &msg, &crate::shared::model_summary("s"))
         .await
         .unwrap();
 

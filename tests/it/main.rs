@@ -12,6 +12,7 @@ mod front_door;
 mod healthcheck;
 mod idempotency;
 mod model_api_retries;
+mod model_chain;
 mod outages;
 mod properties;
 mod providers;

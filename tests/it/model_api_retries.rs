@@ -8,7 +8,7 @@ use chrono::Utc;
 use summaryd::config::{LlmProvider, LlmSettings, Settings};
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::failure::Classify;
-use summaryd::llm::{LlmError, OpenAiClient};
+use summaryd::llm::{LlmError, OpenAiClient, ProviderConfig};
 use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
 use summaryd::stream::consumer_group::pending_count;
 use summaryd::stream::enqueue;
@@ -32,7 +32,7 @@ fn settings_for(base_url: &str) -> LlmSettings {
 async fn call(stub_url: &str, adjust: impl FnOnce(&mut LlmSettings)) -> Result<String, RetryError> {
     let mut settings = settings_for(stub_url);
     adjust(&mut settings);
-    let client = OpenAiClient::new(&settings).unwrap();
+    let client = OpenAiClient::new(&ProviderConfig::primary(&settings)).unwrap();
     let policy = RetryPolicy::from_settings(&settings);
     complete_with_retries(
         &client,
@@ -42,6 +42,7 @@ async fn call(stub_url: &str, adjust: impl FnOnce(&mut LlmSettings)) -> Result<S
         None,
     )
     .await
+    .map(|completion| completion.summary)
 }
 
 #[tokio::test]

@@ -366,9 +366,13 @@ async fn a_mail_outage_longer_than_ten_backoffs_parks_nothing_and_sends_each_row
     let services = env.services().settings(settings).mailer(mailer).build();
     let jobs: Vec<Job> = (0..3).map(|n| job(&format!("mail-outage-{n}"))).collect();
     for j in &jobs {
-        summaryd::db::summaries::commit_with_outbox(&services.pg, j, "Renewal agreed.")
-            .await
-            .unwrap();
+        summaryd::db::summaries::commit_with_outbox(
+            &services.pg,
+            j,
+            &crate::shared::model_summary("Renewal agreed."),
+        )
+        .await
+        .unwrap();
     }
 
     let mut sent = 0;

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::json;
 use summaryd::config::{LlmProvider, LlmSettings, MailProvider, MailSettings, Settings};
 use summaryd::failure::Failure;
-use summaryd::llm::{self, Llm, LlmError, OpenAiClient};
+use summaryd::llm::{self, Llm, LlmError, OpenAiClient, ProviderConfig};
 use summaryd::mail::{self, HttpMailer, Mailer, OutgoingEmail, SmtpMailer};
 
 use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
@@ -26,7 +26,11 @@ fn llm_settings(base_url: &str, api_key: Option<&str>) -> LlmSettings {
 
 async fn model_stub(reply: Reply) -> (HttpStub, OpenAiClient) {
     let stub = HttpStub::start(reply).await;
-    let client = OpenAiClient::new(&llm_settings(&stub.url("/v1"), Some(KEY))).unwrap();
+    let client = OpenAiClient::new(&ProviderConfig::primary(&llm_settings(
+        &stub.url("/v1"),
+        Some(KEY),
+    )))
+    .unwrap();
     (stub, client)
 }
 
@@ -53,7 +57,7 @@ async fn openai_returns_the_summary_and_sends_prompt_model_and_key() {
 
     let summary = client.summarise("Ana says the renewal is at risk.").await;
 
-    assert_eq!(summary.unwrap(), "Renewal at risk; call Ana.");
+    assert_eq!(summary.unwrap().summary, "Renewal at risk; call Ana.");
     let requests = stub.requests();
     assert_eq!(requests.len(), 1, "one attempt, no retries of its own");
     let r = &requests[0];
@@ -77,9 +81,13 @@ async fn openai_returns_the_summary_and_sends_prompt_model_and_key() {
 #[tokio::test]
 async fn openai_without_a_key_sends_no_authorization_for_local_servers() {
     let stub = HttpStub::start(Reply::completion("ok")).await;
-    let client = OpenAiClient::new(&llm_settings(&stub.url("/v1/"), None)).unwrap();
+    let client = OpenAiClient::new(&ProviderConfig::primary(&llm_settings(
+        &stub.url("/v1/"),
+        None,
+    )))
+    .unwrap();
 
-    assert_eq!(client.summarise("text").await.unwrap(), "ok");
+    assert_eq!(client.summarise("text").await.unwrap().summary, "ok");
 
     let requests = stub.requests();
     assert_eq!(
@@ -221,7 +229,11 @@ async fn malformed_success_bodies_are_malformed_and_name_the_problem() {
 
 #[tokio::test]
 async fn connection_refused_is_a_connect_error() {
-    let client = OpenAiClient::new(&llm_settings(&closed_port_url("/v1"), Some(KEY))).unwrap();
+    let client = OpenAiClient::new(&ProviderConfig::primary(&llm_settings(
+        &closed_port_url("/v1"),
+        Some(KEY),
+    )))
+    .unwrap();
 
     match client.summarise("t").await {
         Err(LlmError::Connect(message)) => {
@@ -295,10 +307,10 @@ async fn api_key_never_appears_in_debug_errors_or_logs() {
     );
     let stub = HttpStub::start(echo).await;
     let mut settings = llm_settings(&stub.url("/v1"), Some(KEY));
-    let client = OpenAiClient::new(&settings).unwrap();
+    let client = OpenAiClient::new(&ProviderConfig::primary(&settings)).unwrap();
     let err = client.summarise("t").await.unwrap_err();
     settings.base_url = closed_port_url("/v1");
-    let connect_err = OpenAiClient::new(&settings)
+    let connect_err = OpenAiClient::new(&ProviderConfig::primary(&settings))
         .unwrap()
         .summarise("t")
         .await
@@ -357,7 +369,7 @@ async fn over_budget_text_fails_fast_without_calling_the_model() {
     assert!(llm::check_input(&settings, "ten chars!+").is_err());
 
     // At the limit (10 chars, 20 bytes) it goes through: the guard counts characters.
-    assert_eq!(model.summarise("äöüäöüäöüä").await.unwrap(), "fine");
+    assert_eq!(model.summarise("äöüäöüäöüä").await.unwrap().summary, "fine");
     assert_eq!(stub.requests().len(), 1);
     assert!(llm::check_input(&settings, "äöüäöüäöüä").is_ok());
 
@@ -606,9 +618,11 @@ async fn mail_from_settings_builds_each_provider_and_names_missing_urls() {
 
 // ---- what a tenant and an operator are told about a failed job -------------------------
 
-/// OpenAI's 401 quotes a masked key and the organisation. A job that fails on it is
-/// dead-lettered; the tenant's GET shows summaryd's wording of the class only, and the
-/// operator's `dlq list` keeps the provider's text, without any fragment of the key.
+/// Providers quote a masked key and the organisation in their errors (OpenAI's 401 does; a
+/// gateway may in a 400). A job refused as its own fault (400) is dead-lettered; the tenant's
+/// GET shows summaryd's wording of the class only, and the operator's `dlq list` keeps the
+/// provider's text, without any fragment of the key. (A 401 is the provider's fault: it
+/// opens the provider's breaker instead, `tests/it/model_chain.rs`.)
 #[actix_web::test]
 async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_the_key() {
     use actix_web::test as web;
@@ -620,7 +634,7 @@ async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_
                   You can find your API key at https://platform.openai.com/account/api-keys. \
                   Organization org-Ab12Cd34Ef56.";
     let stub = HttpStub::start(Reply::json(
-        401,
+        400,
         json!({"error": {"message": masked, "code": "invalid_api_key"}}),
     ))
     .await;
@@ -663,7 +677,7 @@ async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_
     .await;
     let view = crate::shared::api_requests::json_body(res).await;
     assert_eq!(view["status"], "failed");
-    assert_eq!(view["error"], "the model rejected the request (HTTP 401)");
+    assert_eq!(view["error"], "the model rejected the request (HTTP 400)");
 
     // What `summaryd dlq list --json` prints.
     let mut out = Vec::new();
@@ -673,7 +687,7 @@ async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_
     let reason = String::from_utf8(out).unwrap();
     assert_eq!(reason.matches(&job_id).count(), 1, "{reason}");
     assert!(
-        reason.contains("model API answered 401: Incorrect API key provided"),
+        reason.contains("model API answered 400: Incorrect API key provided"),
         "{reason}"
     );
     for fragment in ["4Hc9Qe", "sk-proj", "Ab12Cd34Ef56", LONG_KEY] {

@@ -43,9 +43,13 @@ async fn a_503_then_200_sends_once_on_the_second_pass_with_the_same_idempotency_
     sink.script(vec![Reply::text(503, "maintenance")]);
     let services = services(&env, &sink);
     let msg = job(1);
-    commit_with_outbox(&services.pg, &msg, "Renewal agreed; pricing next week.")
-        .await
-        .unwrap();
+    commit_with_outbox(
+        &services.pg,
+        &msg,
+        &crate::shared::model_summary("Renewal agreed; pricing next week."),
+    )
+    .await
+    .unwrap();
 
     assert_eq!(relay_once(&services).await.unwrap(), 0, "503 is not a send");
     assert_eq!(
@@ -98,9 +102,13 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
     let services = services(&env, &sink);
     let give_up = services.settings.relay.give_up();
     let msg = job(2);
-    commit_with_outbox(&services.pg, &msg, "Summary.")
-        .await
-        .unwrap();
+    commit_with_outbox(
+        &services.pg,
+        &msg,
+        &crate::shared::model_summary("Summary."),
+    )
+    .await
+    .unwrap();
 
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     let mut stuck = Vec::new();

@@ -57,9 +57,13 @@ async fn commit_job(services: &RelayServices, n: u32) -> JobId {
         notify: Email::parse(NOTIFY).unwrap(),
         created_at: Utc::now(),
     };
-    let outcome = summaries::commit_with_outbox(&services.pg, &msg, &summary_text(n))
-        .await
-        .expect("commit");
+    let outcome = summaries::commit_with_outbox(
+        &services.pg,
+        &msg,
+        &crate::shared::model_summary(&summary_text(n)),
+    )
+    .await
+    .expect("commit");
     assert_eq!(outcome, CommitOutcome::Inserted);
     msg.job_id
 }

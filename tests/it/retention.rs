@@ -320,9 +320,13 @@ async fn retention_removes_exactly_what_is_older_than_its_horizon() {
     let pg = w.env.pg().await;
     let keys = ["old", "edge", "unsent"];
     for k in keys {
-        db::summaries::commit_with_outbox(&w.services.pg, &job(k), "s")
-            .await
-            .unwrap();
+        db::summaries::commit_with_outbox(
+            &w.services.pg,
+            &job(k),
+            &crate::shared::model_summary("s"),
+        )
+        .await
+        .unwrap();
     }
     let sent_cutoff = (now - chrono::Duration::seconds(SENT_S as i64)).trunc_subsecs(6);
     let done_cutoff = (now - chrono::Duration::seconds(SUMMARIES_S as i64)).trunc_subsecs(6);
@@ -742,14 +746,14 @@ async fn maintenance_works_with_what_its_roles_have() {
     settings.redis_url =
         crate::shared::http_stub::closed_port_url("").replace("http://", "redis://");
     let services = env.services().settings(settings).build();
-    db::summaries::commit_with_outbox(&services.pg, &job("r1"), "s")
+    db::summaries::commit_with_outbox(&services.pg, &job("r1"), &crate::shared::model_summary("s"))
         .await
         .unwrap();
     let relay = services.maintenance(Roles::of(&[summaryd::roles::Role::Relay]));
     assert!(relay.run_once().await.unwrap().led);
     assert_eq!(services.metrics.outbox_unsent.get(), 1);
 
-    db::summaries::commit_with_outbox(&services.pg, &job("r2"), "s")
+    db::summaries::commit_with_outbox(&services.pg, &job("r2"), &crate::shared::model_summary("s"))
         .await
         .unwrap();
     let worker = services.maintenance(Roles::of(&[summaryd::roles::Role::Worker]));

@@ -1,10 +1,12 @@
 //! The model retry policy against scripted model failures: what is retried, how long it
 //! waits, and that a hanging model cannot hold a worker past the deadline.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use summaryd::config::Settings;
 use summaryd::failure::Classify;
-use summaryd::llm::LlmError;
+use summaryd::llm::{LlmError, ModelChain};
 use summaryd::metrics::Metrics;
 use summaryd::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
 
@@ -70,13 +72,17 @@ async fn hanging_model_fails_within_the_deadline() {
 
 #[tokio::test]
 async fn transient_errors_are_retried_until_success() {
-    let llm = FakeLlm::with(
+    let llm = Arc::new(FakeLlm::with(
         vec![Step::Fail(status(503, None)), Step::Fail(status(503, None))],
         Step::Ok("the summary".into()),
-    );
-    let metrics = Metrics::new().unwrap();
-    let result = complete_with_retries(&llm, "text", budget(), &policy(), Some(&metrics)).await;
-    assert_eq!(result.unwrap(), "the summary");
+    ));
+    let metrics = Arc::new(Metrics::new().unwrap());
+    let mut settings = Settings::default().llm;
+    settings.backoff_ms = 1;
+    settings.max_backoff_ms = 10;
+    let chain = ModelChain::single(&settings, llm.clone(), Some(metrics.clone()));
+    let result = chain.summarise("text", budget()).await;
+    assert_eq!(result.unwrap().text, "the summary");
     assert_eq!(llm.calls(), 3);
     let count = |label: &str| metrics.llm_requests.with_label_values(&[label]).get();
     assert_eq!(count("status_503"), 2);
@@ -130,7 +136,7 @@ async fn retry_after_wins_over_jitter() {
         ..policy()
     };
     let result = complete_with_retries(&llm, "text", budget(), &policy, None).await;
-    assert_eq!(result.unwrap(), "ok");
+    assert_eq!(result.unwrap().summary, "ok");
     assert_eq!(llm.calls(), 2);
     let gap = gap_between_first_two_calls(&llm);
     assert!(gap >= Duration::from_millis(300), "gap {gap:?}");
@@ -147,7 +153,7 @@ async fn retry_after_is_capped_at_max_backoff() {
         ..policy()
     };
     let result = complete_with_retries(&llm, "text", budget(), &policy, None).await;
-    assert_eq!(result.unwrap(), "ok");
+    assert_eq!(result.unwrap().summary, "ok");
     assert_eq!(llm.calls(), 2);
     let gap = gap_between_first_two_calls(&llm);
     assert!(gap < Duration::from_secs(1), "gap {gap:?}");

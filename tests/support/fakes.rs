@@ -5,8 +5,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use summaryd::domain::ModelSummary;
 use summaryd::failure::Failure;
-use summaryd::llm::{Llm, LlmError};
+use summaryd::llm::{Completion, Llm, LlmError};
 use summaryd::mail::{Mailer, OutgoingEmail};
 
 use crate::shared::script::Script;
@@ -104,14 +105,14 @@ impl Drop for InFlight<'_> {
 
 #[async_trait]
 impl Llm for FakeLlm {
-    async fn summarise(&self, text: &str) -> Result<String, LlmError> {
+    async fn summarise(&self, text: &str) -> Result<Completion, LlmError> {
         self.calls.fetch_add(1, Ordering::SeqCst);
         self.call_times.lock().unwrap().push(Instant::now());
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         let _guard = InFlight(&self.in_flight);
         let step = self.script.next();
-        Self::play(step, text).await
+        Self::play(step, text).await.map(Completion::without_usage)
     }
 }
 
@@ -186,5 +187,14 @@ impl Mailer for FakeMailer {
             .unwrap()
             .push((email.clone(), dedupe_key.to_owned()));
         Ok(())
+    }
+}
+
+/// A summary as if the fake model wrote it, for tests that commit one directly.
+pub fn model_summary(text: &str) -> ModelSummary {
+    ModelSummary {
+        text: text.to_owned(),
+        model: "builtin".into(),
+        usage: None,
     }
 }

@@ -21,7 +21,7 @@ pub mod test_env;
 use std::future::Future;
 use std::time::Duration;
 
-pub use fakes::{FakeLlm, FakeMailer};
+pub use fakes::{FakeLlm, FakeMailer, model_summary};
 pub use test_env::TestEnv;
 
 /// Poll `check` until true, for at most `limit`; false if it never was.

@@ -10,7 +10,7 @@ use sha2::{Digest, Sha256};
 use summaryd::api::ApiServices;
 use summaryd::app::{Application, Handles};
 use summaryd::config::Settings;
-use summaryd::llm::Llm;
+use summaryd::llm::{Llm, ModelChain};
 use summaryd::mail::Mailer;
 use summaryd::relay::RelayServices;
 use summaryd::roles::Roles;
@@ -161,9 +161,30 @@ impl Build {
     }
 
     pub fn build(self) -> Services {
+        let handles = Handles::new(self.settings).expect("handles");
+        let model = ModelChain::single(
+            &handles.settings.llm,
+            self.llm.clone(),
+            Some(handles.metrics.clone()),
+        );
         Services {
-            handles: Handles::new(self.settings).expect("handles"),
+            handles,
             llm: self.llm,
+            model: Arc::new(model),
+            mailer: self.mailer,
+        }
+    }
+
+    /// Like `build`, with the model chain built from the settings (`[llm]` and its
+    /// fallbacks, real HTTP clients) instead of the fake model.
+    pub fn build_with_configured_models(self) -> Services {
+        let handles = Handles::new(self.settings).expect("handles");
+        let model = ModelChain::from_settings(&handles.settings.llm, Some(handles.metrics.clone()))
+            .expect("model providers");
+        Services {
+            handles,
+            llm: self.llm,
+            model: Arc::new(model),
             mailer: self.mailer,
         }
     }
@@ -183,12 +204,15 @@ impl Build {
 pub struct Services {
     pub handles: Handles,
     pub llm: Arc<dyn Llm>,
+    /// The worker's providers (one chain per process, as `Application` builds it): every
+    /// `worker()` shares its breakers.
+    pub model: Arc<ModelChain>,
     pub mailer: Arc<dyn Mailer>,
 }
 
 impl Services {
     pub fn worker(&self) -> WorkerServices {
-        self.handles.worker(self.llm.clone())
+        self.handles.worker(self.model.clone())
     }
 
     pub fn relay(&self) -> RelayServices {
@@ -198,7 +222,8 @@ impl Services {
     /// With the settings' tokens file loaded, as the api role loads it at start-up.
     pub fn api(&self) -> ApiServices {
         let auth = summaryd::auth::from_settings(&self.settings.auth).expect("tokens file");
-        self.handles.api(auth.map(Arc::new))
+        self.handles
+            .api(auth.map(Arc::new), Some(self.model.clone()))
     }
 }
 

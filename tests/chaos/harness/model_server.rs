@@ -1,7 +1,8 @@
 //! A fake OpenAI-compatible model API (`POST /v1/chat/completions`) with scriptable
-//! latency, failure statuses and hangs. It counts calls per job: every job's text carries a
-//! marker `[[...]]` and the answer is derived from it, so every delivery of the same job
-//! produces the same summary (and the same email body).
+//! latency, failure statuses, hangs and outages. It counts calls per job: every job's text
+//! carries a marker `[[...]]` and the answer is derived from it, so every delivery of the
+//! same job produces the same summary (and the same email body). Breaker probes (requests
+//! for one completion token) are counted apart.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -24,6 +25,8 @@ pub struct ModelBehavior {
     pub throttle_rate: f64,
     /// Never answer (the worker's call timeout or a shutdown has to end the call).
     pub hang: bool,
+    /// An outage: every call, probes included, is answered 503 at once.
+    pub down: bool,
 }
 
 impl ModelBehavior {
@@ -33,6 +36,14 @@ impl ModelBehavior {
             error_rate: 0.0,
             throttle_rate: 0.0,
             hang: false,
+            down: false,
+        }
+    }
+
+    pub fn down() -> Self {
+        Self {
+            down: true,
+            ..Self::fast()
         }
     }
 
@@ -49,6 +60,8 @@ struct State {
     behavior: Mutex<Option<ModelBehavior>>,
     /// Calls per job marker (every call, failed ones included).
     calls: Mutex<HashMap<String, usize>>,
+    /// Breaker probes (one completion token), answered or not.
+    probes: AtomicUsize,
     in_flight: AtomicUsize,
 }
 
@@ -98,6 +111,11 @@ impl ModelServer {
         self.state.calls.lock().unwrap().values().sum()
     }
 
+    /// Breaker probes so far (not in `calls`).
+    pub fn probes(&self) -> usize {
+        self.state.probes.load(Ordering::SeqCst)
+    }
+
     /// Calls sleeping out their latency right now (hung calls are not counted: they are
     /// handed to the connection, which holds them until the client hangs up).
     pub fn in_flight(&self) -> usize {
@@ -119,6 +137,20 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
         return Reply::json(404, json!({"error": {"message": "no such route"}}));
     }
     let body: Value = serde_json::from_slice(&req.body).unwrap_or(Value::Null);
+    let down = state
+        .behavior
+        .lock()
+        .unwrap()
+        .as_ref()
+        .is_some_and(|b| b.down);
+    if body["max_tokens"] == 1 {
+        state.probes.fetch_add(1, Ordering::SeqCst);
+        return if down {
+            Reply::json(503, json!({"error": {"message": "outage"}}))
+        } else {
+            completion("pong")
+        };
+    }
     let content = body["messages"][0]["content"].as_str().unwrap_or_default();
     let Some(marker) = marker_of(content) else {
         return Reply::json(
@@ -138,6 +170,9 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
     if behavior.hang {
         return Reply::Hang;
     }
+    if behavior.down {
+        return Reply::json(503, json!({"error": {"message": "outage"}}));
+    }
     let latency = if behavior.latency_ms.is_empty() {
         0
     } else {
@@ -152,6 +187,10 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
         return Reply::json(429, json!({"error": {"message": "slow down"}}))
             .with_header("retry-after-ms", "50");
     }
+    completion(&summary_for(&marker))
+}
+
+fn completion(content: &str) -> Reply {
     Reply::json(
         200,
         json!({
@@ -159,7 +198,7 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
             "object": "chat.completion",
             "choices": [{
                 "index": 0,
-                "message": {"role": "assistant", "content": summary_for(&marker)},
+                "message": {"role": "assistant", "content": content},
                 "finish_reason": "stop"
             }]
         }),

@@ -1,0 +1,21 @@
+/// A summary as the model step hands it to the database (worker → db): the text, the model
+/// that wrote it, and what it cost. The summaries row stores all three; GET reports the
+/// model and `summaryd usage` adds up the tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelSummary {
+    pub text: String,
+    /// The configured model name of the provider that answered (`[llm] model` or a
+    /// fallback's `model`; `builtin` for the built-in summariser). The configured name, not
+    /// the one the server echoes: it is what operators chose and what labels metrics by, so
+    /// a server cannot make the label set grow.
+    pub model: String,
+    /// Tokens the provider reported; `None` when its response carried no `usage`.
+    pub usage: Option<TokenUsage>,
+}
+
+/// Tokens of one model call, as the provider counted them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TokenUsage {
+    pub prompt: u32,
+    pub completion: u32,
+}

@@ -1,0 +1,587 @@
+//! The providers a job may be summarised by, in order (`[llm]`, then each
+//! `[[llm.fallback]]`), each behind its own circuit breaker (`breaker.rs`).
+//!
+//! A delivery tries the providers in order within its one budget (`SUMMARYD_JOB_BUDGET_MS`):
+//! a provider whose breaker is open is skipped; one whose attempts for this delivery end in
+//! transient errors, or that says it is misconfigured (401, 403, 404: its breaker opens at
+//! once), hands the job to the next. A failure that is the job's own (400, 413, 422, an
+//! unusable answer) ends the delivery at once: every provider would refuse it. When every
+//! breaker is open the chain reports an outage, and the worker stops taking jobs until a
+//! probe closes one (`docs/providers.md`).
+//!
+//! Probes are requests of their own (`Llm::probe`: the prompt around a one-word text, one
+//! completion token), not a job's delivery: a job used as the probe would either spend one of
+//! its deliveries on an outage, or need its delivery refunded after the fact, and while every
+//! breaker is open no job is taken at all, so there would be no job to probe with. A probe
+//! costs a few tokens per cooldown during an outage, and nothing otherwise.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::breaker::{Breaker, BreakerState, Transition};
+use super::{Completion, Fault, Llm, LlmConfigError, LlmError, ProviderConfig, provider_configs};
+use crate::config::LlmSettings;
+use crate::domain::{ModelSummary, TokenUsage};
+use crate::metrics::Metrics;
+use crate::retry::{self, AttemptObserver, Deadline, RetryError, RetryPolicy};
+
+/// One provider of the chain: the client, its retry policy (its own call timeout) and its
+/// breaker.
+pub struct Provider {
+    /// `openai:<model>` or `builtin`: logs, `/readyz`, `summaryd_llm_breaker_open{provider}`.
+    label: String,
+    /// The configured model name summaries and token counts are recorded under.
+    model: String,
+    llm: Arc<dyn Llm>,
+    policy: RetryPolicy,
+    breaker: Breaker,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// What `/readyz` says of one provider.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProviderStatus {
+    pub provider: String,
+    /// `None` while its breaker is closed; why it is open otherwise.
+    pub open: Option<String>,
+}
+
+/// Why the chain did not produce a summary.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ChainError {
+    /// The job's own fault: every provider would refuse it. Dead-letter it.
+    #[error(transparent)]
+    Job(LlmError),
+    /// Every provider's breaker is open: an outage, not the job's fault. The delivery does
+    /// not count, and no job is taken until a probe closes a breaker.
+    #[error("every model provider is unavailable: {reason}")]
+    AllOpen { reason: String },
+    /// Tried and failed in a way a later delivery may not repeat, while some provider is
+    /// still usable: the job stays pending.
+    #[error(transparent)]
+    Transient(RetryError),
+}
+
+pub struct ModelChain {
+    providers: Vec<Arc<Provider>>,
+}
+
+impl std::fmt::Debug for ModelChain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let labels: Vec<&str> = self.providers.iter().map(|p| p.label.as_str()).collect();
+        f.debug_struct("ModelChain")
+            .field("providers", &labels)
+            .finish()
+    }
+}
+
+impl ModelChain {
+    /// Every configured provider, built (no network I/O).
+    pub fn from_settings(
+        settings: &LlmSettings,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Result<Self, LlmConfigError> {
+        let mut providers = Vec::new();
+        for config in provider_configs(settings)? {
+            let llm = config.build(settings.max_input_chars)?;
+            providers.push((config, llm));
+        }
+        Ok(Self::new(settings, providers, metrics))
+    }
+
+    /// One provider, `llm`, named as `[llm]` is (tests and embedders bring their own model).
+    pub fn single(
+        settings: &LlmSettings,
+        llm: Arc<dyn Llm>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
+        Self::new(
+            settings,
+            vec![(ProviderConfig::primary(settings), llm)],
+            metrics,
+        )
+    }
+
+    /// The given providers, in order, with the retry and breaker settings of `[llm]`.
+    pub fn new(
+        settings: &LlmSettings,
+        providers: Vec<(ProviderConfig, Arc<dyn Llm>)>,
+        metrics: Option<Arc<Metrics>>,
+    ) -> Self {
+        let cooldown = Duration::from_millis(settings.breaker_cooldown_ms);
+        let providers = providers
+            .into_iter()
+            .map(|(config, llm)| {
+                let label = config.label();
+                if let Some(m) = &metrics {
+                    // Every provider's series exists from the start, so "closed" is a 0 and
+                    // not a missing series an alert cannot tell from a missing target.
+                    m.llm_breaker_open.with_label_values(&[&label]).set(0);
+                }
+                Arc::new(Provider {
+                    model: config.model_name().to_owned(),
+                    policy: RetryPolicy::for_call_timeout(settings, config.call_timeout_ms),
+                    breaker: Breaker::new(settings.breaker_failures, cooldown),
+                    label,
+                    llm,
+                    metrics: metrics.clone(),
+                })
+            })
+            .collect();
+        Self { providers }
+    }
+
+    /// Summarise `text` with the first provider that can, within `deadline`.
+    pub async fn summarise(
+        &self,
+        text: &str,
+        deadline: Deadline,
+    ) -> Result<ModelSummary, ChainError> {
+        let mut last = None;
+        for (i, provider) in self.providers.iter().enumerate() {
+            if provider.breaker.is_open() {
+                continue;
+            }
+            let attempted = retry::complete_with_retries(
+                provider.llm.as_ref(),
+                text,
+                deadline,
+                &provider.policy,
+                Some(provider.as_ref()),
+            )
+            .await;
+            let err = match attempted {
+                Ok(completion) => return Ok(provider.summary(completion)),
+                Err(RetryError::Llm(e)) if e.fault() == Fault::Job => {
+                    return Err(ChainError::Job(e));
+                }
+                // No time left for this provider is no time left for the next one either.
+                Err(e @ RetryError::DeadlineExceeded { .. }) => {
+                    return Err(ChainError::Transient(e));
+                }
+                Err(e) => e,
+            };
+            if let Some(next) = self.providers.get(i + 1) {
+                tracing::warn!(provider = %provider.label, next = %next.label, error = %err, "model provider failed this delivery; trying the next one");
+            }
+            last = Some(err);
+        }
+        if self.all_open() {
+            return Err(ChainError::AllOpen {
+                reason: self.outage_reason(),
+            });
+        }
+        Err(ChainError::Transient(
+            last.unwrap_or(RetryError::BreakerOpen),
+        ))
+    }
+
+    /// Whether every provider's breaker is open: no job can be summarised now.
+    pub fn all_open(&self) -> bool {
+        self.providers.iter().all(|p| p.breaker.is_open())
+    }
+
+    /// Why the open breakers are open, provider by provider.
+    pub fn outage_reason(&self) -> String {
+        self.statuses()
+            .into_iter()
+            .filter_map(|s| s.open.map(|why| format!("{}: {why}", s.provider)))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    pub fn statuses(&self) -> Vec<ProviderStatus> {
+        self.providers
+            .iter()
+            .map(|p| ProviderStatus {
+                provider: p.label.clone(),
+                open: match p.breaker.state() {
+                    BreakerState::Closed { .. } => None,
+                    BreakerState::Open {
+                        since,
+                        probe_at,
+                        reason,
+                        ..
+                    } => Some(format!(
+                        "breaker open for {} s ({reason}); next probe in {} s",
+                        since.elapsed().as_secs(),
+                        probe_at.saturating_duration_since(Instant::now()).as_secs()
+                    )),
+                },
+            })
+            .collect()
+    }
+
+    /// Start the probe of every open breaker whose cooldown is over, each in its own task
+    /// (bounded by the provider's call timeout), so no consumer waits for one. A breaker runs
+    /// one probe at a time however many consumers ask.
+    pub fn probe_due(&self) {
+        let now = Instant::now();
+        for provider in &self.providers {
+            if provider.breaker.probe_is_due(now) {
+                let provider = provider.clone();
+                tokio::spawn(async move { provider.probe().await });
+            }
+        }
+    }
+}
+
+impl Provider {
+    fn summary(&self, completion: Completion) -> ModelSummary {
+        ModelSummary {
+            text: completion.summary,
+            model: self.model.clone(),
+            usage: completion.usage,
+        }
+    }
+
+    /// The one probe of an open breaker, if it is still due and nobody else runs it. A
+    /// provider that answers at all (even refusing the tiny request as the job's fault) is
+    /// up: only a transient failure or a misconfiguration keeps the breaker open.
+    async fn probe(&self) {
+        let Some(ticket) = self.breaker.begin_probe(Instant::now()) else {
+            return;
+        };
+        let started = Instant::now();
+        let result = match tokio::time::timeout(self.policy.call_timeout, self.llm.probe()).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(LlmError::Timeout),
+        };
+        self.record_call(result.as_ref().map(|usage| *usage), started.elapsed());
+        match result {
+            Err(e) if e.fault() != Fault::Job => {
+                tracing::warn!(provider = %self.label, error = %e, "model provider probe failed; its breaker stays open");
+                ticket.failed(Instant::now(), &e.to_string());
+            }
+            _ => self.apply(ticket.passed()),
+        }
+    }
+
+    /// Log and export a change of the breaker's state.
+    fn apply(&self, transition: Option<Transition>) {
+        let gauge = |open: i64| {
+            if let Some(m) = &self.metrics {
+                m.llm_breaker_open
+                    .with_label_values(&[&self.label])
+                    .set(open);
+            }
+        };
+        match transition {
+            Some(Transition::Opened { reason }) => {
+                tracing::error!(provider = %self.label, %reason, "model provider's circuit breaker opened: no job calls it until a probe passes");
+                gauge(1);
+            }
+            Some(Transition::Closed) => {
+                tracing::info!(provider = %self.label, "model provider's circuit breaker closed: jobs call it again");
+                gauge(0);
+            }
+            None => {}
+        }
+    }
+
+    /// Metrics of one call: duration, result, tokens.
+    fn record_call(&self, result: Result<Option<TokenUsage>, &LlmError>, elapsed: Duration) {
+        let Some(m) = &self.metrics else { return };
+        m.llm_duration.observe(elapsed.as_secs_f64());
+        m.llm_requests
+            .with_label_values(&[&result_label(&result)])
+            .inc();
+        if let Ok(Some(usage)) = result {
+            for (kind, n) in [("prompt", usage.prompt), ("completion", usage.completion)] {
+                m.llm_tokens
+                    .with_label_values(&[&self.model, kind])
+                    .inc_by(u64::from(n));
+            }
+        }
+    }
+}
+
+impl AttemptObserver for Provider {
+    fn may_attempt(&self) -> bool {
+        !self.breaker.is_open()
+    }
+
+    fn observe(&self, result: &Result<Completion, LlmError>, elapsed: Duration) {
+        self.record_call(result.as_ref().map(|c| c.usage), elapsed);
+        let transition = match result {
+            Ok(_) => self.breaker.record_success(),
+            Err(e) => match e.fault() {
+                Fault::Transient { .. } => self
+                    .breaker
+                    .record_transient_failure(Instant::now(), &e.to_string()),
+                Fault::Provider => self.breaker.trip(Instant::now(), &e.to_string()),
+                // The provider answered; the request was the problem.
+                Fault::Job => None,
+            },
+        };
+        self.apply(transition);
+    }
+}
+
+/// The `result` label of `summaryd_llm_requests_total`.
+fn result_label(result: &Result<Option<TokenUsage>, &LlmError>) -> String {
+    match result {
+        Ok(_) => "ok".into(),
+        Err(LlmError::Timeout) => "timeout".into(),
+        Err(LlmError::Connect(_)) => "connect".into(),
+        Err(LlmError::Status { status, .. }) => format!("status_{status}"),
+        Err(LlmError::Malformed(_)) => "malformed".into(),
+        Err(LlmError::InvalidInput(_)) => "invalid_input".into(),
+        Err(LlmError::Other(_)) => "other".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Settings;
+    use std::sync::Mutex;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Plays its answers in order, then repeats the last one; counts calls and probes.
+    struct Scripted {
+        answers: Mutex<Vec<Result<Completion, LlmError>>>,
+        calls: AtomicUsize,
+        probes: AtomicUsize,
+    }
+
+    impl Scripted {
+        fn new(answers: Vec<Result<Completion, LlmError>>) -> Arc<Self> {
+            Arc::new(Self {
+                answers: Mutex::new(answers),
+                calls: AtomicUsize::new(0),
+                probes: AtomicUsize::new(0),
+            })
+        }
+        fn calls(&self) -> usize {
+            self.calls.load(Ordering::SeqCst)
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Llm for Scripted {
+        async fn summarise(&self, _text: &str) -> Result<Completion, LlmError> {
+            self.calls.fetch_add(1, Ordering::SeqCst);
+            let mut answers = self.answers.lock().unwrap();
+            if answers.len() > 1 {
+                answers.remove(0)
+            } else {
+                answers[0].clone()
+            }
+        }
+        async fn probe(&self) -> Result<Option<TokenUsage>, LlmError> {
+            self.probes.fetch_add(1, Ordering::SeqCst);
+            self.summarise("probe").await.map(|c| c.usage)
+        }
+    }
+
+    fn ok(text: &str, prompt: u32, completion: u32) -> Result<Completion, LlmError> {
+        Ok(Completion {
+            summary: text.into(),
+            usage: Some(TokenUsage { prompt, completion }),
+        })
+    }
+
+    fn status(code: u16) -> Result<Completion, LlmError> {
+        Err(LlmError::Status {
+            status: code,
+            retry_after: None,
+            message: format!("answered {code}"),
+        })
+    }
+
+    fn settings() -> LlmSettings {
+        let mut s = Settings::default().llm;
+        s.max_attempts = 2;
+        s.backoff_ms = 1;
+        s.max_backoff_ms = 1;
+        s.breaker_failures = 3;
+        s.breaker_cooldown_ms = 1_000;
+        s.call_timeout_ms = 2_000;
+        s
+    }
+
+    fn config(model: &str) -> ProviderConfig {
+        let mut c = ProviderConfig::primary(&settings());
+        c.provider = crate::config::LlmProvider::Openai;
+        c.model = model.into();
+        c
+    }
+
+    fn chain(providers: &[(&str, &Arc<Scripted>)], metrics: Option<Arc<Metrics>>) -> ModelChain {
+        let list = providers
+            .iter()
+            .map(|(model, llm)| (config(model), (*llm).clone() as Arc<dyn Llm>))
+            .collect();
+        ModelChain::new(&settings(), list, metrics)
+    }
+
+    fn deadline() -> Deadline {
+        Deadline::after(Duration::from_secs(60))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_first_provider_that_answers_writes_the_summary() {
+        let primary = Scripted::new(vec![status(503)]);
+        let fallback = Scripted::new(vec![ok("from fallback", 7, 2)]);
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let chain = chain(
+            &[("big", &primary), ("small", &fallback)],
+            Some(metrics.clone()),
+        );
+        let summary = chain.summarise("t", deadline()).await.unwrap();
+        assert_eq!(summary.text, "from fallback");
+        assert_eq!(summary.model, "small");
+        assert_eq!(
+            summary.usage,
+            Some(TokenUsage {
+                prompt: 7,
+                completion: 2
+            })
+        );
+        assert_eq!(primary.calls(), 2, "max_attempts on the primary first");
+        assert_eq!(fallback.calls(), 1);
+        let text = metrics.render();
+        assert!(
+            text.contains(r#"summaryd_llm_tokens_total{kind="prompt",model="small"} 7"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"summaryd_llm_tokens_total{kind="completion",model="small"} 2"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"summaryd_llm_breaker_open{provider="openai:big"} 0"#),
+            "{text}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_jobs_own_fault_ends_the_delivery_without_the_fallback() {
+        for code in [400, 413, 422] {
+            let primary = Scripted::new(vec![status(code)]);
+            let fallback = Scripted::new(vec![ok("never", 1, 1)]);
+            let chain = chain(&[("a", &primary), ("b", &fallback)], None);
+            let err = chain.summarise("t", deadline()).await.unwrap_err();
+            assert!(
+                matches!(err, ChainError::Job(LlmError::Status { status, .. }) if status == code),
+                "{err:?}"
+            );
+            assert_eq!(primary.calls(), 1, "{code}: one call");
+            assert_eq!(fallback.calls(), 0, "{code}: never tried elsewhere");
+            assert!(!chain.all_open());
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_misconfigured_provider_opens_at_once_and_the_job_moves_on() {
+        for code in [401, 403, 404] {
+            let primary = Scripted::new(vec![status(code)]);
+            let fallback = Scripted::new(vec![ok("fine", 1, 1)]);
+            let chain = chain(&[("a", &primary), ("b", &fallback)], None);
+            let summary = chain.summarise("t", deadline()).await.unwrap();
+            assert_eq!(summary.model, "b");
+            assert_eq!(primary.calls(), 1, "{code}: not retried");
+            assert!(chain.statuses()[0].open.is_some(), "{code}");
+            // The next job goes straight to the fallback.
+            chain.summarise("t", deadline()).await.unwrap();
+            assert_eq!(primary.calls(), 1, "{code}: skipped while open");
+            assert_eq!(fallback.calls(), 2);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn with_every_breaker_open_the_chain_reports_an_outage_without_calling() {
+        let only = Scripted::new(vec![status(401)]);
+        let chain = chain(&[("a", &only)], None);
+        let err = chain.summarise("t", deadline()).await.unwrap_err();
+        assert!(
+            matches!(&err, ChainError::AllOpen { reason } if reason.contains("openai:a") && reason.contains("401")),
+            "{err:?}"
+        );
+        assert!(chain.all_open());
+        let err = chain.summarise("t", deadline()).await.unwrap_err();
+        assert!(matches!(err, ChainError::AllOpen { .. }));
+        assert_eq!(only.calls(), 1, "no call while open");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn transient_failures_open_the_breaker_after_the_threshold() {
+        // Threshold 3, two attempts per delivery: the second delivery's first attempt opens it,
+        // and its second attempt is not made.
+        let only = Scripted::new(vec![status(503)]);
+        let chain = chain(&[("a", &only)], None);
+        let first = chain.summarise("t", deadline()).await.unwrap_err();
+        assert!(
+            matches!(first, ChainError::Transient(RetryError::Llm(_))),
+            "{first:?}"
+        );
+        assert!(!chain.all_open());
+        let second = chain.summarise("t", deadline()).await.unwrap_err();
+        assert!(matches!(second, ChainError::AllOpen { .. }), "{second:?}");
+        assert_eq!(only.calls(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_probe_after_the_cooldown_closes_the_breaker() {
+        let only = Scripted::new(vec![status(401), status(503), ok("back", 1, 1)]);
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let chain = chain(&[("a", &only)], Some(metrics.clone()));
+        chain.summarise("t", deadline()).await.unwrap_err();
+        let open = r#"summaryd_llm_breaker_open{provider="openai:a"} 1"#;
+        assert!(metrics.render().contains(open));
+        chain.probe_due();
+        tokio::task::yield_now().await;
+        assert_eq!(only.probes.load(Ordering::SeqCst), 0, "cooldown not over");
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        chain.probe_due();
+        chain.probe_due();
+        settle().await;
+        assert_eq!(
+            only.probes.load(Ordering::SeqCst),
+            1,
+            "one probe, however many ask"
+        );
+        assert!(chain.all_open(), "the probe met a 503");
+        // The next probe waits twice as long.
+        tokio::time::advance(Duration::from_millis(1_999)).await;
+        chain.probe_due();
+        settle().await;
+        assert_eq!(only.probes.load(Ordering::SeqCst), 1);
+        tokio::time::advance(Duration::from_millis(1)).await;
+        chain.probe_due();
+        settle().await;
+        assert_eq!(only.probes.load(Ordering::SeqCst), 2);
+        assert!(!chain.all_open(), "the probe passed");
+        assert!(
+            metrics
+                .render()
+                .contains(r#"summaryd_llm_breaker_open{provider="openai:a"} 0"#)
+        );
+        assert!(
+            metrics
+                .render()
+                .contains(r#"summaryd_llm_tokens_total{kind="prompt",model="a"} 1"#)
+        );
+        assert_eq!(chain.summarise("t", deadline()).await.unwrap().text, "back");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_refused_as_the_jobs_fault_still_proves_the_provider_is_up() {
+        let only = Scripted::new(vec![status(403), status(400)]);
+        let chain = chain(&[("a", &only)], None);
+        chain.summarise("t", deadline()).await.unwrap_err();
+        tokio::time::advance(Duration::from_millis(1_000)).await;
+        chain.probe_due();
+        settle().await;
+        assert!(!chain.all_open());
+    }
+
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+}

@@ -175,14 +175,15 @@ payload="{\"notify\":\"bench@example.com\",\"text\":\"$text\"}"
 # count of field/value arguments, the pairs to HSET, then the field to HDEL.
 state_args=(6 tenant bench status queued created_at "$stamp" error)
 # The tenant limits the script receives (src/stream/tenant_limits.rs): emission interval in
-# µs, burst, max in flight; 0 = no limit, as for a tenant without limits. With BENCH_LIMITS=1
+# µs, burst, max in flight, and the time in µs; 0 = no limit, as for a tenant without limits. With BENCH_LIMITS=1
 # the tenant has every limit, set far above what one machine can send (1,000,000 jobs/s,
 # a burst of as many, 10^9 in flight), so each check runs and none refuses.
-limit_args=(0 1 0)
+limit_args=(0 1 0 0)
 tokens_file=""
 token=""
 if [[ "$LIMITS" == 1 ]]; then
-    limit_args=(1 1000000 1000000000)
+    # A fixed time far in the future: the rate state never holds the next call back.
+    limit_args=(1 1000000 1000000000 4000000000000000)
     token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
     tokens_file="$workdir/tokens.toml"
     cat >"$tokens_file" <<EOF_TOKENS

@@ -72,7 +72,7 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
         .arg(record)
         .arg(record_ttl_s)
         .arg(job.job_id.to_string());
-    limits.pass_to(&mut invocation);
+    limits.pass_to(&mut invocation, std::time::SystemTime::now());
     Queued::of(job).pass_to(&mut invocation);
     for (name, value) in job_entry::to_fields(job) {
         invocation.arg(name).arg(value);

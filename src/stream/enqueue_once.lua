@@ -5,10 +5,11 @@
 -- KEYS[4] the tenant's in-flight set   KEYS[5] the tenant's rate state (GCRA)
 -- ARGV[1] final record (JSON)  ARGV[2] record TTL in seconds   ARGV[3] job id
 -- ARGV[4] emission interval in µs (0: no rate limit)   ARGV[5] burst
--- ARGV[6] max in flight (0: none)   (src/stream/tenant_limits.rs)
--- ARGV[7] n, then ARGV[8 .. 7+n] job-state fields and values to set, ARGV[8+n] the
+-- ARGV[6] max in flight (0: none)   ARGV[7] now, µs since the epoch (the API's clock; 0
+--         without a rate limit)   (src/stream/tenant_limits.rs)
+-- ARGV[8] n, then ARGV[9 .. 8+n] job-state fields and values to set, ARGV[9+n] the
 --         job-state field to clear (names and values come from src/stream/job_state.rs)
--- ARGV[9+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
+-- ARGV[10+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
 --
 -- Replies {0, record, 0} (the key had one), {1, entry id, 0} (enqueued) or {2, limit, retry ms}
 -- (refused by 'rate' or 'in_flight'; nothing written).
@@ -25,8 +26,7 @@ end
 local interval = tonumber(ARGV[4])
 local now, tat
 if interval > 0 then
-  local t = redis.call('TIME')
-  now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  now = tonumber(ARGV[7])
   tat = math.max(tonumber(redis.call('GET', KEYS[5]) or 0), now) + interval
   local allowed_at = tat - interval * tonumber(ARGV[5])
   if allowed_at > now then
@@ -37,10 +37,10 @@ local max_in_flight = tonumber(ARGV[6])
 if max_in_flight > 0 and redis.call('SCARD', KEYS[4]) >= max_in_flight then
   return {2, 'in_flight', 0}
 end
-local n = tonumber(ARGV[7])
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 9 + n))
-redis.call('HSET', KEYS[3], unpack(ARGV, 8, 7 + n))
-redis.call('HDEL', KEYS[3], ARGV[8 + n])
+local n = tonumber(ARGV[8])
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 10 + n))
+redis.call('HSET', KEYS[3], unpack(ARGV, 9, 8 + n))
+redis.call('HDEL', KEYS[3], ARGV[9 + n])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 -- Only a tenant with a max_in_flight needs its jobs counted; one command less per POST for
 -- every other tenant. (A limit added later by a reload counts the jobs accepted after it.)

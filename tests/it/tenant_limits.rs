@@ -206,3 +206,30 @@ async fn max_in_flight_counts_accepted_jobs_until_done_or_dead_lettered() {
     assert_eq!(now.len(), 3, "{now:?}");
     assert!(now.contains(&dead_job));
 }
+
+/// The rate replenishes with time (measured on the accepting replica's clock): one job per
+/// 50 ms with a burst of one is refused at once after a job, and accepted again 50 ms later.
+#[actix_web::test]
+async fn the_rate_refills_as_time_passes() {
+    let env = TestEnv::new().await;
+    let file = tokens_file("rate_per_s = 20.0\nburst = 1");
+    let a = replica(&env, &file, FakeLlm::ok());
+    let app = test::init_service(api::app(a.api(), Roles::all(), Shutdown::new())).await;
+    let first = test::call_service(&app, post("rate-refill-key-000").to_request()).await;
+    assert_eq!(first.status(), 202);
+    let refused = test::call_service(&app, post("rate-refill-key-001").to_request()).await;
+    assert_eq!(refused.status(), 429);
+    assert_eq!(
+        retry_after(&refused),
+        1,
+        "50 ms, rounded up to a whole second"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    let again = test::call_service(&app, post("rate-refill-key-001").to_request()).await;
+    assert_eq!(
+        again.status(),
+        202,
+        "the next job fits once its interval has passed"
+    );
+    assert_eq!(stream_len(&env).await, 2);
+}

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# End-to-end throughput of two builds of the e2e benchmark (bench/e2e_jobs.rs), measured in
+# alternation on one machine:
+#
+#   bench/ab_e2e.sh BASELINE_E2E_BIN CANDIDATE_E2E_BIN
+#
+# The binaries are what `cargo bench --bench e2e_jobs --no-run` prints as "Executable" in
+# each checkout. For each consumer count, each round runs the baseline and then the
+# candidate (the order swapped every other round) on the same Postgres and a private Redis,
+# and prints jobs/s and the ratio candidate/baseline; then the median ratio per count.
+# Sequential sweeps (bench/run.sh twice) drift too much on a shared machine to resolve 10 %.
+#
+# Settings (environment): AB_CONSUMERS ("64 128 256"), AB_ROUNDS (3), AB_LATENCY_MS (200),
+# AB_JOBS_PER_CONSUMER (25).
+set -euo pipefail
+repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo_root"
+[[ $# -eq 2 ]] || {
+    echo "usage: $0 BASELINE_E2E_BIN CANDIDATE_E2E_BIN" >&2
+    exit 2
+}
+bins=("$(realpath "$1")" "$(realpath "$2")")
+CONSUMERS=${AB_CONSUMERS:-"64 128 256"}
+ROUNDS=${AB_ROUNDS:-3}
+LATENCY_MS=${AB_LATENCY_MS:-200}
+PER_CONSUMER=${AB_JOBS_PER_CONSUMER:-25}
+PG_BASE="postgres://postgres@127.0.0.1:${SUMMARYD_DEPS_PG_PORT:-5432}"
+
+# shellcheck source=scripts/deps.sh
+. scripts/deps.sh
+command -v redis-server >/dev/null 2>&1 || _deps_apt_install redis-server
+workdir=$(mktemp -d "${TMPDIR:-/tmp}/summaryd-ab-e2e.XXXXXX")
+rport=16700
+while _deps_tcp_open 127.0.0.1 "$rport"; do rport=$((rport + 1)); done
+redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
+    --dir "$workdir" --logfile "$workdir/redis.log" &
+redis_pid=$!
+trap 'kill $redis_pid 2>/dev/null; rm -rf "$workdir"' EXIT
+for _ in $(seq 100); do
+    [[ "$(redis-cli -p "$rport" PING 2>/dev/null || true)" == PONG ]] && break
+    sleep 0.1
+done
+
+run() { # $1 = binary, $2 = consumers; prints jobs/s
+    BENCH_JOBS=$(($2 * PER_CONSUMER)) BENCH_CONSUMERS=$2 BENCH_LATENCY_MS=$LATENCY_MS \
+        BENCH_PG_URL="$PG_BASE" BENCH_REDIS_URL="redis://127.0.0.1:$rport" \
+        timeout 400 "$1" --bench >"$workdir/out.txt" 2>&1 ||
+        {
+            cat "$workdir/out.txt" >&2
+            exit 1
+        }
+    sed -n 's/^BENCH //p' "$workdir/out.txt" | tr ' ' '\n' | sed -n 's/^jobs_per_s=//p'
+}
+
+median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+for c in $CONSUMERS; do
+    ratios=""
+    for ((r = 1; r <= ROUNDS; r++)); do
+        if ((r % 2)); then order=(0 1); else order=(1 0); fi
+        declare -A rate=()
+        for i in "${order[@]}"; do rate[$i]=$(run "${bins[$i]}" "$c"); done
+        ratio=$(awk -v a="${rate[1]}" -v b="${rate[0]}" 'BEGIN { printf "%.3f", a / b }')
+        printf 'C=%-4s round %s  baseline %8s jobs/s  candidate %8s jobs/s  ratio %s\n' \
+            "$c" "$r" "${rate[0]}" "${rate[1]}" "$ratio"
+        ratios+="$ratio"$'\n'
+    done
+    printf 'C=%-4s median ratio %s\n' "$c" "$(median <<<"${ratios%$'\n'}")"
+done

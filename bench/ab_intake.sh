@@ -12,8 +12,9 @@
 #
 # Scenarios: `new key` (every request its own Idempotency-Key) for the baseline and the
 # candidate as they are (no tokens file, so no tenant limits), and, with AB_LIMITS=1, the
-# candidate once more in token mode with rate_per_s, burst and max_in_flight all set (far
-# above what the machine can send, so every check runs and none refuses).
+# candidate twice more in token mode: without limits (what authentication costs), and with
+# rate_per_s, burst and max_in_flight all set (far above what the machine can send, so every
+# check runs and none refuses).
 #
 # Settings (environment): AB_ROUNDS (5), AB_DURATION_S (8), AB_CONNECTIONS ("32"),
 # AB_THREADS (2), AB_LIMITS (0).
@@ -87,9 +88,9 @@ done
 redis_url="redis://127.0.0.1:$rport"
 
 token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
-cat >"$workdir/tokens.toml" <<EOF
-[tenants.bench]
-token_sha256 = "$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)"
+token_hash=$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)
+printf '[tenants.bench]\ntoken_sha256 = "%s"\n' "$token_hash" >"$workdir/tokens-only.toml"
+cat "$workdir/tokens-only.toml" - >"$workdir/tokens.toml" <<EOF
 rate_per_s = 1000000.0
 burst = 1000000
 max_in_flight = 1000000000
@@ -120,8 +121,9 @@ start baseline "$base_bin" ""
 start candidate "$cand_bin" ""
 scenarios=(baseline candidate)
 if [[ "$LIMITS" == 1 ]]; then
+    start candidate-token "$cand_bin" "$workdir/tokens-only.toml"
     start candidate-limits "$cand_bin" "$workdir/tokens.toml"
-    scenarios+=(candidate-limits)
+    scenarios+=(candidate-token candidate-limits)
 fi
 sleep 1
 

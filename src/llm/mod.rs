@@ -173,11 +173,21 @@ impl ProviderConfig {
         fallback: &FallbackSettings,
         number: usize,
     ) -> Result<Self, LlmConfigError> {
+        Self::fallback_with_env(settings, fallback, number, |var| std::env::var(var).ok())
+    }
+
+    /// [`Self::fallback`] with the environment given as a lookup.
+    fn fallback_with_env(
+        settings: &LlmSettings,
+        fallback: &FallbackSettings,
+        number: usize,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, LlmConfigError> {
         let setting = format!("[[llm.fallback]] #{number}");
         let api_key = match &fallback.api_key_env {
             None => None,
-            Some(var) => match std::env::var(var) {
-                Ok(key) if !key.trim().is_empty() => Some(key),
+            Some(var) => match env(var) {
+                Some(key) if !key.trim().is_empty() => Some(key),
                 // A named key that is missing is a deployment mistake (a Secret not mounted);
                 // starting anyway would only turn every call into a 401.
                 _ => {
@@ -312,5 +322,92 @@ mod tests {
             Disposition::Transient { retry_after: after }
         );
         assert_eq!(status(400, after).disposition(), Disposition::Permanent);
+    }
+
+    #[tokio::test]
+    async fn the_default_probe_is_a_summary_of_the_probe_text() {
+        assert!(matches!(BuiltinSummariser.probe().await, Ok(None)));
+        struct Refuses;
+        #[async_trait]
+        impl Llm for Refuses {
+            async fn summarise(&self, text: &str) -> Result<Completion, LlmError> {
+                assert_eq!(text, PROBE_TEXT);
+                Err(LlmError::Connect("refused".into()))
+            }
+        }
+        assert!(matches!(Refuses.probe().await, Err(LlmError::Connect(_))));
+        struct Counts;
+        #[async_trait]
+        impl Llm for Counts {
+            async fn summarise(&self, _text: &str) -> Result<Completion, LlmError> {
+                Ok(Completion {
+                    summary: "pong".into(),
+                    usage: Some(TokenUsage {
+                        prompt: 3,
+                        completion: 1,
+                    }),
+                })
+            }
+        }
+        assert!(matches!(
+            Counts.probe().await,
+            Ok(Some(TokenUsage {
+                prompt: 3,
+                completion: 1
+            }))
+        ));
+    }
+
+    fn fallback(api_key_env: Option<&str>) -> FallbackSettings {
+        FallbackSettings {
+            provider: LlmProvider::Openai,
+            base_url: "http://local:8000/v1".into(),
+            model: "local".into(),
+            api_key_env: api_key_env.map(str::to_owned),
+            call_timeout_ms: None,
+        }
+    }
+
+    #[test]
+    fn every_provider_is_configured_in_order_and_numbered_from_one() {
+        let mut settings = crate::config::Settings::default().llm;
+        settings.call_timeout_ms = 1_234;
+        settings.fallback = vec![fallback(None), fallback(None)];
+        settings.fallback[1].call_timeout_ms = Some(9_000);
+        let configs = provider_configs(&settings).unwrap();
+        let names: Vec<&str> = configs.iter().map(|c| c.setting.as_str()).collect();
+        assert_eq!(
+            names,
+            ["SUMMARYD_LLM", "[[llm.fallback]] #1", "[[llm.fallback]] #2"]
+        );
+        assert_eq!(configs[1].call_timeout_ms, 1_234, "[llm]'s by default");
+        assert_eq!(configs[2].call_timeout_ms, 9_000);
+        assert_eq!(configs[1].label(), "openai:local");
+        assert_eq!(configs[0].label(), "builtin");
+        assert_eq!(configs[0].model_name(), "builtin");
+        assert_eq!(configs[1].max_tokens, settings.max_tokens);
+    }
+
+    #[test]
+    fn a_fallback_key_comes_from_the_variable_it_names() {
+        let settings = crate::config::Settings::default().llm;
+        let env = |var: &str| match var {
+            "LOCAL_KEY" => Some("sk-local".to_owned()),
+            "BLANK_KEY" => Some(" ".to_owned()),
+            _ => None,
+        };
+        let with = |var: Option<&str>, number| {
+            ProviderConfig::fallback_with_env(&settings, &fallback(var), number, env)
+        };
+        assert_eq!(
+            with(Some("LOCAL_KEY"), 1).unwrap().api_key.as_deref(),
+            Some("sk-local")
+        );
+        assert_eq!(with(None, 1).unwrap().api_key, None);
+        for var in ["BLANK_KEY", "NEVER_SET"] {
+            let err = with(Some(var), 2).unwrap_err().to_string();
+            assert!(err.contains("[[llm.fallback]] #2 api_key_env"), "{err}");
+            assert!(err.contains(var), "{err}");
+        }
     }
 }

@@ -153,14 +153,6 @@ async fn worker(env: &TestEnv, url: &str) -> (Consumer, WorkerServices) {
     (consumer, services)
 }
 
-async fn dead_letters(env: &TestEnv) -> u64 {
-    redis::cmd("XLEN")
-        .arg(format!("{}jobs:summaries:dead", env.settings.key_prefix))
-        .query_async(&mut env.redis().await)
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn a_bad_request_from_the_model_api_dead_letters_after_one_call() {
     let env = TestEnv::new().await;
@@ -172,7 +164,7 @@ async fn a_bad_request_from_the_model_api_dead_letters_after_one_call() {
     let (mut consumer, services) = worker(&env, &stub.url("/v1")).await;
     assert_eq!(consumer.run_once().await.unwrap(), 1);
     assert_eq!(stub.requests().len(), 1);
-    assert_eq!(dead_letters(&env).await, 1);
+    assert_eq!(env.dead_letters().await, 1);
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
     assert_eq!(env.count("summaries").await, 0);
@@ -184,7 +176,7 @@ async fn an_unreachable_model_api_leaves_the_job_pending_for_redelivery() {
     let url = closed_port_url("/v1");
     let (mut consumer, services) = worker(&env, &url).await;
     assert_eq!(consumer.run_once().await.unwrap(), 1);
-    assert_eq!(dead_letters(&env).await, 0);
+    assert_eq!(env.dead_letters().await, 0);
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 1);
 }

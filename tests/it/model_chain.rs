@@ -93,14 +93,6 @@ async fn world(settings: Settings, env: &TestEnv, jobs: usize) -> (Services, Con
     (services, consumer)
 }
 
-async fn dead_letters(env: &TestEnv) -> u64 {
-    redis::cmd("XLEN")
-        .arg(format!("{}jobs:summaries:dead", env.settings.key_prefix))
-        .query_async(&mut env.redis().await)
-        .await
-        .unwrap()
-}
-
 async fn models_of_summaries(env: &TestEnv) -> Vec<(Option<String>, Option<i32>, Option<i32>)> {
     env.pg()
         .await
@@ -173,7 +165,7 @@ async fn with_the_primary_down_jobs_finish_on_the_fallback_in_their_first_delive
     );
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
-    assert_eq!(dead_letters(&env).await, 0);
+    assert_eq!(env.dead_letters().await, 0);
     assert_eq!(env.count("outbox").await, 3, "one email intent each");
 
     // GET names the model that wrote the summary.
@@ -230,7 +222,7 @@ async fn a_primary_answering_401_opens_at_once_and_jobs_go_to_the_fallback() {
             "{status}: one call, not retried"
         );
         assert_eq!(fallback.requests().len(), 3, "{status}");
-        assert_eq!(dead_letters(&env).await, 0, "{status}");
+        assert_eq!(env.dead_letters().await, 0, "{status}");
         assert_eq!(env.count("summaries").await, 3, "{status}");
     }
 }
@@ -247,7 +239,7 @@ async fn a_bad_request_is_dead_lettered_after_one_call_and_never_tried_elsewhere
         fallback.requests().is_empty(),
         "the fallback is never called"
     );
-    assert_eq!(dead_letters(&env).await, 1);
+    assert_eq!(env.dead_letters().await, 1);
     assert_eq!(env.count("summaries").await, 0);
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
@@ -301,7 +293,7 @@ async fn with_no_fallback_a_401_makes_jobs_wait_until_a_probe_passes() {
         Some(0),
         "the delivery that met the outage was refunded"
     );
-    assert_eq!(dead_letters(&env).await, 0);
+    assert_eq!(env.dead_letters().await, 0);
 
     // /readyz: ready, and the breaker shows.
     let app = web::init_service(summaryd::api::app(
@@ -342,7 +334,7 @@ async fn with_no_fallback_a_401_makes_jobs_wait_until_a_probe_passes() {
     let (probes, jobs) = probes_and_jobs(&primary);
     assert_eq!(probes, 1, "one probe closed the breaker");
     assert_eq!(jobs, 3, "the refused call and one call per job");
-    assert_eq!(dead_letters(&env).await, 0);
+    assert_eq!(env.dead_letters().await, 0);
     assert_eq!(
         models_of_summaries(&env).await,
         vec![(Some(PRIMARY.to_string()), Some(9), Some(2)); 2]

@@ -118,6 +118,15 @@ impl TestEnv {
             .expect("connect redis")
     }
 
+    /// Entries in the dead-letter stream.
+    pub async fn dead_letters(&self) -> u64 {
+        redis::cmd("XLEN")
+            .arg(format!("{}jobs:summaries:dead", self.settings.key_prefix))
+            .query_async(&mut self.redis().await)
+            .await
+            .expect("XLEN dead letters")
+    }
+
     /// `SELECT count(*) FROM {table}`.
     pub async fn count(&self, table: &str) -> i64 {
         self.pg()

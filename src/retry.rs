@@ -162,6 +162,16 @@ pub async fn complete_with_retries(
     }
 }
 
+/// `call` under a hard wall-clock timeout: still running at `timeout`, it is a `Timeout`.
+pub(crate) async fn bounded<T>(
+    timeout: Duration,
+    call: impl Future<Output = Result<T, LlmError>>,
+) -> Result<T, LlmError> {
+    tokio::time::timeout(timeout, call)
+        .await
+        .unwrap_or(Err(LlmError::Timeout))
+}
+
 /// One attempt under a hard wall-clock timeout (a server that sends headers and then drips
 /// its body is cut off by it too), shown to the observer.
 async fn call_once(
@@ -171,10 +181,7 @@ async fn call_once(
     observer: Option<&dyn AttemptObserver>,
 ) -> Result<Completion, LlmError> {
     let started = Instant::now();
-    let result = match tokio::time::timeout(timeout, llm.summarise(text)).await {
-        Ok(result) => result,
-        Err(_elapsed) => Err(LlmError::Timeout),
-    };
+    let result = bounded(timeout, llm.summarise(text)).await;
     if let Some(o) = observer {
         o.observe(&result, started.elapsed());
     }

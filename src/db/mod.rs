@@ -93,3 +93,18 @@ pub fn pool(url: &str, ca_file: Option<&Path>, max_size: usize) -> Result<Pool, 
         .build()
         .map_err(|e| DbError::Build(e.to_string()))
 }
+
+/// Run one retention batch: `delete` is a `DELETE … WHERE key IN (SELECT … WHERE t < $1
+/// ORDER BY t LIMIT $2 FOR UPDATE SKIP LOCKED)` of one table (each table's module owns its
+/// SQL). `SKIP LOCKED`: rows another deleter holds are left to it, so concurrent retention
+/// passes never wait on each other or delete a row twice. Returns how many rows went.
+async fn delete_batch_before(
+    pool: &Pool,
+    delete: &str,
+    cutoff: chrono::DateTime<chrono::Utc>,
+    batch: i64,
+) -> Result<u64, DbError> {
+    let client = pool.get().await?;
+    let stmt = client.prepare_cached(delete).await?;
+    Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)
+}

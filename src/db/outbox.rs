@@ -268,22 +268,15 @@ pub async fn retry(pool: &Pool, give_up: Duration, ids: Option<&[i64]>) -> Resul
 }
 
 /// Delete up to `batch` rows sent before `cutoff`, oldest first; returns how many.
-/// `SKIP LOCKED`: rows another deleter holds are left to it, so concurrent retention
-/// passes never wait on each other or delete a row twice.
 pub async fn delete_sent_before(
     pool: &Pool,
     cutoff: DateTime<Utc>,
     batch: i64,
 ) -> Result<u64, DbError> {
-    let client = pool.get().await?;
-    let stmt = client
-        .prepare_cached(
-            "DELETE FROM outbox WHERE id IN ( \
-                SELECT id FROM outbox WHERE sent_at < $1 \
-                 ORDER BY sent_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .await?;
-    Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)
+    let delete = "DELETE FROM outbox WHERE id IN ( \
+                    SELECT id FROM outbox WHERE sent_at < $1 \
+                     ORDER BY sent_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    super::delete_batch_before(pool, delete, cutoff, batch).await
 }
 
 /// Rows not yet sent, stuck ones included (the `summaryd_outbox_unsent` gauge); reads the

@@ -168,20 +168,14 @@ pub async fn usage(
         .collect())
 }
 
-/// Delete up to `batch` summaries completed before `cutoff`, oldest first; returns how
-/// many. `SKIP LOCKED` as in `outbox::delete_sent_before`.
+/// Delete up to `batch` summaries completed before `cutoff`, oldest first; returns how many.
 pub async fn delete_completed_before(
     pool: &Pool,
     cutoff: DateTime<Utc>,
     batch: i64,
 ) -> Result<u64, DbError> {
-    let client = pool.get().await?;
-    let stmt = client
-        .prepare_cached(
-            "DELETE FROM summaries WHERE job_id IN ( \
-                SELECT job_id FROM summaries WHERE completed_at < $1 \
-                 ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED)",
-        )
-        .await?;
-    Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)
+    let delete = "DELETE FROM summaries WHERE job_id IN ( \
+                    SELECT job_id FROM summaries WHERE completed_at < $1 \
+                     ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    super::delete_batch_before(pool, delete, cutoff, batch).await
 }

@@ -245,10 +245,7 @@ impl Provider {
             return;
         };
         let started = Instant::now();
-        let result = match tokio::time::timeout(self.policy.call_timeout, self.llm.probe()).await {
-            Ok(result) => result,
-            Err(_elapsed) => Err(LlmError::Timeout),
-        };
+        let result = retry::bounded(self.policy.call_timeout, self.llm.probe()).await;
         self.record_call(result.as_ref().map(|usage| *usage), started.elapsed());
         match result {
             Err(e) if e.fault() != Fault::Job => {

@@ -73,9 +73,6 @@ impl WorkerError {
                 dependency: POSTGRES,
                 ..
             } => "postgres_unavailable",
-            WorkerError::Paused {
-                dependency: MODEL, ..
-            } => "model_unavailable",
             WorkerError::Paused { .. } => "dependency_unavailable",
         }
     }

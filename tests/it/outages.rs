@@ -44,6 +44,28 @@ async fn dead_letters(redis: &mut MultiplexedConnection, services: &Services) ->
     redis.xlen(services.keys.dead_letters()).await.unwrap()
 }
 
+/// `consumer` dead-letters `delivery` with the operator's and the tenant's reason; whether
+/// it was moved (it is not when the entry is no longer pending for `consumer`).
+async fn dead_letter(
+    redis: &mut MultiplexedConnection,
+    services: &Services,
+    consumer: &str,
+    delivery: &summaryd::stream::consumer_group::Delivery,
+    reasons: (&str, &str),
+) -> bool {
+    summaryd::stream::dead_letters::add(
+        redis,
+        &services.keys,
+        consumer,
+        &delivery.id,
+        &delivery.fields,
+        reasons.0,
+        reasons.1,
+    )
+    .await
+    .unwrap()
+}
+
 /// (id, consumer, times_delivered) of every pending entry.
 async fn pending(
     redis: &mut MultiplexedConnection,
@@ -276,18 +298,11 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
         summaryd::stream::consumer_group::read_new(&mut redis, &services.keys, "w-a", 1, 10)
             .await
             .unwrap();
-    let fields = taken[0].fields.clone();
-    let moved = summaryd::stream::dead_letters::add(
-        &mut redis,
-        &services.keys,
-        "w-b",
-        &taken[0].id,
-        &fields,
+    let exhausted = (
         "exceeded 5 deliveries",
         "processing failed on each of 5 attempts",
-    )
-    .await
-    .unwrap();
+    );
+    let moved = dead_letter(&mut redis, &services, "w-b", &taken[0], exhausted).await;
     assert!(!moved);
     assert_eq!(dead_letters(&mut redis, &services).await, 0);
     assert_eq!(pending(&mut redis, &services).await.len(), 1, "still w-a's");
@@ -298,19 +313,7 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
     assert_eq!(state.status, job_state::Status::Queued);
 
     // The holder's own dead-letter moves it: dead entry, acknowledged, state failed.
-    assert!(
-        summaryd::stream::dead_letters::add(
-            &mut redis,
-            &services.keys,
-            "w-a",
-            &taken[0].id,
-            &fields,
-            "exceeded 5 deliveries",
-            "processing failed on each of 5 attempts",
-        )
-        .await
-        .unwrap()
-    );
+    assert!(dead_letter(&mut redis, &services, "w-a", &taken[0], exhausted).await);
     assert_eq!(dead_letters(&mut redis, &services).await, 1);
     assert!(pending(&mut redis, &services).await.is_empty());
     let state = job_state::get(&mut redis, &services.keys, msg.job_id)
@@ -327,19 +330,7 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
             .await
             .unwrap();
     let _: () = redis.del(services.keys.job(done.job_id)).await.unwrap();
-    assert!(
-        summaryd::stream::dead_letters::add(
-            &mut redis,
-            &services.keys,
-            "w-a",
-            &taken[0].id,
-            &taken[0].fields,
-            "x",
-            "x",
-        )
-        .await
-        .unwrap()
-    );
+    assert!(dead_letter(&mut redis, &services, "w-a", &taken[0], ("x", "x")).await);
     let exists: bool = redis.exists(services.keys.job(done.job_id)).await.unwrap();
     assert!(!exists, "no tenant-less failed state recreated");
 }
@@ -619,19 +610,11 @@ async fn dlq_replay_all_skips_a_malformed_entry_and_replays_the_rest() {
         summaryd::stream::consumer_group::read_new(&mut redis, &services.keys, "w-1", 1, 10)
             .await
             .unwrap();
-    assert!(
-        summaryd::stream::dead_letters::add(
-            &mut redis,
-            &services.keys,
-            "w-1",
-            &taken[0].id,
-            &taken[0].fields,
-            "permanent: 400",
-            "the model rejected the request (HTTP 400)",
-        )
-        .await
-        .unwrap()
+    let rejected = (
+        "permanent: 400",
+        "the model rejected the request (HTTP 400)",
     );
+    assert!(dead_letter(&mut redis, &services, "w-1", &taken[0], rejected).await);
 
     let mut out = Vec::new();
     let report = summaryd::admin::dlq::replay(&services.redis, &services.keys, &[], true, &mut out)

@@ -7,11 +7,13 @@
 # The binaries are what `cargo bench --bench e2e_jobs --no-run` prints as "Executable" in
 # each checkout. For each consumer count, each round runs the baseline and then the
 # candidate (the order swapped every other round) on the same Postgres and a private Redis,
-# and prints jobs/s and the ratio candidate/baseline; then the median ratio per count.
-# Sequential sweeps (bench/run.sh twice) drift too much on a shared machine to resolve 10 %.
+# and prints jobs/s, when the last summary was committed, CPU ms per job and the ratio
+# candidate/baseline; then the median ratio per count. Sequential sweeps (bench/run.sh
+# twice) drift too much on a shared machine to resolve 10 %.
 #
 # Settings (environment): AB_CONSUMERS ("64 128 256"), AB_ROUNDS (3), AB_LATENCY_MS (200),
-# AB_JOBS_PER_CONSUMER (25).
+# AB_JOBS_PER_CONSUMER (25). The benchmark's own settings pass through to both builds, e.g.
+# BENCH_RETENTION_S=1 (retention deleting sent rows during the run) or BENCH_PG_SSLMODE.
 set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo_root"
@@ -49,7 +51,10 @@ run() { # $1 = binary, $2 = consumers; prints jobs/s
             cat "$workdir/out.txt" >&2
             exit 1
         }
-    sed -n 's/^BENCH //p' "$workdir/out.txt" | tr ' ' '\n' | sed -n 's/^jobs_per_s=//p'
+    field() { sed -n 's/^BENCH //p' "$workdir/out.txt" | tr ' ' '\n' | sed -n "s/^$1=//p"; }
+    # A baseline built before a field existed prints "-" for it.
+    printf '%s %s %s\n' "$(field jobs_per_s)" "$(field summarised_s || true)" \
+        "$(field cpu_ms_per_job || true)" | awk '{ print $1, ($2 == "" ? "-" : $2), ($3 == "" ? "-" : $3) }'
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -57,11 +62,14 @@ for c in $CONSUMERS; do
     ratios=""
     for ((r = 1; r <= ROUNDS; r++)); do
         if ((r % 2)); then order=(0 1); else order=(1 0); fi
-        declare -A rate=()
-        for i in "${order[@]}"; do rate[$i]=$(run "${bins[$i]}" "$c"); done
+        declare -A rate=() summarised=() cpu=()
+        for i in "${order[@]}"; do
+            read -r rate[$i] summarised[$i] cpu[$i] < <(run "${bins[$i]}" "$c")
+        done
         ratio=$(awk -v a="${rate[1]}" -v b="${rate[0]}" 'BEGIN { printf "%.3f", a / b }')
-        printf 'C=%-4s round %s  baseline %8s jobs/s  candidate %8s jobs/s  ratio %s\n' \
-            "$c" "$r" "${rate[0]}" "${rate[1]}" "$ratio"
+        printf 'C=%-4s round %s  baseline %8s jobs/s (summarised %ss, %s CPU ms/job)  candidate %8s jobs/s (summarised %ss, %s CPU ms/job)  ratio %s\n' \
+            "$c" "$r" "${rate[0]}" "${summarised[0]}" "${cpu[0]}" \
+            "${rate[1]}" "${summarised[1]}" "${cpu[1]}" "$ratio"
         ratios+="$ratio"$'\n'
     done
     printf 'C=%-4s median ratio %s\n' "$c" "$(median <<<"${ratios%$'\n'}")"

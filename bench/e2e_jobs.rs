@@ -3,9 +3,13 @@
 //!
 //! Reports jobs/s against the ideal C / L. `bench/run.sh` runs it for several C; alone:
 //! `cargo bench --bench e2e_jobs` (env: BENCH_JOBS, BENCH_LATENCY_MS, BENCH_CONSUMERS,
-//! BENCH_PG_URL, BENCH_REDIS_URL). Uses its own database and key prefix, removed afterwards.
-//! The last line (`BENCH ...`) is for the script; `peak_rss_kib` is this process's VmHWM,
-//! i.e. worker + relay roles with C consumers, under this load.
+//! BENCH_PG_URL, BENCH_PG_SSLMODE, BENCH_RETENTION_S, BENCH_REDIS_URL). Uses its own database
+//! and key prefix, removed afterwards. The last line (`BENCH ...`) is for the scripts:
+//! `summarised_s` is when the last summary was committed (the worker's part; the rest of
+//! `elapsed_s` is the relay catching up), `cpu_ms_per_job` this process's CPU per job, a
+//! figure a noisy machine changes less than the rate, `retention_deleted` the sent outbox
+//! rows retention removed during the run, and `peak_rss_kib` this process's VmHWM, i.e.
+//! worker + relay roles with C consumers, under this load.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -42,6 +46,17 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
+/// CPU seconds (user + system, every thread) this process has used so far, from /proc: a
+/// figure that the other load on a shared machine does not change, unlike wall-clock rates.
+fn cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces; the fields after its ')' are fixed.
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // Linux reports these in USER_HZ, 100 on every architecture it runs on.
+    Some(ticks as f64 / 100.0)
+}
+
 /// VmHWM (peak resident set) of this process, from /proc.
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
@@ -62,11 +77,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "postgres://postgres@127.0.0.1:5432".to_string(),
     );
     let redis_url: String = env_or("BENCH_REDIS_URL", "redis://127.0.0.1:6379".to_string());
+    // Cleartext by default, as the figures in bench/results were measured: a local Postgres
+    // with `ssl = on` (Debian's default) would otherwise get TLS from summaryd's default
+    // `sslmode=prefer`. BENCH_PG_SSLMODE=require measures what TLS to Postgres costs.
+    let sslmode: String = env_or("BENCH_PG_SSLMODE", "disable".to_string());
+    // Retention at work during the run: sent outbox rows older than this many seconds are
+    // deleted by the maintenance task, which then runs every second. 0 = the defaults (a
+    // week; nothing a run this short would delete).
+    let retention_s: u64 = env_or("BENCH_RETENTION_S", 0);
     let run_id = uuid::Uuid::new_v4().simple().to_string();
     let db_name = format!("summaryd_bench_{}", &run_id[..12]);
 
     let mut settings = Settings {
-        database_url: format!("{pg_base}/{db_name}"),
+        database_url: format!("{pg_base}/{db_name}?sslmode={sslmode}"),
         redis_url: redis_url.clone(),
         key_prefix: format!("bench:{run_id}:"),
         listen: "127.0.0.1:0".parse()?,
@@ -77,6 +100,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     settings.relay.poll_ms = 10;
     settings.relay.batch = 50;
     settings.worker.block_ms = 100;
+    if retention_s > 0 {
+        settings.retention.outbox_sent_s = retention_s;
+        settings.maintenance.interval_ms = 1_000;
+    }
 
     let llm = Arc::new(DelayedModel {
         latency: Duration::from_millis(latency_ms),
@@ -91,6 +118,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut redis = services.redis.get().await?;
     let text = "Revenue grew eleven percent in the quarter. Churn fell to two percent. \
                 The team paused hiring until the new plan lands. Support tickets halved.";
+    let cpu_before = cpu_seconds().unwrap_or(0.0);
     let started = Instant::now();
     for i in 0..jobs {
         let msg = Job {
@@ -103,29 +131,50 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         enqueue(&mut redis, &services.keys, &msg).await?;
     }
     drop(redis);
+    let enqueued = started.elapsed();
     let pg = services.pg.get().await?;
     // Bounds a run that cannot finish (e.g. Postgres refusing connections); the sweep in
     // bench/run.sh takes seconds per point.
     let limit = Duration::from_secs(300);
+    // When the last summary was committed: the worker's part, apart from the relay's.
+    let mut summarised = None;
     loop {
-        let sent: i64 = pg
-            .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL", &[])
-            .await?
-            .get(0);
-        if sent as usize >= jobs || started.elapsed() > limit {
+        // Done when every job has its summary and no outbox row is left unsent: counting
+        // sent rows would miss those retention already deleted.
+        let row = pg
+            .query_one(
+                "SELECT (SELECT count(*) FROM summaries), \
+                        (SELECT count(*) FROM outbox WHERE sent_at IS NULL)",
+                &[],
+            )
+            .await?;
+        let (done, unsent): (i64, i64) = (row.get(0), row.get(1));
+        if summarised.is_none() && done as usize >= jobs {
+            summarised = Some(started.elapsed());
+        }
+        if (summarised.is_some() && unsent == 0) || started.elapsed() > limit {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let elapsed = started.elapsed();
+    let cpu = cpu_seconds().unwrap_or(0.0) - cpu_before;
+    let summarised = summarised.unwrap_or(elapsed);
     let summaries: i64 = pg
         .query_one("SELECT count(*) FROM summaries", &[])
         .await?
         .get(0);
-    let sent: i64 = pg
-        .query_one("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL", &[])
-        .await?
-        .get(0);
+    // Every summary has one outbox row: the rows missing were sent and then deleted.
+    let outbox = pg
+        .query_one(
+            "SELECT count(*) FILTER (WHERE sent_at IS NOT NULL), \
+                    count(*) FILTER (WHERE sent_at IS NULL) FROM outbox",
+            &[],
+        )
+        .await?;
+    let (sent_kept, unsent): (i64, i64) = (outbox.get(0), outbox.get(1));
+    let deleted = summaries - sent_kept - unsent;
+    let sent = summaries - unsent;
     drop(pg);
     shutdown.trigger();
     let _ = running.await;
@@ -140,11 +189,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     println!(
         "BENCH jobs={jobs} consumers={consumers} latency_ms={latency_ms} summaries={summaries} \
-         sent={sent} elapsed_s={:.3} jobs_per_s={rate:.1} ideal={ideal:.1} ratio={:.3} \
-         peak_rss_kib={}",
+         sent={sent} retention_deleted={deleted} elapsed_s={:.3} jobs_per_s={rate:.1} ideal={ideal:.1} ratio={:.3} \
+         peak_rss_kib={} enqueued_s={:.3} summarised_s={:.3} cpu_s={cpu:.2} cpu_ms_per_job={:.3}",
         elapsed.as_secs_f64(),
         rate / ideal,
-        peak_rss_kib().unwrap_or(0)
+        peak_rss_kib().unwrap_or(0),
+        enqueued.as_secs_f64(),
+        summarised.as_secs_f64(),
+        cpu * 1000.0 / jobs as f64
     );
 
     // Clean up: the bench database and keys.

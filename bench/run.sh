@@ -21,6 +21,12 @@
 #   BENCH_LIMITS             1: the intake runs in token mode with per-tenant limits enabled
 #                            (rate_per_s, burst and max_in_flight set so high that nothing is
 #                            refused): measures what enforcing them costs. Default 0.
+#   BENCH_RETENTION_S        end to end with retention at work: sent outbox rows are deleted
+#                            this many seconds after sending, maintenance runs every second
+#                            (default 1; 0 = the service defaults, which delete nothing in a
+#                            run this short)
+#   BENCH_PG_SSLMODE         sslmode of the end-to-end runs' Postgres connections (default
+#                            disable; require measures TLS to Postgres)
 #
 # Everything runs on loopback. Redis is a private redis-server started here on a free port
 # (same version and persistence settings as the shared one: none), so the service and
@@ -40,6 +46,8 @@ JOBS_PER_CONSUMER=${BENCH_JOBS_PER_CONSUMER:-25}
 PGBENCH_S=${BENCH_PGBENCH_S:-5}
 OUT=${BENCH_OUT:-bench/results}
 LIMITS=${BENCH_LIMITS:-0}
+RETENTION_S=${BENCH_RETENTION_S:-1}
+PG_SSLMODE=${BENCH_PG_SSLMODE:-disable}
 PG_PORT=${SUMMARYD_DEPS_PG_PORT:-5432}
 PG_BASE="postgres://postgres@127.0.0.1:$PG_PORT"
 BENCH_DB=summaryd_bench
@@ -358,6 +366,7 @@ for c in $CONSUMERS; do
     ((jobs < 20)) && jobs=20
     log "end to end: $jobs jobs, L = $LATENCY_MS ms, C = $c"
     BENCH_JOBS=$jobs BENCH_CONSUMERS=$c BENCH_LATENCY_MS=$LATENCY_MS \
+        BENCH_RETENTION_S=$RETENTION_S BENCH_PG_SSLMODE=$PG_SSLMODE \
         BENCH_PG_URL="$PG_BASE" BENCH_REDIS_URL="$redis_url" \
         timeout 400 cargo bench --locked --bench e2e_jobs >"$workdir/e2e-$c.txt" 2>&1 ||
         die "end-to-end run failed (C = $c): $(tail -n 5 "$workdir/e2e-$c.txt")"
@@ -400,18 +409,23 @@ report="$workdir/latest.md"
     echo "## End to end (fake model L = ${LATENCY_MS} ms, worker + relay in one process, N = ${JOBS_PER_CONSUMER}·C jobs)"
     echo
     echo "Commit ceiling = pgbench tps of the worker's transaction (bench/commit_txn.sql) at min(C, ${PG_POOL_CAP}) clients, same Postgres."
+    if ((RETENTION_S > 0)); then
+        echo "Retention on: sent outbox rows are deleted ${RETENTION_S} s after sending, maintenance every 1 s (the \"deleted\" column counts the rows it removed during the run)."
+    fi
+    echo "Postgres connections: sslmode=${PG_SSLMODE}. CPU ms/job = the process's user + system CPU (worker, relay, maintenance and the enqueueing loop) ÷ jobs."
     echo
-    echo "| C | jobs | jobs/s | ideal C/L | ratio to C/L | commit ceiling tps | ratio to min(C/L, ceiling) | peak RSS MiB |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "| C | jobs | jobs/s | ideal C/L | ratio to C/L | commit ceiling tps | ratio to min(C/L, ceiling) | peak RSS MiB | CPU ms/job | deleted |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for c in $CONSUMERS; do
         clients=$((c < PG_POOL_CAP ? c : PG_POOL_CAP))
         rate=$(e2e_field "$c" jobs_per_s)
         ideal=$(e2e_field "$c" ideal)
         ceiling=${pg_tps[$clients]}
         bound=$(awk -v a="$ideal" -v b="$ceiling" 'BEGIN { print (a < b) ? a : b }')
-        printf '| %s | %s | %s | %s | **%s** | %.0f | %s | %s |\n' "$c" "$(e2e_field "$c" jobs)" "$rate" \
+        printf '| %s | %s | %s | %s | **%s** | %.0f | %s | %s | %s | %s |\n' "$c" "$(e2e_field "$c" jobs)" "$rate" \
             "$ideal" "$(ratio "$rate" "$ideal")" "$ceiling" "$(ratio "$rate" "$bound")" \
-            "$(mib "$(e2e_field "$c" peak_rss_kib)")"
+            "$(mib "$(e2e_field "$c" peak_rss_kib)")" "$(e2e_field "$c" cpu_ms_per_job)" \
+            "$(e2e_field "$c" retention_deleted)"
     done
     echo
     echo "## Memory (VmRSS from /proc)"

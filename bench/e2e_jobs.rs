@@ -47,13 +47,13 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 /// CPU seconds (user + system, every thread) this process has used so far, from /proc: a
-/// figure that the other load on a shared machine does not change, unlike wall-clock rates.
+/// figure the other load on a shared machine changes much less than wall-clock rates.
 fn cpu_seconds() -> Option<f64> {
     let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
     // The command name (field 2) may hold spaces; the fields after its ')' are fixed.
     let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
     let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // Linux reports these in USER_HZ, 100 on every architecture it runs on.
+    // Linux reports these in USER_HZ, which is 100 on x86-64 and arm64.
     Some(ticks as f64 / 100.0)
 }
 

@@ -412,7 +412,7 @@ report="$workdir/latest.md"
     if ((RETENTION_S > 0)); then
         echo "Retention on: sent outbox rows are deleted ${RETENTION_S} s after sending, maintenance every 1 s (the \"deleted\" column counts the rows it removed during the run)."
     fi
-    echo "Postgres connections: sslmode=${PG_SSLMODE}. CPU ms/job = the process's user + system CPU (worker, relay, maintenance and the enqueueing loop) ÷ jobs."
+    echo "Postgres connections: sslmode=${PG_SSLMODE}. CPU ms/job = the process's user + system CPU (worker, relay, maintenance and the enqueueing loop) ÷ jobs; at small C the polling of idle consumers and relays dominates it."
     echo
     echo "| C | jobs | jobs/s | ideal C/L | ratio to C/L | commit ceiling tps | ratio to min(C/L, ceiling) | peak RSS MiB | CPU ms/job | deleted |"
     echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"

@@ -576,6 +576,55 @@ mod tests {
         assert!(!chain.all_open());
     }
 
+    #[test]
+    fn every_error_has_its_own_result_label() {
+        let cases: [(Result<Option<TokenUsage>, LlmError>, &str); 7] = [
+            (Ok(None), "ok"),
+            (Err(LlmError::Timeout), "timeout"),
+            (Err(LlmError::Connect("refused".into())), "connect"),
+            (status(429).map(|c| c.usage), "status_429"),
+            (Err(LlmError::Malformed("no choices".into())), "malformed"),
+            (
+                Err(LlmError::InvalidInput("too long".into())),
+                "invalid_input",
+            ),
+            (Err(LlmError::Other("bug".into())), "other"),
+        ];
+        for (result, label) in cases {
+            assert_eq!(result_label(&result.as_ref().copied()), label, "{result:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_call_is_counted_under_its_result() {
+        let primary = Scripted::new(vec![status(503)]);
+        let fallback = Scripted::new(vec![ok("fine", 1, 1)]);
+        let metrics = Arc::new(Metrics::new().unwrap());
+        let chain = chain(
+            &[("big", &primary), ("small", &fallback)],
+            Some(metrics.clone()),
+        );
+        chain.summarise("t", deadline()).await.unwrap();
+        let text = metrics.render();
+        for line in [
+            r#"summaryd_llm_requests_total{result="status_503"} 2"#,
+            r#"summaryd_llm_requests_total{result="ok"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
+    }
+
+    #[test]
+    fn debug_output_names_the_providers_in_order_and_nothing_else() {
+        let a = Scripted::new(vec![ok("a", 1, 1)]);
+        let b = Scripted::new(vec![ok("b", 1, 1)]);
+        let shown = format!("{:?}", chain(&[("big", &a), ("small", &b)], None));
+        assert_eq!(
+            shown,
+            r#"ModelChain { providers: ["openai:big", "openai:small"] }"#
+        );
+    }
+
     async fn settle() {
         for _ in 0..10 {
             tokio::task::yield_now().await;

@@ -6,7 +6,10 @@
 #
 # Installs a pinned schemathesis into target/schemathesis-venv on first use (python3 and
 # its venv module come from apt on Debian/Ubuntu when missing). The run is reproducible:
-#   SCHEMATHESIS_SEED          seed (default 20261201)
+# by default in schemathesis' deterministic mode, which generates the same cases every run
+# in every phase (a fixed seed alone left the stateful phase drawing another case now and
+# then, a surprise in CI). To explore beyond those cases, give a seed:
+#   SCHEMATHESIS_SEED          seed: random generation from it instead (e.g. 20261201)
 #   SCHEMATHESIS_MAX_EXAMPLES  test cases per operation and phase (default 50)
 # The tests/chaos test `schemathesis_*` runs this against the real binary.
 set -euo pipefail
@@ -32,9 +35,14 @@ mkdir -p "$repo_root/target/schemathesis-report"
 cd "$repo_root/target/schemathesis-report"
 export SCHEMATHESIS_HOOKS=schemathesis_hooks
 export PYTHONPATH="$repo_root/scripts${PYTHONPATH:+:$PYTHONPATH}"
+if [[ -n "${SCHEMATHESIS_SEED:-}" ]]; then
+    generation=(--seed "$SCHEMATHESIS_SEED")
+else
+    generation=(--generation-deterministic)
+fi
 exec "$venv/bin/schemathesis" run "$base_url/openapi.json" \
     --checks all \
-    --seed "${SCHEMATHESIS_SEED:-20261201}" \
+    "${generation[@]}" \
     --max-examples "${SCHEMATHESIS_MAX_EXAMPLES:-50}" \
     --workers 1 \
     --request-timeout 10 \

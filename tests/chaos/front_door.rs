@@ -442,10 +442,10 @@ async fn sighup_reloads_rotated_tokens_without_dropping_a_request_and_keeps_them
     drop(api);
 }
 
-/// schemathesis (scripts/schemathesis.sh: pinned version, fixed seed, bounded examples per
-/// operation) against the live server's own /openapi.json: no 5xx, and every response
-/// documented (status, content type, headers, body schema), across its coverage, fuzzing
-/// and stateful (POST then GET of the job) phases.
+/// schemathesis (scripts/schemathesis.sh: pinned version, deterministic generation, bounded
+/// examples per operation) against the live server's own /openapi.json: no 5xx, and every
+/// response documented (status, content type, headers, body schema), across its coverage,
+/// fuzzing and stateful (POST then GET of the job) phases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn schemathesis_finds_no_5xx_and_no_undocumented_response() {
     let world = World::new("schemathesis", WorldOptions::default()).await;

@@ -6,7 +6,6 @@
 
 use std::time::{Duration, Instant};
 
-use crate::harness::client::ApiClient;
 use crate::harness::load::Load;
 use crate::harness::model_server::ModelBehavior;
 use crate::harness::{World, WorldOptions};
@@ -59,25 +58,11 @@ async fn a_two_minute_model_outage_dead_letters_nothing_and_only_probes_reach_th
         },
     )
     .await;
-    let api = world.spawn("api", "api", &[]).await;
-    let consumers = CONSUMERS.to_string();
-    let mut workers = Vec::new();
-    for i in 0..WORKERS {
-        workers.push(
-            world
-                .spawn(
-                    &format!("worker-{i}"),
-                    "worker",
-                    &["--consumers", &consumers],
-                )
-                .await,
-        );
-    }
-    let _relay = world.spawn("relay", "relay", &[]).await;
-    let client = ApiClient::new(api.base_url());
+    let deployment = world.spawn_split(WORKERS, CONSUMERS).await;
+    let client = &deployment.client;
     let started = Instant::now();
     let load = Load::start(
-        &client,
+        client,
         &format!("mo-{}", crate::run_id()),
         JOBS,
         Duration::from_secs(5),
@@ -88,7 +73,7 @@ async fn a_two_minute_model_outage_dead_letters_nothing_and_only_probes_reach_th
     // Mid-outage: the workers are ready (an outage is not the pod's fault) and say why they wait.
     let http = reqwest::Client::new();
     let readyz = http
-        .get(format!("{}/readyz", workers[0].base_url()))
+        .get(format!("{}/readyz", deployment.workers[0].base_url()))
         .send()
         .await
         .expect("readyz");
@@ -126,7 +111,7 @@ async fn a_two_minute_model_outage_dead_letters_nothing_and_only_probes_reach_th
     world.model.set_behavior(ModelBehavior::fast());
     let back = Instant::now();
     let accepted = load.finish().await;
-    let report = world.assert_exactly_once(&accepted, &client).await;
+    let report = world.assert_exactly_once(&accepted, client).await;
     assert_eq!(report.jobs, JOBS);
     assert_eq!(report.distinct_sends, JOBS);
     println!(

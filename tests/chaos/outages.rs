@@ -28,18 +28,11 @@ async fn a_postgres_outage_of_several_claim_idle_periods_dead_letters_nothing() 
         },
     )
     .await;
-    let api = world.spawn("api", "api", &[]).await;
-    let _w1 = world
-        .spawn("worker-1", "worker", &["--consumers", "2"])
-        .await;
-    let _w2 = world
-        .spawn("worker-2", "worker", &["--consumers", "2"])
-        .await;
-    let _relay = world.spawn("relay", "relay", &[]).await;
-    let client = ApiClient::new(api.base_url());
+    let deployment = world.spawn_split(2, 2).await;
+    let client = &deployment.client;
 
     let load = Load::start(
-        &client,
+        client,
         &format!("pgo-{}", crate::run_id()),
         JOBS,
         Duration::from_secs(8),
@@ -59,7 +52,7 @@ async fn a_postgres_outage_of_several_claim_idle_periods_dead_letters_nothing() 
     let back = Instant::now();
 
     let accepted = load.finish().await;
-    let report = world.assert_exactly_once(&accepted, &client).await;
+    let report = world.assert_exactly_once(&accepted, client).await;
     let recovery = back.elapsed();
     assert_eq!(report.jobs, JOBS);
     assert_eq!(report.distinct_sends, JOBS);

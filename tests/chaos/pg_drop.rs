@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use crate::harness::client::ApiClient;
 use crate::harness::load::Load;
 use crate::harness::model_server::ModelBehavior;
 use crate::harness::{World, WorldOptions, db};
@@ -25,18 +24,11 @@ async fn terminated_postgres_sessions_are_replaced_and_no_job_is_lost() {
         },
     )
     .await;
-    let api = world.spawn("api", "api", &[]).await;
-    let _w1 = world
-        .spawn("worker-1", "worker", &["--consumers", "2"])
-        .await;
-    let _w2 = world
-        .spawn("worker-2", "worker", &["--consumers", "2"])
-        .await;
-    let _relay = world.spawn("relay", "relay", &[]).await;
-    let client = ApiClient::new(api.base_url());
+    let deployment = world.spawn_split(2, 2).await;
+    let client = &deployment.client;
 
     let load = Load::start(
-        &client,
+        client,
         &format!("pg-{}", crate::run_id()),
         JOBS,
         Duration::from_secs(8),
@@ -70,7 +62,7 @@ async fn terminated_postgres_sessions_are_replaced_and_no_job_is_lost() {
         "the service's sessions were terminated: {terminated:?}"
     );
     let accepted = load.finish().await;
-    let report = world.assert_exactly_once(&accepted, &client).await;
+    let report = world.assert_exactly_once(&accepted, client).await;
     println!(
         "pg drop: sessions terminated per round {terminated:?}; GETs right after: {gets:?}; {report}"
     );

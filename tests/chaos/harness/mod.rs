@@ -164,6 +164,30 @@ impl World {
         self.spawn_on(name, roles, "127.0.0.1:0", extra_args).await
     }
 
+    /// The split deployment the outage tests run: one api, `workers` worker processes of
+    /// `consumers` consumers each, one relay, and a client of the api. The processes live
+    /// as long as the returned value.
+    pub async fn spawn_split(&self, workers: usize, consumers: usize) -> Split {
+        let api = self.spawn("api", "api", &[]).await;
+        let consumers = consumers.to_string();
+        let mut worker_procs = Vec::with_capacity(workers);
+        for i in 1..=workers {
+            let name = format!("worker-{i}");
+            worker_procs.push(
+                self.spawn(&name, "worker", &["--consumers", &consumers])
+                    .await,
+            );
+        }
+        let relay = self.spawn("relay", "relay", &[]).await;
+        let client = ApiClient::new(api.base_url());
+        Split {
+            workers: worker_procs,
+            client,
+            _api: api,
+            _relay: relay,
+        }
+    }
+
     /// The same on a fixed address, for a process restarted where its clients expect it.
     pub async fn spawn_on(
         &self,
@@ -425,4 +449,13 @@ impl Drop for World {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
+}
+
+/// What [`World::spawn_split`] started.
+pub struct Split {
+    pub workers: Vec<Proc>,
+    pub client: ApiClient,
+    // Held so the api and the relay run as long as the workers.
+    _api: Proc,
+    _relay: Proc,
 }

@@ -30,22 +30,16 @@ PG_BASE="postgres://postgres@127.0.0.1:${SUMMARYD_DEPS_PG_PORT:-5432}"
 
 # shellcheck source=scripts/deps.sh
 . scripts/deps.sh
-command -v redis-server >/dev/null 2>&1 || _deps_apt_install redis-server
+# shellcheck source=bench/private_redis.sh
+. bench/private_redis.sh
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/summaryd-ab-e2e.XXXXXX")
-rport=16700
-while _deps_tcp_open 127.0.0.1 "$rport"; do rport=$((rport + 1)); done
-redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
-    --dir "$workdir" --logfile "$workdir/redis.log" &
-redis_pid=$!
+redis_pid=""
 trap 'kill $redis_pid 2>/dev/null; rm -rf "$workdir"' EXIT
-for _ in $(seq 100); do
-    [[ "$(redis-cli -p "$rport" PING 2>/dev/null || true)" == PONG ]] && break
-    sleep 0.1
-done
+start_private_redis 16700 "$workdir"
 
 run() { # $1 = binary, $2 = consumers; prints jobs/s
     BENCH_JOBS=$(($2 * PER_CONSUMER)) BENCH_CONSUMERS=$2 BENCH_LATENCY_MS=$LATENCY_MS \
-        BENCH_PG_URL="$PG_BASE" BENCH_REDIS_URL="redis://127.0.0.1:$rport" \
+        BENCH_PG_URL="$PG_BASE" BENCH_REDIS_URL="$redis_url" \
         timeout 400 "$1" --bench >"$workdir/out.txt" 2>&1 ||
         {
             cat "$workdir/out.txt" >&2

@@ -43,8 +43,9 @@ die() {
 }
 # shellcheck source=scripts/deps.sh
 . scripts/deps.sh
+# shellcheck source=bench/private_redis.sh
+. bench/private_redis.sh
 command -v wrk >/dev/null 2>&1 || _deps_apt_install wrk
-command -v redis-server >/dev/null 2>&1 || _deps_apt_install redis-server
 for bin in "$base_bin" "$cand_bin"; do [[ -x "$bin" ]] || die "$bin is not an executable"; done
 
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/summaryd-ab.XXXXXX")
@@ -66,26 +67,7 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-free_port() {
-    local p
-    for ((p = $1; p < $1 + 200; p++)); do
-        _deps_tcp_open 127.0.0.1 "$p" || {
-            echo "$p"
-            return 0
-        }
-    done
-    die "no free port in $1-$(($1 + 199))"
-}
-
-rport=$(free_port 16600)
-redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
-    --dir "$workdir" --logfile "$workdir/redis.log" &
-redis_pid=$!
-for _ in $(seq 100); do
-    [[ "$(redis-cli -p "$rport" PING 2>/dev/null || true)" == PONG ]] && break
-    sleep 0.1
-done
-redis_url="redis://127.0.0.1:$rport"
+start_private_redis 16600 "$workdir"
 
 token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
 token_hash=$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)

@@ -71,9 +71,10 @@ die() {
 
 # shellcheck source=scripts/deps.sh
 . scripts/deps.sh
+# shellcheck source=bench/private_redis.sh
+. bench/private_redis.sh
 command -v wrk >/dev/null 2>&1 || _deps_apt_install wrk
 command -v redis-benchmark >/dev/null 2>&1 || _deps_apt_install redis-tools
-command -v redis-server >/dev/null 2>&1 || _deps_apt_install redis-server
 command -v pgbench >/dev/null 2>&1 || _deps_apt_install postgresql-client
 command -v gnuplot >/dev/null 2>&1 || _deps_apt_install gnuplot-nox
 
@@ -105,18 +106,6 @@ http_status() {
         exec 3<>"/dev/tcp/127.0.0.1/$0" || exit 1
         printf "GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n" "$1" >&3
         IFS=" " read -r _ code _ <&3 && printf "%s" "$code"' "$1" "$2" 2>/dev/null
-}
-
-# First loopback port in [$1, $1 + 200) that nothing listens on (bounded: 200 tries).
-free_port() {
-    local p
-    for ((p = $1; p < $1 + 200; p++)); do
-        if ! _deps_tcp_open 127.0.0.1 "$p"; then
-            echo "$p"
-            return 0
-        fi
-    done
-    die "no free port in $1-$(($1 + 199))"
 }
 
 # Stop the process $1 with SIGTERM, SIGKILL after $2 seconds.
@@ -156,18 +145,9 @@ trap cleanup EXIT
 trap 'exit 130' INT TERM
 
 # --- private Redis ----------------------------------------------------------------------
-rport=$(free_port 16400)
+start_private_redis 16400 "$workdir" --databases 2
 log "redis-server on 127.0.0.1:$rport (private to this run)"
-redis-server --bind 127.0.0.1 --port "$rport" --save '' --appendonly no \
-    --dir "$workdir" --logfile "$workdir/redis.log" --databases 2 &
-redis_pid=$!
 rcli() { redis-cli -h 127.0.0.1 -p "$rport" "$@"; }
-deadline=$((SECONDS + 20))
-until [[ "$(rcli PING 2>/dev/null || true)" == "PONG" ]]; do
-    ((SECONDS < deadline)) || die "private redis-server did not answer within 20 s"
-    sleep 0.1
-done
-redis_url="redis://127.0.0.1:$rport"
 lua_sha=$(rcli -n "$REF_DB" SCRIPT LOAD "$(cat src/stream/enqueue_once.lua)")
 [[ ${#lua_sha} -eq 40 ]] || die "SCRIPT LOAD failed: $lua_sha"
 

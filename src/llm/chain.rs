@@ -453,6 +453,13 @@ mod tests {
             text.contains(r#"summaryd_llm_breaker_open{provider="openai:big"} 0"#),
             "{text}"
         );
+        // Every call is counted under its result.
+        for line in [
+            r#"summaryd_llm_requests_total{result="status_503"} 2"#,
+            r#"summaryd_llm_requests_total{result="ok"} 1"#,
+        ] {
+            assert!(text.contains(line), "{line} missing from\n{text}");
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -592,25 +599,6 @@ mod tests {
         ];
         for (result, label) in cases {
             assert_eq!(result_label(&result.as_ref().copied()), label, "{result:?}");
-        }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn each_call_is_counted_under_its_result() {
-        let primary = Scripted::new(vec![status(503)]);
-        let fallback = Scripted::new(vec![ok("fine", 1, 1)]);
-        let metrics = Arc::new(Metrics::new().unwrap());
-        let chain = chain(
-            &[("big", &primary), ("small", &fallback)],
-            Some(metrics.clone()),
-        );
-        chain.summarise("t", deadline()).await.unwrap();
-        let text = metrics.render();
-        for line in [
-            r#"summaryd_llm_requests_total{result="status_503"} 2"#,
-            r#"summaryd_llm_requests_total{result="ok"} 1"#,
-        ] {
-            assert!(text.contains(line), "{line} missing from\n{text}");
         }
     }
 

@@ -21,7 +21,7 @@ use summaryd::config::Settings;
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
-use summaryd::roles::{Role, Roles};
+use summaryd::config::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
 

@@ -2,11 +2,14 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::time::Duration;
-
 use clap::{Args, Parser, Subcommand};
 
-use crate::roles::Roles;
+use crate::config::roles::Roles;
+pub use crate::ops::dlq::DlqCommand;
+pub use crate::ops::healthcheck::HealthcheckArgs;
+pub use crate::ops::outbox::OutboxCommand;
+pub use crate::ops::token::TokenCommand;
+pub use crate::ops::usage::UsageArgs;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -45,115 +48,6 @@ pub enum Command {
 }
 
 #[derive(Debug, Args)]
-pub struct HealthcheckArgs {
-    /// Address to check instead of the configured one; 0.0.0.0 and [::] mean loopback.
-    #[arg(long, value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
-    /// Deadline for the connect and for each read and write.
-    #[arg(long, value_name = "MS", default_value_t = 2000)]
-    pub timeout_ms: u64,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct UsageArgs {
-    /// Only summaries completed within this long: a number and a unit, s, m, h, d or w
-    /// (e.g. 30d). Without it: every summary still stored.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
-    pub since: Option<Duration>,
-    /// Only this tenant.
-    #[arg(long, value_name = "T")]
-    pub tenant: Option<String>,
-    /// One JSON object per line instead of a table.
-    #[arg(long)]
-    pub json: bool,
-}
-
-#[derive(Debug, Subcommand)]
-pub enum TokenCommand {
-    /// Print a fresh random token once, and the TOML lines that add its hash to the file.
-    New {
-        /// The tenant the token authenticates (1–64 of A-Z a-z 0-9 . _ -).
-        #[arg(long, value_name = "NAME")]
-        tenant: String,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-pub enum DlqCommand {
-    /// Dead-lettered jobs, oldest first: id, job_id, tenant, reason, failed_at.
-    List {
-        #[arg(long, default_value_t = 100)]
-        limit: usize,
-        /// One JSON object per line instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Re-enqueue with the SAME job_id and remove from the dead-letter stream.
-    Replay {
-        /// Dead-letter entry ids (from `dlq list`).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
-        ids: Vec<String>,
-        #[arg(long)]
-        all: bool,
-    },
-    /// Remove dead letters and their job state (GET then answers 404 for those jobs).
-    Purge {
-        /// Only dead letters that failed longer ago than this: a number and a unit, s, m,
-        /// h, d or w (e.g. 30d). Without ids: every dead letter that old.
-        #[arg(long, value_name = "DURATION", value_parser = parse_duration,
-              required_unless_present = "ids")]
-        older_than: Option<Duration>,
-        /// Dead-letter entry ids (from `dlq list`).
-        ids: Vec<String>,
-    },
-}
-
-/// `30s`, `15m`, `36h`, `14d`, `2w`: one whole number and one unit.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .ok_or_else(|| format!("{text:?} has no unit; use s, m, h, d or w, e.g. 14d"))?;
-    let (number, unit) = text.split_at(split);
-    let n: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} does not start with a whole number, e.g. 14d"))?;
-    let unit_s = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3_600,
-        "d" => 86_400,
-        "w" => 7 * 86_400,
-        _ => {
-            return Err(format!(
-                "unknown unit {unit:?} in {text:?}; use s, m, h, d or w"
-            ));
-        }
-    };
-    n.checked_mul(unit_s)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long"))
-}
-
-#[derive(Debug, Subcommand)]
-pub enum OutboxCommand {
-    /// Rows at max attempts or failed permanently.
-    Stuck {
-        /// One JSON object per line instead of a table.
-        #[arg(long)]
-        json: bool,
-    },
-    /// Make stuck rows eligible for the relay again.
-    Retry {
-        /// Outbox row ids (from `outbox stuck`).
-        #[arg(required_unless_present = "all", conflicts_with = "all")]
-        ids: Vec<i64>,
-        #[arg(long)]
-        all: bool,
-    },
-}
-
-#[derive(Debug, Args)]
 pub struct ServeArgs {
     /// Comma-separated subset of api, worker, relay.
     #[arg(long, default_value = "api,worker,relay", value_name = "ROLES")]
@@ -174,8 +68,11 @@ pub struct ServeArgs {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
-    use crate::roles::Role;
+    use crate::config::roles::Role;
+    use crate::ops::output::parse_duration;
 
     #[test]
     fn serve_defaults_to_all_roles() {

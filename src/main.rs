@@ -2,7 +2,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use summaryd::admin::{AdminCommand, AdminError};
+use summaryd::ops::{AdminCommand, AdminError};
 use summaryd::app::Application;
 use summaryd::cli::{Cli, Command, ServeArgs, TokenCommand};
 use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
@@ -31,16 +31,16 @@ fn main() -> ExitCode {
             Command::Outbox(cmd) => admin(config, AdminCommand::Outbox(cmd)).await,
             Command::Usage(args) => admin(config, AdminCommand::Usage(args)).await,
             Command::Token(TokenCommand::New { tenant }) => token_new(&tenant),
-            Command::Healthcheck(args) => summaryd::healthcheck::run(config, &args),
+            Command::Healthcheck(args) => summaryd::ops::healthcheck::run(config, &args),
         }
     })
 }
 
 /// Needs no configuration, database or Redis: it only prints.
 fn token_new(tenant: &str) -> ExitCode {
-    match summaryd::admin::token::new(tenant, &mut std::io::stdout().lock()) {
+    match summaryd::ops::token::new(tenant, &mut std::io::stdout().lock()) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e @ summaryd::admin::token::TokenError::Tenant(..)) => {
+        Err(e @ summaryd::ops::token::TokenError::Tenant(..)) => {
             eprintln!("summaryd: {e}");
             ExitCode::from(EXIT_CONFIG)
         }
@@ -68,7 +68,7 @@ async fn serve(config: Option<&Path>, args: ServeArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    summaryd::telemetry::init(settings.log.format);
+    summaryd::infra::telemetry::init(settings.log.format);
     let app = match Application::from_settings(settings, args.roles, !args.no_migrate).await {
         Ok(app) => app,
         Err(e) => {
@@ -101,7 +101,7 @@ async fn migrate(config: Option<&Path>) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    summaryd::telemetry::init(settings.log.format);
+    summaryd::infra::telemetry::init(settings.log.format);
     match summaryd::db::migrate::run(&settings.database_url, settings.database.ca_file.as_deref())
         .await
     {
@@ -120,7 +120,7 @@ async fn admin(config: Option<&Path>, command: AdminCommand) -> ExitCode {
         Err(code) => return code,
     };
     let mut out = std::io::stdout().lock();
-    match summaryd::admin::run(&settings, command, &mut out).await {
+    match summaryd::ops::run(&settings, command, &mut out).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("summaryd: {e}");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use figment::Jail;
 use serde::Deserialize;
 use serde_yaml_ng::Value;
-use summaryd::auth::TokenStore;
+use summaryd::api::auth::TokenStore;
 use summaryd::config::{FlagOverrides, Settings};
 
 /// Not a setting: the config file's path (`--config`), which the test does not read.

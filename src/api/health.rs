@@ -86,7 +86,7 @@ pub async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, ApiError
     let mut broken = Vec::new();
     for (role, passes, reason) in services.metrics.failing_loops() {
         let enabled = role
-            .parse::<crate::roles::Role>()
+            .parse::<crate::config::roles::Role>()
             .is_ok_and(|r| roles.has(r));
         if enabled {
             let why = format!("{passes} consecutive failed passes; last: {reason}");
@@ -101,7 +101,7 @@ pub async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, ApiError
         reasons.extend(broken);
         return Err(ApiError::NotReady(reasons.join("; ")));
     }
-    if roles.has(crate::roles::Role::Worker) {
+    if roles.has(crate::config::roles::Role::Worker) {
         checks.extend(model_checks(services));
     }
     Ok(HttpResponse::Ok().json(Health {

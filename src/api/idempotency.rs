@@ -24,10 +24,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::IdempotencySettings;
-use crate::connections::SharedRedis;
+use crate::infra::connections::SharedRedis;
 use crate::domain::Job;
-use crate::keys::RedisKeys;
-use crate::metrics::Metrics;
+use crate::infra::keys::RedisKeys;
+use crate::infra::metrics::Metrics;
 use crate::stream::{self, EnqueueOnce, OverLimit, TenantLimits};
 
 /// What is stored under an idempotency key (operators read it; keep it JSON).

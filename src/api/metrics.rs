@@ -6,7 +6,7 @@ use actix_web::dev::ServiceResponse;
 use actix_web::{HttpResponse, web};
 
 use super::state::ApiState;
-use crate::metrics::Metrics;
+use crate::infra::metrics::Metrics;
 
 /// Label for requests that matched no route, so scanners cannot explode label cardinality.
 const UNMATCHED_ROUTE: &str = "unmatched";
@@ -37,7 +37,7 @@ pub fn init_series(metrics: &Metrics) {
     for outcome in ["done", "skipped", "error"] {
         metrics.maintenance_runs.with_label_values(&[outcome]);
     }
-    for what in crate::maintenance::REMOVED_KINDS {
+    for what in crate::infra::metrics::REMOVED_KINDS {
         metrics.maintenance_removed.with_label_values(&[what]);
     }
 }

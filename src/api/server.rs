@@ -19,8 +19,8 @@ use super::problem::ApiError;
 use super::state::{ApiServices, ApiState};
 use super::{health, metrics, openapi, summaries};
 
-use crate::metrics::Metrics;
-use crate::roles::{Role, Roles};
+use crate::infra::metrics::Metrics;
+use crate::config::roles::{Role, Roles};
 use crate::shutdown::Shutdown;
 
 /// Routes, shared state and fallbacks. Ops routes are served on every role; `/v1/*` only
@@ -171,7 +171,7 @@ pub fn build_server(
     let metrics = services.metrics.clone();
     let limits = services.settings.api.clone();
     let state = state(services, roles, shutdown.clone());
-    tokio::spawn(crate::auth::reload_on_sighup(
+    tokio::spawn(crate::api::auth::reload_on_sighup(
         state.services.auth.clone(),
         shutdown,
     ));

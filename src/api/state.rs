@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use crate::api::body::BodyBudget;
 use crate::api::idempotency::IdempotencyStore;
-use crate::auth::Tokens;
+use crate::api::auth::Tokens;
 use crate::config::Settings;
-use crate::connections::SharedRedis;
-use crate::keys::RedisKeys;
+use crate::infra::connections::SharedRedis;
+use crate::infra::keys::RedisKeys;
 use crate::llm::ModelChain;
-use crate::metrics::Metrics;
-use crate::roles::Roles;
+use crate::infra::metrics::Metrics;
+use crate::config::roles::Roles;
 use crate::shutdown::Shutdown;
 
 /// What the HTTP side uses: `/v1/summaries` (role api) and the operations routes every

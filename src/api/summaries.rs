@@ -19,7 +19,7 @@ use super::state::ApiState;
 use super::tenant::{Tenant, single_header};
 use crate::db;
 use crate::domain::{IdempotencyKey, Job, JobId, TenantId};
-use crate::keys::ScopedKey;
+use crate::infra::keys::ScopedKey;
 use crate::stream::job_state::{self, Status};
 
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";

@@ -10,7 +10,7 @@ use actix_web::{FromRequest, HttpRequest, web};
 
 use super::problem::ApiError;
 use super::state::ApiState;
-use crate::auth::{Denied, TokenStore};
+use crate::api::auth::{Denied, TokenStore};
 use crate::domain::TenantId;
 
 pub const TENANT_HEADER: &str = "X-Tenant-Id";

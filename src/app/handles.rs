@@ -7,16 +7,16 @@
 use std::sync::Arc;
 
 use crate::api::ApiServices;
-use crate::auth::Tokens;
+use crate::api::auth::Tokens;
 use crate::config::Settings;
-use crate::connections::{self, ConnectError, SharedRedis};
-use crate::keys::RedisKeys;
+use crate::infra::connections::{self, ConnectError, SharedRedis};
+use crate::infra::keys::RedisKeys;
 use crate::llm::ModelChain;
 use crate::mail::Mailer;
 use crate::maintenance::Maintenance;
-use crate::metrics::Metrics;
+use crate::infra::metrics::Metrics;
 use crate::relay::RelayServices;
-use crate::roles::{Role, Roles};
+use crate::config::roles::{Role, Roles};
 use crate::worker::{DependencyGate, WorkerServices};
 
 #[derive(Clone)]

@@ -3,6 +3,7 @@
 //! Tests use this the same way `main` does, with port 0 and in-process fake providers.
 
 mod handles;
+pub mod supervisor;
 
 pub use handles::{Handles, HandlesError};
 
@@ -13,20 +14,20 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::api::ApiServices;
-use crate::backoff::{Backoff, Jitter};
+use crate::resilience::backoff::{Backoff, Jitter};
 use crate::config::Settings;
 use crate::llm::{Llm, LlmConfigError, ModelChain};
 use crate::mail::{MailConfigError, Mailer};
 use crate::relay::RelayServices;
-use crate::roles::{Role, Roles};
+use crate::config::roles::{Role, Roles};
 use crate::shutdown::Shutdown;
-use crate::supervisor::Supervisor;
+use crate::app::supervisor::Supervisor;
 use crate::worker::WorkerServices;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error(transparent)]
-    Auth(#[from] crate::auth::AuthFileError),
+    Auth(#[from] crate::api::auth::AuthFileError),
     #[error(transparent)]
     Llm(#[from] LlmConfigError),
     #[error(transparent)]
@@ -36,7 +37,7 @@ pub enum StartError {
     #[error(transparent)]
     Migration(#[from] crate::db::DbError),
     #[error(transparent)]
-    Redis(#[from] crate::redis_conn::RedisSetupError),
+    Redis(#[from] crate::infra::redis::RedisSetupError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -80,7 +81,7 @@ impl Providers {
     fn model(
         &self,
         settings: &Settings,
-        metrics: Arc<crate::metrics::Metrics>,
+        metrics: Arc<crate::infra::metrics::Metrics>,
     ) -> Result<ModelChain, LlmConfigError> {
         match self {
             Self::FromSettings => ModelChain::from_settings(&settings.llm, Some(metrics)),
@@ -145,7 +146,7 @@ impl Application {
     ) -> Result<Self, StartError> {
         // Configuration first, so a wrong setting fails before any waiting on the database.
         let auth = if roles.has(Role::Api) {
-            crate::auth::from_settings(&settings.auth)?.map(Arc::new)
+            crate::api::auth::from_settings(&settings.auth)?.map(Arc::new)
         } else {
             None
         };
@@ -170,7 +171,7 @@ impl Application {
         }
         // A TLS misconfiguration stops startup here; risky durability settings are logged.
         let takes_jobs = roles.has(Role::Api) || roles.has(Role::Worker);
-        crate::redis_conn::check_at_startup(&settings, takes_jobs).await?;
+        crate::infra::redis::check_at_startup(&settings, takes_jobs).await?;
         let addr = settings.listen;
         let listener =
             TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?;

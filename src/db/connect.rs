@@ -31,7 +31,7 @@ use tokio_postgres::config::{Host, SslMode as PgSslMode};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 use super::DbError;
-use crate::tls::{self, Verification};
+use crate::infra::tls::{self, Verification};
 
 /// Connecting must fail fast when Postgres is down so callers can answer 503 or retry.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backoff::{Backoff, Jitter};
+use crate::resilience::backoff::{Backoff, Jitter};
 
 /// The cooldown grows to at most this many times the first one (30 s → 4 min by default):
 /// long enough that a provider down for hours costs a probe every few minutes, short enough

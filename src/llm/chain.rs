@@ -24,8 +24,8 @@ use super::breaker::{Breaker, BreakerState, Transition};
 use super::{Completion, Fault, Llm, LlmConfigError, LlmError, ProviderConfig, provider_configs};
 use crate::config::LlmSettings;
 use crate::domain::{ModelSummary, TokenUsage};
-use crate::metrics::Metrics;
-use crate::retry::{self, AttemptObserver, Deadline, RetryError, RetryPolicy};
+use crate::infra::metrics::Metrics;
+use crate::llm::retry::{self, AttemptObserver, Deadline, RetryError, RetryPolicy};
 
 /// One provider of the chain: the client, its retry policy (its own call timeout) and its
 /// breaker.

@@ -2,7 +2,7 @@
 //! `[[llm.fallback]]` chain after it (`chain.rs`), each behind its own circuit breaker
 //! (`breaker.rs`).
 //!
-//! Providers make exactly one attempt per call: `crate::retry` owns timeouts and backoff, so
+//! Providers make exactly one attempt per call: `crate::llm::retry` owns timeouts and backoff, so
 //! no layer multiplies the other's retries. Whether an error is worth another attempt, and
 //! whose fault it is, is decided once, below, by [`LlmError::fault`].
 
@@ -11,6 +11,7 @@ mod builtin;
 mod chain;
 mod guard;
 mod openai;
+pub mod retry;
 mod retry_after;
 
 use std::sync::Arc;
@@ -26,7 +27,7 @@ pub use openai::{OpenAiClient, PROBE_TEXT, PROMPT_PREFIX, prompt};
 
 use crate::config::{FallbackSettings, LlmProvider, LlmSettings};
 use crate::domain::TokenUsage;
-use crate::failure::{Classify, Disposition};
+use crate::resilience::failure::{Classify, Disposition};
 
 /// The 4xx statuses a later attempt can fix (the set the OpenAI SDK retries); every 5xx too.
 const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];

@@ -1,11 +1,11 @@
 //! Client for any OpenAI-compatible `/chat/completions` endpoint (OpenAI, vLLM, llama.cpp
 //! server, Ollama, LiteLLM, ...).
 //!
-//! One HTTP request per call and no retries: `crate::retry` owns the wall-clock cap per call
+//! One HTTP request per call and no retries: `crate::llm::retry` owns the wall-clock cap per call
 //! and backoff, [`LlmError`] its classification. This module only turns what happened into
 //! an [`LlmError`].
 
-use crate::http_client::{describe, excerpt};
+use crate::infra::http_client::{describe, excerpt};
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
@@ -52,7 +52,7 @@ pub struct OpenAiClient {
 impl fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("endpoint", &crate::redact::url(self.endpoint.as_str()))
+            .field("endpoint", &crate::infra::redact::url(self.endpoint.as_str()))
             .field("model", &self.model)
             .field("api_key", &self.api_key)
             .field("max_tokens", &self.max_tokens)
@@ -154,7 +154,7 @@ impl OpenAiClient {
     /// carries any of it (these messages reach logs and dead-letter reasons).
     fn redact(&self, err: LlmError) -> LlmError {
         let key = self.api_key.as_ref().map(|k| k.0.as_str());
-        let scrub = |s: String| crate::redact::secrets(&s, key);
+        let scrub = |s: String| crate::infra::redact::secrets(&s, key);
         match err {
             LlmError::Connect(m) => LlmError::Connect(scrub(m)),
             LlmError::Status {
@@ -191,7 +191,7 @@ impl OpenAiClient {
         let result = result.map_err(|e| self.redact(e));
         if let Err(e) = &result {
             // The endpoint may carry a password (a proxy's); never log it whole.
-            let endpoint = crate::redact::url(self.endpoint.as_str());
+            let endpoint = crate::infra::redact::url(self.endpoint.as_str());
             tracing::debug!(%endpoint, model = %self.model, error = %e, "model call failed");
         }
         result
@@ -363,7 +363,7 @@ mod tests {
         let excerpt = error_excerpt(long.as_bytes());
         assert_eq!(
             excerpt.chars().count(),
-            crate::http_client::ERROR_EXCERPT_CHARS + 1
+            crate::infra::http_client::ERROR_EXCERPT_CHARS + 1
         );
         assert_eq!(error_excerpt(b"  "), "(empty body)");
     }

@@ -1,6 +1,6 @@
 //! How long a model API asks us to wait: `retry-after-ms` or `Retry-After`.
 //!
-//! Parsing only; capping the wait at the max backoff is `crate::retry`'s job.
+//! Parsing only; capping the wait at the max backoff is `crate::llm::retry`'s job.
 
 use std::time::{Duration, SystemTime};
 

@@ -3,7 +3,7 @@
 //! `POST {"from","to","subject","text"}` with `Idempotency-Key: <dedupe_key>`: a resend of
 //! the same outbox row carries the same key, so a provider that honours it sends one email.
 
-use crate::http_client::describe;
+use crate::infra::http_client::describe;
 use std::fmt;
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use reqwest::StatusCode;
 
 use super::{MailConfigError, Mailer, OutgoingEmail};
 use crate::config::MailSettings;
-use crate::failure::{Disposition, Failure};
+use crate::resilience::failure::{Disposition, Failure};
 
 /// TCP + TLS to an email API takes well under a second; 5 s means it is down, and the row
 /// is retried after its backoff rather than holding its lease.
@@ -106,7 +106,7 @@ async fn excerpt(mut response: reqwest::Response) -> String {
             break;
         }
     }
-    crate::http_client::excerpt(&String::from_utf8_lossy(&body))
+    crate::infra::http_client::excerpt(&String::from_utf8_lossy(&body))
 }
 
 #[cfg(test)]

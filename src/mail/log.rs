@@ -6,7 +6,7 @@
 use async_trait::async_trait;
 
 use super::{Mailer, OutgoingEmail};
-use crate::failure::Failure;
+use crate::resilience::failure::Failure;
 
 #[derive(Debug, Default)]
 pub struct LogMailer;
@@ -17,7 +17,7 @@ impl Mailer for LogMailer {
         // Info, not debug: with this provider the log line *is* the delivery.
         tracing::info!(
             from = %email.from,
-            to_sha256 = %crate::redact::fingerprint(&email.to),
+            to_sha256 = %crate::infra::redact::fingerprint(&email.to),
             subject = %email.subject,
             dedupe_key,
             text_chars = email.text.chars().count(),

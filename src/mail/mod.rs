@@ -16,7 +16,7 @@ pub use self::log::LogMailer;
 pub use self::smtp::{SmtpMailer, build_message, message_id};
 
 use crate::config::{MailProvider, MailSettings};
-use crate::failure::Failure;
+use crate::resilience::failure::Failure;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutgoingEmail {

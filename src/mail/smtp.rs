@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 
 use super::{MailConfigError, Mailer, OutgoingEmail};
 use crate::config::MailSettings;
-use crate::failure::{Disposition, Failure};
+use crate::resilience::failure::{Disposition, Failure};
 
 pub struct SmtpMailer {
     transport: AsyncSmtpTransport<Tokio1Executor>,

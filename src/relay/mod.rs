@@ -15,7 +15,7 @@ use std::sync::Arc;
 use crate::config::Settings;
 use crate::db::DbError;
 use crate::mail::Mailer;
-use crate::metrics::Metrics;
+use crate::infra::metrics::Metrics;
 
 /// What the relay uses: the outbox table (Postgres) and the mail provider. No Redis: the
 /// relay starts where the worker's commit ends.

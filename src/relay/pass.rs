@@ -6,11 +6,11 @@ use futures_util::future::join_all;
 use tracing::{error, info, warn};
 
 use super::{RelayError, RelayServices};
-use crate::backoff::{Backoff, Jitter};
+use crate::resilience::backoff::{Backoff, Jitter};
 use crate::config::RelaySettings;
 use crate::db::outbox::{self, OutboxRow};
 use crate::domain::SummaryReady;
-use crate::failure::Failure;
+use crate::resilience::failure::Failure;
 use crate::mail::summary_ready_email;
 
 /// What one pass did, for the loop's pacing and for logs.
@@ -89,7 +89,7 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
                         .metrics
                         .job_latency
                         .with_label_values(&["emailed"])
-                        .observe(crate::metrics::seconds_since(accepted_at));
+                        .observe(crate::infra::metrics::seconds_since(accepted_at));
                 }
                 info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent");
             } else {

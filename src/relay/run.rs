@@ -6,7 +6,7 @@ use tracing::{Instrument, info, info_span, warn};
 
 use super::pass::relay_pass;
 use super::{RelayError, RelayServices};
-use crate::backoff::{Backoff, Jitter};
+use crate::resilience::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;
 
 /// Ceiling for the wait after database errors: Postgres restarting or failing over takes

@@ -19,7 +19,7 @@ use redis::streams::{
 
 use super::{job_state, tenant_limits};
 use crate::domain::Job;
-use crate::keys::{GROUP, RedisKeys};
+use crate::infra::keys::{GROUP, RedisKeys};
 
 /// The XAUTOCLAIM cursor that starts (and, when returned, ends) a full scan of the PEL.
 pub const CURSOR_START: &str = "0-0";

@@ -14,7 +14,7 @@ use redis::{AsyncCommands, Script, Value};
 use super::job_entry::{self, field_bytes};
 use super::job_state::{self, Queued};
 use crate::domain::JobId;
-use crate::keys::{GROUP, RedisKeys};
+use crate::infra::keys::{GROUP, RedisKeys};
 
 /// Fields a dead entry has besides the job's own (`job_entry::FIELDS`).
 const REASON: &str = "reason";

@@ -7,7 +7,7 @@ use super::job_entry;
 use super::job_state::Queued;
 use super::tenant_limits::{self, OverLimit, TenantLimits};
 use crate::domain::Job;
-use crate::keys::RedisKeys;
+use crate::infra::keys::RedisKeys;
 
 /// XADD the job and record it as queued, in one MULTI/EXEC: a job is never on the stream
 /// without its state, nor the other way round. Returns the stream entry id.

@@ -13,7 +13,7 @@ use redis::{AsyncCommands, Pipeline, ScriptInvocation};
 
 use super::job_entry;
 use crate::domain::{Job, JobId};
-use crate::keys::RedisKeys;
+use crate::infra::keys::RedisKeys;
 
 const TENANT: &str = "tenant";
 const STATUS: &str = "status";

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use redis::{Pipeline, ScriptInvocation};
 
 use crate::domain::JobId;
-use crate::keys::RedisKeys;
+use crate::infra::keys::RedisKeys;
 
 /// One tenant's limits; `None` is unlimited. From the tokens file (`auth`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

@@ -14,7 +14,7 @@ use super::WorkerServices;
 use super::dead_reason::DeadReason;
 use super::gate::{DependencyGate, MODEL, POSTGRES};
 use super::handler::{JobError, JobOutcome, handle_summary_job};
-use crate::backoff::{Backoff, Jitter};
+use crate::resilience::backoff::{Backoff, Jitter};
 use crate::config::WorkerSettings;
 use crate::db::summaries;
 use crate::domain::Job;
@@ -362,7 +362,7 @@ impl Consumer {
                             .metrics
                             .job_latency
                             .with_label_values(&["summarised"])
-                            .observe(crate::metrics::seconds_since(job.created_at));
+                            .observe(crate::infra::metrics::seconds_since(job.created_at));
                         "done"
                     }
                     JobOutcome::Duplicate => "duplicate",

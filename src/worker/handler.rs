@@ -10,7 +10,7 @@ use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome};
 use crate::domain::Job;
 use crate::llm::ChainError;
-use crate::retry::Deadline;
+use crate::llm::retry::Deadline;
 
 /// What became of one delivery that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,9 +15,9 @@ pub use gate::DependencyGate;
 pub use handler::{JobError, JobOutcome, handle_summary_job};
 
 use crate::config::Settings;
-use crate::keys::RedisKeys;
+use crate::infra::keys::RedisKeys;
 use crate::llm::ModelChain;
-use crate::metrics::Metrics;
+use crate::infra::metrics::Metrics;
 
 /// What the worker uses: the stream (Redis), the summaries and outbox tables (Postgres), and
 /// the model. Cheap to clone; every consumer has its own copy.

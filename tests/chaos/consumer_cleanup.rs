@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use redis::AsyncCommands;
 use redis::streams::StreamInfoConsumersReply;
-use summaryd::keys::{GROUP, RedisKeys};
+use summaryd::infra::keys::{GROUP, RedisKeys};
 
 use crate::harness::client::ApiClient;
 use crate::harness::model_server::ModelBehavior;

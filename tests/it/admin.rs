@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use serde_json::Value;
-use summaryd::admin::{self, AdminCommand, AdminError};
+use summaryd::ops::{self, AdminCommand, AdminError};
 use summaryd::cli::{DlqCommand, OutboxCommand};
 use summaryd::domain::{Email, Job, JobId, TenantId};
-use summaryd::failure::Failure;
+use summaryd::resilience::failure::Failure;
 use summaryd::llm::LlmError;
 use summaryd::relay::relay_once;
-use summaryd::roles::{Role, Roles};
+use summaryd::config::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
 use summaryd::worker::Consumer;
@@ -87,7 +87,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     assert_eq!(llm.calls(), 1, "a 400 is not retried");
 
     let mut listed = Vec::new();
-    admin::dlq::list(&services.redis, &services.keys, 10, true, &mut listed)
+    ops::dlq::list(&services.redis, &services.keys, 10, true, &mut listed)
         .await
         .unwrap();
     let listed = output(listed);
@@ -106,7 +106,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
 
     let dead_id = entries[0]["id"].as_str().unwrap().to_owned();
     let mut out = Vec::new();
-    let replayed = admin::dlq::replay(
+    let replayed = ops::dlq::replay(
         &services.redis,
         &services.keys,
         std::slice::from_ref(&dead_id),
@@ -118,7 +118,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     assert_eq!(replayed.replayed, 1);
     assert_eq!(get_status(&base, msg.job_id).await["status"], "queued");
     // Running the same replay again finds nothing to do.
-    let again = admin::dlq::replay(
+    let again = ops::dlq::replay(
         &services.redis,
         &services.keys,
         &[dead_id],
@@ -144,7 +144,7 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     assert_eq!(env.count("outbox").await, 1);
     assert_eq!(mailer.sent().len(), 1);
     let mut listed = Vec::new();
-    admin::dlq::list(&services.redis, &services.keys, 10, true, &mut listed)
+    ops::dlq::list(&services.redis, &services.keys, 10, true, &mut listed)
         .await
         .unwrap();
     assert!(output(listed).is_empty(), "dead-letter stream is empty");
@@ -175,7 +175,7 @@ async fn replaying_a_job_that_already_finished_makes_no_second_summary_or_email(
     consumer.run_once().await.unwrap();
     consumer.run_once().await.unwrap();
     assert_eq!(env.count("summaries").await, 1);
-    let replayed = admin::dlq::replay(&services.redis, &services.keys, &[], true, &mut Vec::new())
+    let replayed = ops::dlq::replay(&services.redis, &services.keys, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(replayed.replayed, 1);
@@ -209,14 +209,14 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
 
     let mut table = Vec::new();
-    admin::outbox::stuck(&services.pg, give_up, false, &mut table)
+    ops::outbox::stuck(&services.pg, give_up, false, &mut table)
         .await
         .unwrap();
     let table = output(table);
     assert!(table.starts_with("id"), "{table}");
     assert!(table.contains("550 mailbox unavailable"), "{table}");
     let mut json = Vec::new();
-    admin::outbox::stuck(&services.pg, give_up, true, &mut json)
+    ops::outbox::stuck(&services.pg, give_up, true, &mut json)
         .await
         .unwrap();
     let row: Value = serde_json::from_str(output(json).trim()).unwrap();
@@ -244,19 +244,19 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 1);
     let id = row["id"].as_i64().unwrap();
-    let n = admin::outbox::retry(&services.pg, give_up, &[id], false, &mut Vec::new())
+    let n = ops::outbox::retry(&services.pg, give_up, &[id], false, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 1);
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 1);
     assert_eq!(mailer.sent().len(), 1);
     let mut after = Vec::new();
-    admin::outbox::stuck(&services.pg, give_up, true, &mut after)
+    ops::outbox::stuck(&services.pg, give_up, true, &mut after)
         .await
         .unwrap();
     assert!(output(after).is_empty());
     // A retry of a row that was sent resends nothing.
-    let n = admin::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
+    let n = ops::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 0);
@@ -280,20 +280,20 @@ async fn admin_commands_open_only_the_connection_they_use() {
     let mut no_postgres = env.settings.clone();
     no_postgres.database_url = "not a url".into();
     let mut out = Vec::new();
-    admin::run(&no_postgres, dlq_list(), &mut out)
+    ops::run(&no_postgres, dlq_list(), &mut out)
         .await
         .unwrap();
     assert!(String::from_utf8(out).unwrap().ends_with("(none)\n"));
-    let err = admin::run(&no_postgres, outbox_stuck(), &mut Vec::new()).await;
+    let err = ops::run(&no_postgres, outbox_stuck(), &mut Vec::new()).await;
     assert!(matches!(err, Err(AdminError::Setup(_))), "{err:?}");
 
     let mut no_redis = env.settings.clone();
     no_redis.redis_url = "not a url".into();
     let mut out = Vec::new();
-    admin::run(&no_redis, outbox_stuck(), &mut out)
+    ops::run(&no_redis, outbox_stuck(), &mut out)
         .await
         .unwrap();
     assert!(String::from_utf8(out).unwrap().ends_with("(none)\n"));
-    let err = admin::run(&no_redis, dlq_list(), &mut Vec::new()).await;
+    let err = ops::run(&no_redis, dlq_list(), &mut Vec::new()).await;
     assert!(matches!(err, Err(AdminError::Setup(_))), "{err:?}");
 }

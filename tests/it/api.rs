@@ -7,8 +7,8 @@ use redis::AsyncCommands;
 use serde_json::json;
 use summaryd::api;
 use summaryd::db;
-use summaryd::keys::GROUP;
-use summaryd::roles::{Role, Roles};
+use summaryd::infra::keys::GROUP;
+use summaryd::config::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::job_state::Status;
 

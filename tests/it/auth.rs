@@ -3,11 +3,11 @@
 
 use actix_web::test::{self, TestRequest};
 use summaryd::api;
-use summaryd::auth::token_sha256;
+use summaryd::api::auth::token_sha256;
 use summaryd::config::Settings;
 use summaryd::domain::{IdempotencyKey, TenantId};
-use summaryd::keys::ScopedKey;
-use summaryd::roles::Roles;
+use summaryd::infra::keys::ScopedKey;
+use summaryd::config::roles::Roles;
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::TestEnv;
@@ -161,7 +161,7 @@ fn an_invalid_tokens_file_is_a_configuration_error_naming_the_setting() {
     std::io::Write::write_all(&mut file, b"[tenants.acme]\ntoken_sha256 = \"not-hex\"\n").unwrap();
     let mut settings = Settings::default();
     settings.auth.tokens_file = Some(file.path().to_path_buf());
-    let err = summaryd::auth::from_settings(&settings.auth)
+    let err = summaryd::api::auth::from_settings(&settings.auth)
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use summaryd::app::Application;
 use summaryd::db::DbError;
-use summaryd::roles::{Role, Roles};
+use summaryd::config::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::certs::TestCa;

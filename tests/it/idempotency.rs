@@ -12,8 +12,8 @@ use redis::AsyncCommands;
 use serde_json::{Value, json};
 use summaryd::api::{self, IdempotencyStore, Outcome, StoreError, StoredResponse};
 use summaryd::domain::{IdempotencyKey, Job, SummaryRequest, TenantId};
-use summaryd::keys::ScopedKey;
-use summaryd::roles::Roles;
+use summaryd::infra::keys::ScopedKey;
+use summaryd::config::roles::Roles;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::TenantLimits;
 

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use summaryd::cli::UsageArgs;
 use summaryd::config::{FallbackSettings, LlmProvider, Settings};
 use summaryd::domain::{Email, Job, JobId, TenantId};
-use summaryd::roles::Roles;
+use summaryd::config::roles::Roles;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::consumer_group::{delivery_count, pending_count};
 use summaryd::stream::enqueue;
@@ -119,14 +119,14 @@ fn probes_and_jobs(stub: &HttpStub) -> (usize, usize) {
 }
 
 async fn usage_json(services: &Services, tenant: Option<&str>) -> Vec<Value> {
-    let pg = summaryd::connections::pg_pool(&services.settings).unwrap();
+    let pg = summaryd::infra::connections::pg_pool(&services.settings).unwrap();
     let args = UsageArgs {
         since: Some(Duration::from_secs(3_600)),
         tenant: tenant.map(str::to_owned),
         json: true,
     };
     let mut out = Vec::new();
-    summaryd::admin::usage::report(&pg, &args, &mut out)
+    summaryd::ops::usage::report(&pg, &args, &mut out)
         .await
         .unwrap();
     String::from_utf8(out)

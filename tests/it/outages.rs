@@ -17,9 +17,9 @@ use redis::streams::{StreamInfoConsumersReply, StreamPendingCountReply};
 use summaryd::api::summaries::{JobStatus, read_job};
 use summaryd::config::{MailProvider, Settings};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
-use summaryd::keys::GROUP;
+use summaryd::infra::keys::GROUP;
 use summaryd::relay::relay_pass;
-use summaryd::roles::{Role, Roles};
+use summaryd::config::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::consumer_group::ensure_group;
 use summaryd::stream::{enqueue, job_state};
@@ -555,7 +555,7 @@ async fn a_worker_whose_every_pass_fails_is_counted_and_reported_not_ready_with_
             .get()
     };
     let deadline = Instant::now() + Duration::from_secs(40);
-    while failing() < u64::from(summaryd::metrics::FAILED_PASSES_NOT_READY) {
+    while failing() < u64::from(summaryd::infra::metrics::FAILED_PASSES_NOT_READY) {
         assert!(
             Instant::now() < deadline,
             "passes kept failing: {}",
@@ -617,7 +617,7 @@ async fn dlq_replay_all_skips_a_malformed_entry_and_replays_the_rest() {
     assert!(dead_letter(&mut redis, &services, "w-1", &taken[0], rejected).await);
 
     let mut out = Vec::new();
-    let report = summaryd::admin::dlq::replay(&services.redis, &services.keys, &[], true, &mut out)
+    let report = summaryd::ops::dlq::replay(&services.redis, &services.keys, &[], true, &mut out)
         .await
         .unwrap();
     let out = String::from_utf8(out).unwrap();
@@ -644,7 +644,7 @@ fn dlq_replay_exits_1_when_it_skipped_a_malformed_entry() {
     let env = rt.block_on(TestEnv::new());
     rt.block_on(async {
         let mut redis = env.redis().await;
-        let keys = summaryd::keys::RedisKeys::new(env.settings.key_prefix.clone());
+        let keys = summaryd::infra::keys::RedisKeys::new(env.settings.key_prefix.clone());
         let _: String = redis
             .xadd(keys.dead_letters(), "*", &[("garbage", "x")])
             .await

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 use summaryd::config::{LlmProvider, LlmSettings, MailProvider, MailSettings, Settings};
-use summaryd::failure::Failure;
+use summaryd::resilience::failure::Failure;
 use summaryd::llm::{self, Llm, LlmError, OpenAiClient, ProviderConfig};
 use summaryd::mail::{self, HttpMailer, Mailer, OutgoingEmail, SmtpMailer};
 
@@ -265,7 +265,7 @@ async fn dripping_response_is_cut_by_the_callers_timeout_and_the_connection_is_r
     .await;
     let budget = Duration::from_millis(500);
 
-    // The way crate::retry bounds every attempt: a wall-clock cap around the whole call.
+    // The way crate::llm::retry bounds every attempt: a wall-clock cap around the whole call.
     let started = Instant::now();
     let outcome = tokio::time::timeout(budget, client.summarise("t")).await;
     let elapsed = started.elapsed();
@@ -626,7 +626,7 @@ async fn mail_from_settings_builds_each_provider_and_names_missing_urls() {
 #[actix_web::test]
 async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_the_key() {
     use actix_web::test as web;
-    use summaryd::roles::Roles;
+    use summaryd::config::roles::Roles;
     use summaryd::shutdown::Shutdown;
 
     const LONG_KEY: &str = "sk-proj-Zq81mVbXw2LpKd77RtY0aa4Hc9Qe";
@@ -681,7 +681,7 @@ async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_
 
     // What `summaryd dlq list --json` prints.
     let mut out = Vec::new();
-    summaryd::admin::dlq::list(&services.redis, &services.keys, 10, true, &mut out)
+    summaryd::ops::dlq::list(&services.redis, &services.keys, 10, true, &mut out)
         .await
         .unwrap();
     let reason = String::from_utf8(out).unwrap();

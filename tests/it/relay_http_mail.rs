@@ -2,7 +2,7 @@
 //! provider's answers decide whether a row is resent, parked for a person, or done.
 
 use chrono::Utc;
-use summaryd::admin;
+use summaryd::ops;
 use summaryd::config::MailProvider;
 use summaryd::db::summaries::commit_with_outbox;
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
@@ -112,7 +112,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
 
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     let mut stuck = Vec::new();
-    admin::outbox::stuck(&services.pg, give_up, true, &mut stuck)
+    ops::outbox::stuck(&services.pg, give_up, true, &mut stuck)
         .await
         .unwrap();
     let stuck = String::from_utf8(stuck).unwrap();
@@ -123,7 +123,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     assert_eq!(sink.requests().len(), 1);
 
-    let n = admin::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
+    let n = ops::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 1);

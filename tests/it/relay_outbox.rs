@@ -11,7 +11,7 @@ use summaryd::config::Settings;
 use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
-use summaryd::failure::Failure;
+use summaryd::resilience::failure::Failure;
 use summaryd::mail::{
     LogMailer, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
@@ -631,7 +631,7 @@ async fn the_log_mailer_logs_the_email_with_the_recipient_hashed_and_the_text_as
     };
     assert!(result.is_ok());
     let log = captured.text();
-    let to_hash = summaryd::redact::fingerprint(NOTIFY);
+    let to_hash = summaryd::infra::redact::fingerprint(NOTIFY);
     let text_chars = format!("text_chars={}", email.text.chars().count());
     for needle in [
         SUMMARY_READY_SUBJECT,

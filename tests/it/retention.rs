@@ -13,11 +13,11 @@ use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamRangeRe
 use summaryd::config::Settings;
 use summaryd::db;
 use summaryd::domain::{Email, Job, JobId, TenantId};
-use summaryd::keys::GROUP;
+use summaryd::infra::keys::GROUP;
 use summaryd::llm::LlmError;
 use summaryd::maintenance::{Maintenance, Report};
 use summaryd::relay::relay_once;
-use summaryd::roles::Roles;
+use summaryd::config::roles::Roles;
 use summaryd::stream::consumer_group::{self as group, ensure_group};
 use summaryd::stream::job_state::{self, Status};
 use summaryd::stream::{dead_letters, enqueue, job_entry};
@@ -407,7 +407,7 @@ async fn dlq_purge_removes_the_chosen_dead_letters_and_their_state() {
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
     let mut out = Vec::new();
-    let n = summaryd::admin::dlq::purge(
+    let n = summaryd::ops::dlq::purge(
         &w.services.redis,
         &w.services.keys,
         &[ids[3].clone()],
@@ -419,7 +419,7 @@ async fn dlq_purge_removes_the_chosen_dead_letters_and_their_state() {
     assert_eq!(n, 1);
     assert_eq!(w.state(jobs[3].job_id).await, None);
     // By id, but only if old enough: nothing is that old.
-    let n = summaryd::admin::dlq::purge(
+    let n = summaryd::ops::dlq::purge(
         &w.services.redis,
         &w.services.keys,
         &[ids[0].clone()],
@@ -619,7 +619,7 @@ async fn twenty_thousand_jobs_leave_only_their_idempotency_records_in_redis() {
     };
 
     // Queued jobs: only the api runs, so every job waits in the stream.
-    let api = start(Roles::of(&[summaryd::roles::Role::Api])).await;
+    let api = start(Roles::of(&[summaryd::config::roles::Role::Api])).await;
     let base = format!("http://127.0.0.1:{}", api.port());
     let shutdown = summaryd::shutdown::Shutdown::new();
     let task = tokio::spawn(api.run(shutdown.clone()));
@@ -637,7 +637,7 @@ async fn twenty_thousand_jobs_leave_only_their_idempotency_records_in_redis() {
     let pg = env.pg().await;
     let shutdown = summaryd::shutdown::Shutdown::new();
     let task = tokio::spawn(app.run(shutdown.clone()));
-    let stream = summaryd::keys::RedisKeys::new(settings.key_prefix.clone()).stream();
+    let stream = summaryd::infra::keys::RedisKeys::new(settings.key_prefix.clone()).stream();
     let watcher = redis.clone();
     let all_sent = |n: i64| {
         let (pg, stream) = (&pg, &stream);
@@ -749,14 +749,14 @@ async fn maintenance_works_with_what_its_roles_have() {
     db::summaries::commit_with_outbox(&services.pg, &job("r1"), &crate::shared::model_summary("s"))
         .await
         .unwrap();
-    let relay = services.maintenance(Roles::of(&[summaryd::roles::Role::Relay]));
+    let relay = services.maintenance(Roles::of(&[summaryd::config::roles::Role::Relay]));
     assert!(relay.run_once().await.unwrap().led);
     assert_eq!(services.metrics.outbox_unsent.get(), 1);
 
     db::summaries::commit_with_outbox(&services.pg, &job("r2"), &crate::shared::model_summary("s"))
         .await
         .unwrap();
-    let worker = services.maintenance(Roles::of(&[summaryd::roles::Role::Worker]));
+    let worker = services.maintenance(Roles::of(&[summaryd::config::roles::Role::Worker]));
     assert!(worker.run_once().await.is_err(), "Redis is down");
     assert_eq!(services.metrics.outbox_unsent.get(), 2);
     let text = services.metrics.render();

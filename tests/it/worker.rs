@@ -14,7 +14,7 @@ use redis::streams::{
 };
 use summaryd::config::Settings;
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
-use summaryd::keys::GROUP;
+use summaryd::infra::keys::GROUP;
 use summaryd::llm::LlmError;
 use summaryd::relay::relay_once;
 use summaryd::shutdown::Shutdown;

@@ -5,7 +5,7 @@ use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
 use serde_json::Value;
 use summaryd::domain::{IdempotencyKey, Job, TenantId};
-use summaryd::keys::ScopedKey;
+use summaryd::infra::keys::ScopedKey;
 use summaryd::stream::job_entry;
 
 use crate::shared::TestEnv;

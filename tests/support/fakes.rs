@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use summaryd::domain::ModelSummary;
-use summaryd::failure::Failure;
+use summaryd::resilience::failure::Failure;
 use summaryd::llm::{Completion, Llm, LlmError};
 use summaryd::mail::{Mailer, OutgoingEmail};
 

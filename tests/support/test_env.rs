@@ -13,7 +13,7 @@ use summaryd::config::Settings;
 use summaryd::llm::{Llm, ModelChain};
 use summaryd::mail::Mailer;
 use summaryd::relay::RelayServices;
-use summaryd::roles::Roles;
+use summaryd::config::roles::Roles;
 use summaryd::worker::WorkerServices;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
@@ -230,7 +230,7 @@ impl Services {
 
     /// With the settings' tokens file loaded, as the api role loads it at start-up.
     pub fn api(&self) -> ApiServices {
-        let auth = summaryd::auth::from_settings(&self.settings.auth).expect("tokens file");
+        let auth = summaryd::api::auth::from_settings(&self.settings.auth).expect("tokens file");
         self.handles
             .api(auth.map(Arc::new), Some(self.model.clone()))
     }

@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use summaryd::keys::{GROUP, RedisKeys};
+use summaryd::infra::keys::{GROUP, RedisKeys};
 
 use client::{Accepted, ApiClient};
 use mail_sink::{MailBehavior, MailSink};

@@ -15,7 +15,7 @@ use crate::config::Settings;
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
     #[error(transparent)]
-    Redis(#[from] crate::redis_conn::RedisSetupError),
+    Redis(#[from] crate::infra::redis::RedisSetupError),
     #[error("could not build the Redis pool: {0}")]
     RedisPool(String),
     #[error(transparent)]
@@ -106,7 +106,7 @@ impl SharedRedis {
 /// The Redis client every Redis handle of a process is built from, plain or with the TLS
 /// material for `rediss://`: one client, so the pool speaks TLS exactly when the API does.
 pub fn redis_client(settings: &Settings) -> Result<redis::Client, ConnectError> {
-    Ok(crate::redis_conn::client(settings)?)
+    Ok(crate::infra::redis::client(settings)?)
 }
 
 /// Dedicated Redis connections, for commands that block (XREADGROUP BLOCK) or hold a

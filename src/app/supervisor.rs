@@ -9,7 +9,7 @@ use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{error, info, warn};
 
-use crate::backoff::{Backoff, Jitter};
+use crate::resilience::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;
 
 /// From 200 ms, doubling per consecutive failure, up to 30 s, so a dependency that comes back

@@ -7,12 +7,14 @@
 //! trust store; `SUMMARYD_REDIS_CLIENT_CERT_FILE` + `_KEY_FILE` add a client certificate for
 //! servers that require mutual TLS.
 
+pub mod durability;
+
 use std::time::Duration;
 
 use redis::{ClientTlsConfig, ConnectionAddr, TlsCertificates};
 
 use crate::config::{RedisTlsSettings, Settings};
-use crate::tls::{self, TlsError};
+use crate::infra::tls::{self, TlsError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RedisSetupError {
@@ -171,7 +173,7 @@ pub async fn check_at_startup(
     if let Some(mut conn) = probe(&client).await?
         && check_durability
     {
-        crate::durability::report(&mut conn).await;
+        crate::infra::redis::durability::report(&mut conn).await;
     }
     Ok(())
 }

@@ -39,6 +39,15 @@ pub struct Metrics {
     pub maintenance_removed: IntCounterVec,
 }
 
+/// The labels of `summaryd_maintenance_removed_total`.
+pub const REMOVED_KINDS: [&str; 5] = [
+    "stream_entries",
+    "dead_letters",
+    "outbox_sent",
+    "summaries",
+    "consumers",
+];
+
 /// A role whose last this many passes all failed is reported not ready (with the reason),
 /// so a permanently broken loop (a missing table, a key of the wrong type) shows up in
 /// `/readyz` instead of only in warnings. Passes back off (1–10 s), and every consumer and

@@ -4,14 +4,24 @@
 //! binary already knows where it listens (the same settings `serve` reads). Plain blocking
 //! std I/O on purpose: one request with a deadline needs no runtime, pool or TLS.
 
+use clap::Args;
 use std::io::{Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::cli::HealthcheckArgs;
 use crate::config::{FlagOverrides, Settings};
+
+#[derive(Debug, Args)]
+pub struct HealthcheckArgs {
+    /// Address to check instead of the configured one; 0.0.0.0 and [::] mean loopback.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// Deadline for the connect and for each read and write.
+    #[arg(long, value_name = "MS", default_value_t = 2000)]
+    pub timeout_ms: u64,
+}
 
 /// The route every role serves while the process lives (liveness, not readiness).
 const PATH: &str = "/healthz";

@@ -15,20 +15,11 @@ use tracing::{info, warn};
 
 use crate::config::{RetentionSettings, Settings};
 use crate::db::{self, DbError};
-use crate::keys::RedisKeys;
-use crate::metrics::Metrics;
-use crate::roles::{Role, Roles};
+use crate::infra::keys::RedisKeys;
+use crate::infra::metrics::Metrics;
+use crate::config::roles::{Role, Roles};
 use crate::shutdown::Shutdown;
 use crate::stream::{consumer_group, dead_letters};
-
-/// The labels of `summaryd_maintenance_removed_total`.
-pub const REMOVED_KINDS: [&str; 5] = [
-    "stream_entries",
-    "dead_letters",
-    "outbox_sent",
-    "summaries",
-    "consumers",
-];
 
 /// Rows deleted per statement: each batch is a short transaction that holds few row locks
 /// and little WAL, so retention never competes with the relay and the workers for long.

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backoff::{Backoff, Jitter};
+use crate::resilience::backoff::{Backoff, Jitter};
 use crate::config::LlmSettings;
-use crate::failure::{Classify, Disposition};
+use crate::resilience::failure::{Classify, Disposition};
 use crate::llm::{Completion, Llm, LlmError};
 
 /// Below this much time, an attempt cannot realistically finish, so we do not start one.

@@ -3,6 +3,7 @@
 //! connection it needs: `dlq` Redis, `outbox` and `usage` Postgres.
 
 pub mod dlq;
+pub mod healthcheck;
 pub mod outbox;
 pub mod output;
 pub mod token;
@@ -10,10 +11,12 @@ pub mod usage;
 
 use std::io::Write;
 
-use crate::cli::{DlqCommand, OutboxCommand, UsageArgs};
+use dlq::DlqCommand;
+use outbox::OutboxCommand;
+use usage::UsageArgs;
 use crate::config::Settings;
-use crate::connections::{self, ConnectError};
-use crate::keys::RedisKeys;
+use crate::infra::connections::{self, ConnectError};
+use crate::infra::keys::RedisKeys;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {

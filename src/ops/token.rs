@@ -1,10 +1,21 @@
 //! `summaryd token new --tenant NAME`: a fresh bearer token, printed once, and the lines
 //! that put its hash in the tokens file. The token itself is stored nowhere.
 
+use clap::Subcommand;
 use std::io::Write;
 
-use crate::auth::token_sha256;
+use crate::api::auth::token_sha256;
 use crate::domain::TenantId;
+
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Print a fresh random token once, and the TOML lines that add its hash to the file.
+    New {
+        /// The tenant the token authenticates (1–64 of A-Z a-z 0-9 . _ -).
+        #[arg(long, value_name = "NAME")]
+        tenant: String,
+    },
+}
 
 /// 32 random bytes (256 bits), hex-encoded: far beyond guessing, and only characters that
 /// survive headers, shells and config files unquoted.
@@ -46,7 +57,7 @@ pub fn new(tenant: &str, out: &mut impl Write) -> Result<(), TokenError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::auth::TokenStore;
+    use crate::api::auth::TokenStore;
 
     #[test]
     fn prints_a_token_and_toml_that_authenticates_it() {

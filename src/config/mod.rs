@@ -3,6 +3,8 @@
 //! The env name maps onto the file by its first segment: `SUMMARYD_LLM_BASE_URL` is
 //! `[llm] base_url`; the few top-level keys listed in `TOP_LEVEL` stay flat.
 
+pub mod roles;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -87,8 +89,8 @@ impl std::fmt::Debug for Settings {
         } = self;
         f.debug_struct("Settings")
             .field("listen", listen)
-            .field("redis_url", &crate::redact::url(redis_url))
-            .field("database_url", &crate::redact::url(database_url))
+            .field("redis_url", &crate::infra::redact::url(redis_url))
+            .field("database_url", &crate::infra::redact::url(database_url))
             .field("key_prefix", key_prefix)
             .field("job_budget_ms", job_budget_ms)
             .field("redis", redis)
@@ -211,7 +213,7 @@ impl std::fmt::Debug for FallbackSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("FallbackSettings")
             .field("provider", &self.provider)
-            .field("base_url", &crate::redact::url(&self.base_url))
+            .field("base_url", &crate::infra::redact::url(&self.base_url))
             .field("model", &self.model)
             .field("api_key_env", &self.api_key_env)
             .field("call_timeout_ms", &self.call_timeout_ms)
@@ -223,7 +225,7 @@ impl std::fmt::Debug for LlmSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LlmSettings")
             .field("provider", &self.provider)
-            .field("base_url", &crate::redact::url(&self.base_url))
+            .field("base_url", &crate::infra::redact::url(&self.base_url))
             .field("model", &self.model)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("call_timeout_ms", &self.call_timeout_ms)
@@ -268,8 +270,8 @@ impl std::fmt::Debug for MailSettings {
         } = self;
         f.debug_struct("MailSettings")
             .field("provider", provider)
-            .field("smtp_url", &smtp_url.as_deref().map(crate::redact::url))
-            .field("http_url", &http_url.as_deref().map(crate::redact::url))
+            .field("smtp_url", &smtp_url.as_deref().map(crate::infra::redact::url))
+            .field("http_url", &http_url.as_deref().map(crate::infra::redact::url))
             .field("from", from)
             .field("timeout_ms", timeout_ms)
             .finish()
@@ -666,12 +668,12 @@ impl Settings {
         }
         // Reads the files, so a wrong path or a CA without rediss:// stops startup here.
         let is_tls = self.redis_url.trim_start().starts_with("rediss://");
-        if let Err(e) = crate::redis_conn::tls_certificates(&self.redis, is_tls) {
+        if let Err(e) = crate::infra::redis::tls_certificates(&self.redis, is_tls) {
             return Err(ConfigError::Invalid(e.to_string()));
         }
         // The URL's own sslmode/sslrootcert are checked where it is parsed (db::connect).
         if let Some(ca) = &self.database.ca_file
-            && let Err(e) = crate::tls::certificates("SUMMARYD_DATABASE_CA_FILE", ca)
+            && let Err(e) = crate::infra::tls::certificates("SUMMARYD_DATABASE_CA_FILE", ca)
         {
             return Err(ConfigError::Invalid(e.to_string()));
         }

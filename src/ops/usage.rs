@@ -1,11 +1,27 @@
 //! `summaryd usage`: jobs and model tokens per tenant and model, from the summaries table.
 
+use std::time::Duration;
+use clap::Args;
 use std::io::Write;
 
+use super::output::parse_duration;
 use super::AdminError;
 use super::output::{Row, print_rows};
-use crate::cli::UsageArgs;
 use crate::db::summaries::{self, UsageRow};
+
+#[derive(Debug, Clone, Args)]
+pub struct UsageArgs {
+    /// Only summaries completed within this long: a number and a unit, s, m, h, d or w
+    /// (e.g. 30d). Without it: every summary still stored.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub since: Option<Duration>,
+    /// Only this tenant.
+    #[arg(long, value_name = "T")]
+    pub tenant: Option<String>,
+    /// One JSON object per line instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
 
 impl Row for UsageRow {
     const COLUMNS: &'static [&'static str] = &[

@@ -1,12 +1,44 @@
 //! `summaryd dlq list`, `summaryd dlq replay` and `summaryd dlq purge`.
 
+use clap::Subcommand;
 use std::io::Write;
 use std::time::Duration;
 
+use super::output::parse_duration;
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
-use crate::keys::RedisKeys;
+use crate::infra::keys::RedisKeys;
 use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayError, ReplayOutcome};
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dead-lettered jobs, oldest first: id, job_id, tenant, reason, failed_at.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Re-enqueue with the SAME job_id and remove from the dead-letter stream.
+    Replay {
+        /// Dead-letter entry ids (from `dlq list`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<String>,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Remove dead letters and their job state (GET then answers 404 for those jobs).
+    Purge {
+        /// Only dead letters that failed longer ago than this: a number and a unit, s, m,
+        /// h, d or w (e.g. 30d). Without ids: every dead letter that old.
+        #[arg(long, value_name = "DURATION", value_parser = parse_duration,
+              required_unless_present = "ids")]
+        older_than: Option<Duration>,
+        /// Dead-letter entry ids (from `dlq list`).
+        ids: Vec<String>,
+    },
+}
 
 impl Row for DeadLetter {
     const COLUMNS: &'static [&'static str] = &["id", "job_id", "tenant", "reason", "failed_at"];

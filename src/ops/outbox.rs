@@ -1,11 +1,30 @@
 //! `summaryd outbox stuck` and `summaryd outbox retry`.
 
+use clap::Subcommand;
 use std::io::Write;
 use std::time::Duration;
 
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
 use crate::db::outbox::{self, StuckRow};
+
+#[derive(Debug, Subcommand)]
+pub enum OutboxCommand {
+    /// Rows at max attempts or failed permanently.
+    Stuck {
+        /// One JSON object per line instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make stuck rows eligible for the relay again.
+    Retry {
+        /// Outbox row ids (from `outbox stuck`).
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        ids: Vec<i64>,
+        #[arg(long)]
+        all: bool,
+    },
+}
 
 impl Row for StuckRow {
     const COLUMNS: &'static [&'static str] = &[

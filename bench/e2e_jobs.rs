@@ -18,10 +18,10 @@ use async_trait::async_trait;
 use chrono::Utc;
 use summaryd::app::Application;
 use summaryd::config::Settings;
+use summaryd::config::roles::{Role, Roles};
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
-use summaryd::config::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
 

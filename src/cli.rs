@@ -1,8 +1,8 @@
 //! Command-line interface (`docs/reference.md`, Command line). Parsing only; `main.rs` acts on it.
 
+use clap::{Args, Parser, Subcommand};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use clap::{Args, Parser, Subcommand};
 
 use crate::config::roles::Roles;
 pub use crate::ops::dlq::DlqCommand;

@@ -2,10 +2,10 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use summaryd::ops::{AdminCommand, AdminError};
 use summaryd::app::Application;
 use summaryd::cli::{Cli, Command, ServeArgs, TokenCommand};
 use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
+use summaryd::ops::{AdminCommand, AdminError};
 use summaryd::shutdown::{Shutdown, os_signal};
 use tracing::error;
 

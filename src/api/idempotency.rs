@@ -24,8 +24,8 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::config::IdempotencySettings;
-use crate::infra::connections::SharedRedis;
 use crate::domain::Job;
+use crate::infra::connections::SharedRedis;
 use crate::infra::keys::RedisKeys;
 use crate::infra::metrics::Metrics;
 use crate::stream::{self, EnqueueOnce, OverLimit, TenantLimits};

@@ -3,8 +3,8 @@
 //!
 //! Every error is an [`ApiError`], rendered once as RFC 9457 problem details.
 
-pub mod body;
 pub mod auth;
+pub mod body;
 pub mod connection;
 pub mod health;
 pub mod idempotency;

@@ -19,8 +19,8 @@ use super::problem::ApiError;
 use super::state::{ApiServices, ApiState};
 use super::{health, metrics, openapi, summaries};
 
-use crate::infra::metrics::Metrics;
 use crate::config::roles::{Role, Roles};
+use crate::infra::metrics::Metrics;
 use crate::shutdown::Shutdown;
 
 /// Routes, shared state and fallbacks. Ops routes are served on every role; `/v1/*` only

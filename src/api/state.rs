@@ -2,15 +2,15 @@
 
 use std::sync::Arc;
 
+use crate::api::auth::Tokens;
 use crate::api::body::BodyBudget;
 use crate::api::idempotency::IdempotencyStore;
-use crate::api::auth::Tokens;
 use crate::config::Settings;
+use crate::config::roles::Roles;
 use crate::infra::connections::SharedRedis;
 use crate::infra::keys::RedisKeys;
-use crate::llm::ModelChain;
 use crate::infra::metrics::Metrics;
-use crate::config::roles::Roles;
+use crate::llm::ModelChain;
 use crate::shutdown::Shutdown;
 
 /// What the HTTP side uses: `/v1/summaries` (role api) and the operations routes every

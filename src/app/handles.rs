@@ -9,14 +9,14 @@ use std::sync::Arc;
 use crate::api::ApiServices;
 use crate::api::auth::Tokens;
 use crate::config::Settings;
+use crate::config::roles::{Role, Roles};
 use crate::infra::connections::{self, ConnectError, SharedRedis};
 use crate::infra::keys::RedisKeys;
+use crate::infra::metrics::Metrics;
 use crate::llm::ModelChain;
 use crate::mail::Mailer;
 use crate::maintenance::Maintenance;
-use crate::infra::metrics::Metrics;
 use crate::relay::RelayServices;
-use crate::config::roles::{Role, Roles};
 use crate::worker::{DependencyGate, WorkerServices};
 
 #[derive(Clone)]

@@ -14,14 +14,14 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::api::ApiServices;
-use crate::resilience::backoff::{Backoff, Jitter};
+use crate::app::supervisor::Supervisor;
 use crate::config::Settings;
+use crate::config::roles::{Role, Roles};
 use crate::llm::{Llm, LlmConfigError, ModelChain};
 use crate::mail::{MailConfigError, Mailer};
 use crate::relay::RelayServices;
-use crate::config::roles::{Role, Roles};
+use crate::resilience::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;
-use crate::app::supervisor::Supervisor;
 use crate::worker::WorkerServices;
 
 #[derive(Debug, thiserror::Error)]

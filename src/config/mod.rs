@@ -270,8 +270,14 @@ impl std::fmt::Debug for MailSettings {
         } = self;
         f.debug_struct("MailSettings")
             .field("provider", provider)
-            .field("smtp_url", &smtp_url.as_deref().map(crate::infra::redact::url))
-            .field("http_url", &http_url.as_deref().map(crate::infra::redact::url))
+            .field(
+                "smtp_url",
+                &smtp_url.as_deref().map(crate::infra::redact::url),
+            )
+            .field(
+                "http_url",
+                &http_url.as_deref().map(crate::infra::redact::url),
+            )
             .field("from", from)
             .field("timeout_ms", timeout_ms)
             .finish()

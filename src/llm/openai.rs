@@ -52,7 +52,10 @@ pub struct OpenAiClient {
 impl fmt::Debug for OpenAiClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OpenAiClient")
-            .field("endpoint", &crate::infra::redact::url(self.endpoint.as_str()))
+            .field(
+                "endpoint",
+                &crate::infra::redact::url(self.endpoint.as_str()),
+            )
             .field("model", &self.model)
             .field("api_key", &self.api_key)
             .field("max_tokens", &self.max_tokens)

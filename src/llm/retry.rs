@@ -11,10 +11,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::resilience::backoff::{Backoff, Jitter};
 use crate::config::LlmSettings;
-use crate::resilience::failure::{Classify, Disposition};
 use crate::llm::{Completion, Llm, LlmError};
+use crate::resilience::backoff::{Backoff, Jitter};
+use crate::resilience::failure::{Classify, Disposition};
 
 /// Below this much time, an attempt cannot realistically finish, so we do not start one.
 const DEFAULT_MIN_ATTEMPT: Duration = Duration::from_secs(1);

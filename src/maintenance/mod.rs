@@ -13,11 +13,11 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
 
+use crate::config::roles::{Role, Roles};
 use crate::config::{RetentionSettings, Settings};
 use crate::db::{self, DbError};
 use crate::infra::keys::RedisKeys;
 use crate::infra::metrics::Metrics;
-use crate::config::roles::{Role, Roles};
 use crate::shutdown::Shutdown;
 use crate::stream::{consumer_group, dead_letters};
 

@@ -4,8 +4,8 @@ use clap::Subcommand;
 use std::io::Write;
 use std::time::Duration;
 
-use super::output::parse_duration;
 use super::AdminError;
+use super::output::parse_duration;
 use super::output::{Row, one_line, print_rows};
 use crate::infra::keys::RedisKeys;
 use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayError, ReplayOutcome};

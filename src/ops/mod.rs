@@ -11,12 +11,12 @@ pub mod usage;
 
 use std::io::Write;
 
-use dlq::DlqCommand;
-use outbox::OutboxCommand;
-use usage::UsageArgs;
 use crate::config::Settings;
 use crate::infra::connections::{self, ConnectError};
 use crate::infra::keys::RedisKeys;
+use dlq::DlqCommand;
+use outbox::OutboxCommand;
+use usage::UsageArgs;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {

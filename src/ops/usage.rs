@@ -1,11 +1,11 @@
 //! `summaryd usage`: jobs and model tokens per tenant and model, from the summaries table.
 
-use std::time::Duration;
 use clap::Args;
 use std::io::Write;
+use std::time::Duration;
 
-use super::output::parse_duration;
 use super::AdminError;
+use super::output::parse_duration;
 use super::output::{Row, print_rows};
 use crate::db::summaries::{self, UsageRow};
 

@@ -14,8 +14,8 @@ use std::sync::Arc;
 
 use crate::config::Settings;
 use crate::db::DbError;
-use crate::mail::Mailer;
 use crate::infra::metrics::Metrics;
+use crate::mail::Mailer;
 
 /// What the relay uses: the outbox table (Postgres) and the mail provider. No Redis: the
 /// relay starts where the worker's commit ends.

@@ -6,12 +6,12 @@ use futures_util::future::join_all;
 use tracing::{error, info, warn};
 
 use super::{RelayError, RelayServices};
-use crate::resilience::backoff::{Backoff, Jitter};
 use crate::config::RelaySettings;
 use crate::db::outbox::{self, OutboxRow};
 use crate::domain::SummaryReady;
-use crate::resilience::failure::Failure;
 use crate::mail::summary_ready_email;
+use crate::resilience::backoff::{Backoff, Jitter};
+use crate::resilience::failure::Failure;
 
 /// What one pass did, for the loop's pacing and for logs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -16,8 +16,8 @@ pub use handler::{JobError, JobOutcome, handle_summary_job};
 
 use crate::config::Settings;
 use crate::infra::keys::RedisKeys;
-use crate::llm::ModelChain;
 use crate::infra::metrics::Metrics;
+use crate::llm::ModelChain;
 
 /// What the worker uses: the stream (Redis), the summaries and outbox tables (Postgres), and
 /// the model. Cheap to clone; every consumer has its own copy.

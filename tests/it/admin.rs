@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use chrono::Utc;
 use serde_json::Value;
-use summaryd::ops::{self, AdminCommand, AdminError};
 use summaryd::cli::{DlqCommand, OutboxCommand};
-use summaryd::domain::{Email, Job, JobId, TenantId};
-use summaryd::resilience::failure::Failure;
-use summaryd::llm::LlmError;
-use summaryd::relay::relay_once;
 use summaryd::config::roles::{Role, Roles};
+use summaryd::domain::{Email, Job, JobId, TenantId};
+use summaryd::llm::LlmError;
+use summaryd::ops::{self, AdminCommand, AdminError};
+use summaryd::relay::relay_once;
+use summaryd::resilience::failure::Failure;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
 use summaryd::worker::Consumer;
@@ -280,9 +280,7 @@ async fn admin_commands_open_only_the_connection_they_use() {
     let mut no_postgres = env.settings.clone();
     no_postgres.database_url = "not a url".into();
     let mut out = Vec::new();
-    ops::run(&no_postgres, dlq_list(), &mut out)
-        .await
-        .unwrap();
+    ops::run(&no_postgres, dlq_list(), &mut out).await.unwrap();
     assert!(String::from_utf8(out).unwrap().ends_with("(none)\n"));
     let err = ops::run(&no_postgres, outbox_stuck(), &mut Vec::new()).await;
     assert!(matches!(err, Err(AdminError::Setup(_))), "{err:?}");
@@ -290,9 +288,7 @@ async fn admin_commands_open_only_the_connection_they_use() {
     let mut no_redis = env.settings.clone();
     no_redis.redis_url = "not a url".into();
     let mut out = Vec::new();
-    ops::run(&no_redis, outbox_stuck(), &mut out)
-        .await
-        .unwrap();
+    ops::run(&no_redis, outbox_stuck(), &mut out).await.unwrap();
     assert!(String::from_utf8(out).unwrap().ends_with("(none)\n"));
     let err = ops::run(&no_redis, dlq_list(), &mut Vec::new()).await;
     assert!(matches!(err, Err(AdminError::Setup(_))), "{err:?}");

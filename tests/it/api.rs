@@ -6,9 +6,9 @@ use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
 use serde_json::json;
 use summaryd::api;
+use summaryd::config::roles::{Role, Roles};
 use summaryd::db;
 use summaryd::infra::keys::GROUP;
-use summaryd::config::roles::{Role, Roles};
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::job_state::Status;
 

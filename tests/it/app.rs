@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use summaryd::app::Application;
-use summaryd::config::{LlmProvider, MailProvider, Settings};
 use summaryd::config::roles::{Role, Roles};
+use summaryd::config::{LlmProvider, MailProvider, Settings};
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
@@ -176,12 +176,11 @@ async fn a_key_reused_with_another_body_after_its_record_expired_is_a_new_job() 
     );
 
     // The record expires (as after SUMMARYD_IDEMPOTENCY_RESULT_TTL_S).
-    let record = summaryd::infra::keys::RedisKeys::new(env.settings.key_prefix.clone()).idempotency(
-        &summaryd::infra::keys::ScopedKey::summaries(
+    let record = summaryd::infra::keys::RedisKeys::new(env.settings.key_prefix.clone())
+        .idempotency(&summaryd::infra::keys::ScopedKey::summaries(
             &summaryd::domain::TenantId::parse("acme").unwrap(),
             &summaryd::domain::IdempotencyKey::parse(key).unwrap(),
-        ),
-    );
+        ));
     let deleted: u64 = redis::cmd("DEL")
         .arg(&record)
         .query_async(&mut env.redis().await)

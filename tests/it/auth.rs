@@ -5,9 +5,9 @@ use actix_web::test::{self, TestRequest};
 use summaryd::api;
 use summaryd::api::auth::token_sha256;
 use summaryd::config::Settings;
+use summaryd::config::roles::Roles;
 use summaryd::domain::{IdempotencyKey, TenantId};
 use summaryd::infra::keys::ScopedKey;
-use summaryd::config::roles::Roles;
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::TestEnv;

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use summaryd::app::Application;
-use summaryd::db::DbError;
 use summaryd::config::roles::{Role, Roles};
+use summaryd::db::DbError;
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::certs::TestCa;

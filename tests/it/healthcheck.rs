@@ -4,8 +4,8 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use summaryd::ops::healthcheck::{HealthcheckError, check};
 use summaryd::config::roles::Roles;
+use summaryd::ops::healthcheck::{HealthcheckError, check};
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::TestEnv;

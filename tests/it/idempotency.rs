@@ -11,9 +11,9 @@ use futures_util::future::join_all;
 use redis::AsyncCommands;
 use serde_json::{Value, json};
 use summaryd::api::{self, IdempotencyStore, Outcome, StoreError, StoredResponse};
+use summaryd::config::roles::Roles;
 use summaryd::domain::{IdempotencyKey, Job, SummaryRequest, TenantId};
 use summaryd::infra::keys::ScopedKey;
-use summaryd::config::roles::Roles;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::TenantLimits;
 

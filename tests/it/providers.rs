@@ -6,9 +6,9 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::json;
 use summaryd::config::{LlmProvider, LlmSettings, MailProvider, MailSettings, Settings};
-use summaryd::resilience::failure::Failure;
 use summaryd::llm::{self, Llm, LlmError, OpenAiClient, ProviderConfig};
 use summaryd::mail::{self, HttpMailer, Mailer, OutgoingEmail, SmtpMailer};
+use summaryd::resilience::failure::Failure;
 
 use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
 use crate::shared::log_capture::Captured;

@@ -2,10 +2,10 @@
 //! provider's answers decide whether a row is resent, parked for a person, or done.
 
 use chrono::Utc;
-use summaryd::ops;
 use summaryd::config::MailProvider;
 use summaryd::db::summaries::commit_with_outbox;
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
+use summaryd::ops;
 use summaryd::relay::{RelayServices, relay_once};
 
 use crate::shared::TestEnv;

@@ -11,11 +11,11 @@ use summaryd::config::Settings;
 use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
-use summaryd::resilience::failure::Failure;
 use summaryd::mail::{
     LogMailer, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
 use summaryd::relay::{RelayServices, relay_once, run};
+use summaryd::resilience::failure::Failure;
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::fakes::MailStep;

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use summaryd::config::Settings;
-use summaryd::resilience::failure::Classify;
-use summaryd::llm::{LlmError, ModelChain};
 use summaryd::infra::metrics::Metrics;
 use summaryd::llm::retry::{Deadline, RetryError, RetryPolicy, complete_with_retries};
+use summaryd::llm::{LlmError, ModelChain};
+use summaryd::resilience::failure::Classify;
 
 use crate::shared::FakeLlm;
 use crate::shared::fakes::Step;

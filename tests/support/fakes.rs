@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use summaryd::domain::ModelSummary;
-use summaryd::resilience::failure::Failure;
 use summaryd::llm::{Completion, Llm, LlmError};
 use summaryd::mail::{Mailer, OutgoingEmail};
+use summaryd::resilience::failure::Failure;
 
 use crate::shared::script::Script;
 

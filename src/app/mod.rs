@@ -305,7 +305,10 @@ async fn migrate_with_patience(
     loop {
         match crate::db::migrate::run(url, ca_file).await {
             Ok(()) => return Ok(()),
-            Err(e @ crate::db::DbError::Query(_)) if tokio::time::Instant::now() < give_up => {
+            Err(
+                e @ (crate::db::DbError::Query(_)
+                | crate::db::DbError::Connect(crate::infra::postgres::PostgresError::Connect(_))),
+            ) if tokio::time::Instant::now() < give_up => {
                 warn!(error = %e, "database not ready for migrations; retrying");
                 tokio::time::sleep(MIGRATE_RETRY.delay(failures)).await;
                 failures += 1;

@@ -677,7 +677,7 @@ impl Settings {
         if let Err(e) = crate::infra::redis::tls_certificates(&self.redis, is_tls) {
             return Err(ConfigError::Invalid(e.to_string()));
         }
-        // The URL's own sslmode/sslrootcert are checked where it is parsed (db::connect).
+        // The URL's own sslmode/sslrootcert are checked where it is parsed (infra::postgres).
         if let Some(ca) = &self.database.ca_file
             && let Err(e) = crate::infra::tls::certificates("SUMMARYD_DATABASE_CA_FILE", ca)
         {

@@ -6,7 +6,8 @@ use std::path::Path;
 use tokio_postgres::error::SqlState;
 use tracing::info;
 
-use super::{DbError, PgTarget};
+use super::DbError;
+use crate::infra::postgres::{PgTarget, PostgresError};
 
 mod embedded {
     refinery::embed_migrations!("migrations");
@@ -16,7 +17,7 @@ mod embedded {
 const MIGRATION_LOCK_ID: i64 = 0x5355_4d4d_4152_5944; // "SUMMARYD"
 
 /// Create the database named in `url` if it does not exist, then apply pending migrations.
-/// `ca_file` is `SUMMARYD_DATABASE_CA_FILE` (see `db::connect` for the URL's TLS options).
+/// `ca_file` is `SUMMARYD_DATABASE_CA_FILE` (see `infra::postgres` for the URL's TLS options).
 pub async fn run(url: &str, ca_file: Option<&Path>) -> Result<(), DbError> {
     let target = PgTarget::parse(url, ca_file)?;
     create_database_if_missing(&target).await?;
@@ -53,7 +54,7 @@ async fn create_database_if_missing(target: &PgTarget) -> Result<(), DbError> {
             return Ok(());
         }
         // A TLS failure would fail the same way on the maintenance database; say it now.
-        Err(e @ DbError::Tls { .. }) => return Err(e),
+        Err(e @ PostgresError::Tls { .. }) => return Err(e.into()),
         Err(_) => {}
     }
     let (client, conn_task) = target.with_dbname("postgres").connect().await?;

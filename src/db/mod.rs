@@ -1,45 +1,30 @@
 //! Postgres: the pool, migrations, and one module per table.
 
-pub mod connect;
 pub mod migrate;
 pub mod outbox;
 pub mod summaries;
 
-use std::path::Path;
-use std::time::Duration;
+use deadpool_postgres::Pool;
 
-use deadpool_postgres::{ManagerConfig, Pool, RecyclingMethod, Runtime};
-
-pub use connect::PgTarget;
+use crate::infra::postgres::PostgresError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
-    #[error("SUMMARYD_DATABASE_URL is invalid: {0}")]
-    InvalidUrl(String),
+    #[error(transparent)]
+    Connect(#[from] PostgresError),
     #[error("could not get a Postgres connection: {0}")]
     Pool(#[from] deadpool_postgres::PoolError),
     #[error("Postgres error: {0}")]
     Query(#[from] tokio_postgres::Error),
-    #[error("could not build the Postgres pool: {0}")]
-    Build(String),
     #[error("migration failed: {0}")]
     Migration(String),
-    /// A CA file that cannot be read or parsed; the message names the setting.
-    #[error("{0}")]
-    TlsConfig(String),
-    #[error("TLS to Postgres at {addr} failed (sslmode={mode}): {reason}")]
-    Tls {
-        addr: String,
-        mode: &'static str,
-        reason: String,
-    },
 }
 
 impl DbError {
     /// The SQLSTATE Postgres answered with, when it refused a statement.
     pub fn sqlstate(&self) -> Option<&str> {
         match self {
-            Self::Query(e) => e.code().map(|c| c.code()),
+            Self::Query(e) | Self::Connect(PostgresError::Connect(e)) => e.code().map(|c| c.code()),
             _ => None,
         }
     }
@@ -62,36 +47,12 @@ impl DbError {
     /// SQLSTATE (the connection closed, timed out or failed at the socket).
     pub fn is_unavailable(&self) -> bool {
         match self {
-            DbError::Pool(_) | DbError::Tls { .. } => true,
+            DbError::Pool(_) => true,
+            DbError::Connect(e) => e.is_unavailable(),
             DbError::Query(_) => !self.is_data_error(),
-            DbError::InvalidUrl(_)
-            | DbError::Build(_)
-            | DbError::Migration(_)
-            | DbError::TlsConfig(_) => false,
+            DbError::Migration(_) => false,
         }
     }
-}
-
-/// Connecting must fail fast when Postgres is down so callers can answer 503 or retry.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// A request waits this long for a free connection before it counts as unavailable.
-const POOL_WAIT: Duration = Duration::from_secs(5);
-
-/// Build the pool; it connects lazily, so this succeeds while Postgres is down.
-pub fn pool(url: &str, ca_file: Option<&Path>, max_size: usize) -> Result<Pool, DbError> {
-    let target = PgTarget::parse(url, ca_file)?;
-    // Verified recycling costs a round trip per checkout; a closed connection is detected
-    // by `is_closed` and a broken one surfaces as a query error that callers handle anyway.
-    let manager = target.manager(ManagerConfig {
-        recycling_method: RecyclingMethod::Fast,
-    });
-    Pool::builder(manager)
-        .max_size(max_size)
-        .runtime(Runtime::Tokio1)
-        .wait_timeout(Some(POOL_WAIT))
-        .create_timeout(Some(CONNECT_TIMEOUT))
-        .build()
-        .map_err(|e| DbError::Build(e.to_string()))
 }
 
 /// Run one retention batch: `delete` is a `DELETE … WHERE key IN (SELECT … WHERE t < $1

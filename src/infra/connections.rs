@@ -19,7 +19,7 @@ pub enum ConnectError {
     #[error("could not build the Redis pool: {0}")]
     RedisPool(String),
     #[error(transparent)]
-    Postgres(#[from] crate::db::DbError),
+    Postgres(#[from] crate::infra::postgres::PostgresError),
 }
 
 /// Fail fast when Redis is down, so the API answers 503 promptly instead of hanging.
@@ -140,5 +140,9 @@ pub fn redis_pool(
 pub fn pg_pool(settings: &Settings) -> Result<deadpool_postgres::Pool, ConnectError> {
     let size = (settings.worker.consumers + settings.relay.tasks + 16).min(PG_POOL_MAX);
     let ca_file = settings.database.ca_file.as_deref();
-    Ok(crate::db::pool(&settings.database_url, ca_file, size)?)
+    Ok(crate::infra::postgres::pool(
+        &settings.database_url,
+        ca_file,
+        size,
+    )?)
 }

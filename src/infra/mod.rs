@@ -5,6 +5,7 @@ pub mod connections;
 pub mod http_client;
 pub mod keys;
 pub mod metrics;
+pub mod postgres;
 pub mod redact;
 pub mod redis;
 pub mod telemetry;

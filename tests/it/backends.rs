@@ -9,6 +9,7 @@ use serde_json::json;
 use summaryd::app::Application;
 use summaryd::config::roles::{Role, Roles};
 use summaryd::db::DbError;
+use summaryd::infra::postgres::PostgresError;
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::certs::TestCa;
@@ -39,7 +40,7 @@ async fn postgres_over_tls_migrates_and_pools_with_verify_full_verify_ca_and_req
     summaryd::db::migrate::run(&url, Some(&ca.ca_file))
         .await
         .expect("migrate over verify-full");
-    let pool = summaryd::db::pool(&url, Some(&ca.ca_file), 2).expect("pool");
+    let pool = summaryd::infra::postgres::pool(&url, Some(&ca.ca_file), 2).expect("pool");
     let client = pool
         .get()
         .await
@@ -58,15 +59,15 @@ async fn postgres_over_tls_migrates_and_pools_with_verify_full_verify_ca_and_req
         "summaryd",
         &format!("sslrootcert={}", ca.ca_file.display()),
     );
-    let target = summaryd::db::PgTarget::parse(&in_url, None).unwrap();
-    assert_eq!(target.mode, summaryd::db::connect::SslMode::VerifyFull);
+    let target = summaryd::infra::postgres::PgTarget::parse(&in_url, None).unwrap();
+    assert_eq!(target.mode, summaryd::infra::postgres::SslMode::VerifyFull);
     let (client, task) = target.connect().await.expect("sslrootcert= in the URL");
     assert!(ssl_in_use(&client).await);
     task.abort();
 
     // verify-ca: the chain is checked, the name (127.0.0.1 is not in the certificate) is not.
     let by_ip = pg.url("127.0.0.1", "summaryd", "sslmode=verify-ca");
-    let (client, task) = summaryd::db::PgTarget::parse(&by_ip, Some(&ca.ca_file))
+    let (client, task) = summaryd::infra::postgres::PgTarget::parse(&by_ip, Some(&ca.ca_file))
         .unwrap()
         .connect()
         .await
@@ -77,7 +78,7 @@ async fn postgres_over_tls_migrates_and_pools_with_verify_full_verify_ca_and_req
     // require without a CA: encrypted, nothing verified (libpq's meaning). The server only
     // accepts TLS sessions (hostssl), so a cleartext fallback could not have connected.
     let require = pg.url("127.0.0.1", "summaryd", "sslmode=require");
-    let pool = summaryd::db::pool(&require, None, 1).expect("pool");
+    let pool = summaryd::infra::postgres::pool(&require, None, 1).expect("pool");
     let client = pool.get().await.expect("require connects without a CA");
     assert!(ssl_in_use(&client).await);
 }
@@ -96,7 +97,10 @@ async fn postgres_tls_refusals_name_the_server_and_the_reason() {
     let err = summaryd::db::migrate::run(&wrong_host, Some(&ca.ca_file))
         .await
         .expect_err("the host name does not match");
-    assert!(matches!(err, DbError::Tls { .. }), "{err:?}");
+    assert!(
+        matches!(err, DbError::Connect(PostgresError::Tls { .. })),
+        "{err:?}"
+    );
     let shown = err.to_string();
     for part in [addr.as_str(), "sslmode=verify-full", "not valid for name"] {
         assert!(shown.contains(part), "{part:?} missing from: {shown}");
@@ -104,7 +108,7 @@ async fn postgres_tls_refusals_name_the_server_and_the_reason() {
 
     // A CA that did not sign the server's certificate.
     let wrong_ca = pg.url("localhost", "postgres", "sslmode=verify-ca");
-    let err = summaryd::db::PgTarget::parse(&wrong_ca, Some(&other_ca.ca_file))
+    let err = summaryd::infra::postgres::PgTarget::parse(&wrong_ca, Some(&other_ca.ca_file))
         .unwrap()
         .connect()
         .await
@@ -113,12 +117,12 @@ async fn postgres_tls_refusals_name_the_server_and_the_reason() {
 
     // The server refuses cleartext, so disable fails: the modes above really used TLS.
     let clear = pg.url("127.0.0.1", "postgres", "sslmode=disable");
-    let err = summaryd::db::PgTarget::parse(&clear, None)
+    let err = summaryd::infra::postgres::PgTarget::parse(&clear, None)
         .unwrap()
         .connect()
         .await
         .expect_err("hostssl only");
-    assert!(matches!(err, DbError::Query(_)), "{err:?}");
+    assert!(matches!(err, PostgresError::Connect(_)), "{err:?}");
 }
 
 /// A subscriber capturing everything this test's thread logs (see providers.rs for why the

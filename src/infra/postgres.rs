@@ -1,4 +1,4 @@
-//! How summaryd reaches Postgres: the database URL with libpq's `sslmode` and `sslrootcert`
+//! How summaryd reaches Postgres: the pool, the database URL with libpq's `sslmode` and `sslrootcert`
 //! honoured (tokio-postgres knows only disable/prefer/require and no root certificate), and
 //! the rustls connector every connection uses: the pool's, migrations', and `migrate`'s
 //! create-database step.
@@ -30,11 +30,63 @@ use percent_encoding::percent_decode_str;
 use tokio_postgres::config::{Host, SslMode as PgSslMode};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::DbError;
-use crate::infra::tls::{self, Verification};
+use deadpool_postgres::{Pool, RecyclingMethod, Runtime};
+
+use crate::infra::tls::{self, TlsError, Verification};
 
 /// Connecting must fail fast when Postgres is down so callers can answer 503 or retry.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// A request waits this long for a free connection before it counts as unavailable.
+const POOL_WAIT: Duration = Duration::from_secs(5);
+
+/// Why no connection to Postgres could be set up or made.
+#[derive(Debug, thiserror::Error)]
+pub enum PostgresError {
+    #[error("SUMMARYD_DATABASE_URL is invalid: {0}")]
+    InvalidUrl(String),
+    #[error("could not build the Postgres pool: {0}")]
+    Build(#[source] deadpool_postgres::BuildError),
+    /// A CA file that cannot be read or parsed; the message names the setting.
+    #[error(transparent)]
+    TlsConfig(#[from] TlsError),
+    #[error("TLS to Postgres at {addr} failed (sslmode={mode}): {reason}")]
+    Tls {
+        addr: String,
+        mode: &'static str,
+        reason: String,
+    },
+    /// Postgres did not accept the connection: down, starting, refusing the credentials.
+    #[error("Postgres error: {0}")]
+    Connect(#[source] tokio_postgres::Error),
+}
+
+impl PostgresError {
+    /// Whether the server could not be reached or would not talk to us, as opposed to a
+    /// setting that is wrong and stays wrong until someone edits it.
+    pub fn is_unavailable(&self) -> bool {
+        match self {
+            Self::Tls { .. } | Self::Connect(_) => true,
+            Self::InvalidUrl(_) | Self::Build(_) | Self::TlsConfig(_) => false,
+        }
+    }
+}
+
+/// Build the pool; it connects lazily, so this succeeds while Postgres is down.
+pub fn pool(url: &str, ca_file: Option<&Path>, max_size: usize) -> Result<Pool, PostgresError> {
+    let target = PgTarget::parse(url, ca_file)?;
+    // Verified recycling costs a round trip per checkout; a closed connection is detected
+    // by `is_closed` and a broken one surfaces as a query error that callers handle anyway.
+    let manager = target.manager(ManagerConfig {
+        recycling_method: RecyclingMethod::Fast,
+    });
+    Pool::builder(manager)
+        .max_size(max_size)
+        .runtime(Runtime::Tokio1)
+        .wait_timeout(Some(POOL_WAIT))
+        .create_timeout(Some(CONNECT_TIMEOUT))
+        .build()
+        .map_err(PostgresError::Build)
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SslMode {
@@ -46,7 +98,7 @@ pub enum SslMode {
 }
 
 impl SslMode {
-    fn parse(value: &str) -> Result<Self, DbError> {
+    fn parse(value: &str) -> Result<Self, PostgresError> {
         Ok(match value {
             "disable" => Self::Disable,
             "prefer" => Self::Prefer,
@@ -55,7 +107,7 @@ impl SslMode {
             "verify-full" => Self::VerifyFull,
             // libpq's `allow` prefers cleartext; nothing here should.
             other => {
-                return Err(DbError::InvalidUrl(format!(
+                return Err(PostgresError::InvalidUrl(format!(
                     "sslmode={other} is not supported; use disable, prefer, require, verify-ca or verify-full"
                 )));
             }
@@ -83,10 +135,10 @@ pub struct PgTarget {
 
 impl PgTarget {
     /// `ca_file` is `SUMMARYD_DATABASE_CA_FILE`; the URL's `sslrootcert` wins over it.
-    pub fn parse(url: &str, ca_file: Option<&Path>) -> Result<Self, DbError> {
+    pub fn parse(url: &str, ca_file: Option<&Path>) -> Result<Self, PostgresError> {
         let (rest, sslmode, sslrootcert) = take_tls_params(url);
         let mut config = tokio_postgres::Config::from_str(&rest)
-            .map_err(|e| DbError::InvalidUrl(e.to_string()))?;
+            .map_err(|e| PostgresError::InvalidUrl(e.to_string()))?;
         if config.get_connect_timeout().is_none() {
             config.connect_timeout(CONNECT_TIMEOUT);
         }
@@ -118,11 +170,9 @@ impl PgTarget {
         let roots = match mode {
             // Never used for a cleartext connection; no file is read for it.
             SslMode::Disable => rustls::RootCertStore::empty(),
-            _ => tls::root_store(ca_setting, ca.as_deref())
-                .map_err(|e| DbError::TlsConfig(e.to_string()))?,
+            _ => tls::root_store(ca_setting, ca.as_deref())?,
         };
-        let client = tls::client_config(verification, roots)
-            .map_err(|e| DbError::TlsConfig(e.to_string()))?;
+        let client = tls::client_config(verification, roots)?;
         Ok(Self {
             config,
             mode,
@@ -145,7 +195,7 @@ impl PgTarget {
     /// One connection, its driver task spawned; abort the handle when done with the client.
     pub async fn connect(
         &self,
-    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), DbError> {
+    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), PostgresError> {
         let (client, connection) = self
             .config
             .connect(self.tls.clone())
@@ -169,16 +219,16 @@ impl PgTarget {
         format!("{host}:{port}")
     }
 
-    /// TLS failures become [`DbError::Tls`]: they name the server and the mode, and are not
+    /// TLS failures become [`PostgresError::Tls`]: they name the server and the mode, and are not
     /// retried (a certificate does not fix itself), unlike a Postgres that is still starting.
-    pub fn classify(&self, e: tokio_postgres::Error) -> DbError {
+    pub fn classify(&self, e: tokio_postgres::Error) -> PostgresError {
         match tls_reason(&e) {
-            Some(reason) => DbError::Tls {
+            Some(reason) => PostgresError::Tls {
                 addr: self.address(),
                 mode: self.mode.as_str(),
                 reason,
             },
-            None => DbError::Query(e),
+            None => PostgresError::Connect(e),
         }
     }
 

@@ -36,7 +36,7 @@ pub async fn run(url: &str, ca_file: Option<&Path>) -> Result<(), DbError> {
         .await;
     drop(client);
     conn_task.abort();
-    let report = result.map_err(|e| DbError::Migration(e.to_string()))?;
+    let report = result.map_err(DbError::Migration)?;
     for m in report.applied_migrations() {
         info!(migration = %m, "applied migration");
     }

@@ -7,6 +7,7 @@ pub mod summaries;
 use deadpool_postgres::Pool;
 
 use crate::infra::postgres::PostgresError;
+use crate::resilience::failure::{Classify, Disposition};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DbError {
@@ -17,7 +18,7 @@ pub enum DbError {
     #[error("Postgres error: {0}")]
     Query(#[from] tokio_postgres::Error),
     #[error("migration failed: {0}")]
-    Migration(String),
+    Migration(#[source] refinery::Error),
 }
 
 impl DbError {
@@ -34,23 +35,34 @@ impl DbError {
     /// come from a job's own content; the same data is refused on every attempt, so retrying
     /// only costs. The one expected conflict, a summary that already exists, is answered by
     /// `ON CONFLICT` and never arrives here.
-    pub fn is_data_error(&self) -> bool {
+    fn refuses_the_data(&self) -> bool {
         self.sqlstate()
             .is_some_and(|code| code.starts_with("22") || code.starts_with("23"))
     }
+}
 
-    /// Whether the database could not serve us at all, as opposed to refusing what one job
-    /// brought. Down, unreachable, restarting, out of connections, failed over to a read-only
-    /// replica, a table or permission missing: none of that is the job's fault, and a worker
-    /// must not spend the job's deliveries on it (`docs/delivery.md`). Every refused statement
-    /// that is not a data error ([`Self::is_data_error`]) counts, and so does one with no
-    /// SQLSTATE (the connection closed, timed out or failed at the socket).
-    pub fn is_unavailable(&self) -> bool {
-        match self {
-            DbError::Pool(_) => true,
+impl Classify for DbError {
+    /// Decided once for every caller (`docs/delivery.md`): data the database refuses is
+    /// permanent (the job's own). A database that could not serve us at all is unavailable,
+    /// never the job's fault, and a worker must not spend the job's deliveries on it: down,
+    /// unreachable, restarting, out of connections, failed over to a read-only replica, a
+    /// table or permission missing, that is every refused statement outside classes 22 and
+    /// 23, and every one with no SQLSTATE (the connection closed, timed out or failed at the
+    /// socket). What is neither (settings that cannot work, a failed migration) is worth
+    /// another attempt.
+    fn disposition(&self) -> Disposition {
+        if self.refuses_the_data() {
+            return Disposition::Permanent;
+        }
+        let unavailable = match self {
+            DbError::Pool(_) | DbError::Query(_) => true,
             DbError::Connect(e) => e.is_unavailable(),
-            DbError::Query(_) => !self.is_data_error(),
             DbError::Migration(_) => false,
+        };
+        if unavailable {
+            Disposition::Unavailable
+        } else {
+            Disposition::TRANSIENT
         }
     }
 }

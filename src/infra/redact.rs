@@ -58,6 +58,40 @@ pub fn url(url: &str) -> String {
     out
 }
 
+/// The credentials `url` carries (its password, the values of its credential-bearing
+/// parameters), as written and percent-decoded: for scrubbing from what a server answers,
+/// which may echo the request.
+pub fn credentials(url: &str) -> Vec<String> {
+    let (head, query) = url
+        .split_once('?')
+        .map_or((url, None), |(h, q)| (h, Some(q)));
+    let mut found = Vec::new();
+    if let Some((_scheme, rest)) = head.split_once("://") {
+        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+        if let Some((userinfo, _host)) = authority.rsplit_once('@')
+            && let Some((_user, password)) = userinfo.split_once(':')
+        {
+            found.push(password);
+        }
+    }
+    for pair in query.into_iter().flat_map(|q| q.split('&')) {
+        if let Some((key, value)) = pair.split_once('=')
+            && SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str())
+        {
+            found.push(value);
+        }
+    }
+    let mut out = Vec::new();
+    for raw in found.into_iter().filter(|v| !v.is_empty()) {
+        let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+        if decoded != raw {
+            out.push(decoded.into_owned());
+        }
+        out.push(raw.to_owned());
+    }
+    out
+}
+
 /// A short, stable stand-in for personal data in logs (a recipient, say): the first 12 hex
 /// digits of its SHA-256, enough to correlate lines about one address without showing it.
 pub fn fingerprint(value: &str) -> String {
@@ -113,7 +147,21 @@ fn redact_param(pair: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{secrets, url};
+    use super::{credentials, secrets, url};
+
+    #[test]
+    fn a_urls_credentials_are_its_password_and_secret_parameters() {
+        assert_eq!(
+            credentials("smtps://me%40x.io:p%40ss@mx:465/?tls=required"),
+            ["p@ss", "p%40ss"]
+        );
+        assert_eq!(
+            credentials("https://api.example/send?to=x&Token=t1&api_key="),
+            ["t1"]
+        );
+        assert!(credentials("https://user@api.example/a:b@c").is_empty());
+        assert!(credentials("host=db password=pw").is_empty());
+    }
 
     #[test]
     fn no_fragment_of_a_key_survives_a_provider_message() {

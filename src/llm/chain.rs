@@ -26,6 +26,7 @@ use crate::config::LlmSettings;
 use crate::domain::{ModelSummary, TokenUsage};
 use crate::infra::metrics::Metrics;
 use crate::llm::retry::{self, AttemptObserver, Deadline, RetryError, RetryPolicy};
+use crate::resilience::failure::{Classify, Disposition};
 
 /// One provider of the chain: the client, its retry policy (its own call timeout) and its
 /// breaker.
@@ -56,12 +57,27 @@ pub enum ChainError {
     Job(LlmError),
     /// Every provider's breaker is open: an outage, not the job's fault. The delivery does
     /// not count, and no job is taken until a probe closes a breaker.
+    ///
+    /// `reason` sums up every open breaker (what each last met), not one error to keep.
     #[error("every model provider is unavailable: {reason}")]
     AllOpen { reason: String },
     /// Tried and failed in a way a later delivery may not repeat, while some provider is
     /// still usable: the job stays pending.
     #[error(transparent)]
     Transient(RetryError),
+}
+
+impl Classify for ChainError {
+    /// What the delivery does next. Only the job's own fault is permanent; with every
+    /// breaker open nothing was tried; otherwise the job was tried and the delivery counts,
+    /// whatever the last provider said, because another provider is still usable.
+    fn disposition(&self) -> Disposition {
+        match self {
+            ChainError::Job(_) => Disposition::Permanent,
+            ChainError::AllOpen { .. } => Disposition::Unavailable,
+            ChainError::Transient(_) => Disposition::TRANSIENT,
+        }
+    }
 }
 
 pub struct ModelChain {
@@ -473,6 +489,7 @@ mod tests {
                 matches!(err, ChainError::Job(LlmError::Status { status, .. }) if status == code),
                 "{err:?}"
             );
+            assert_eq!(err.disposition(), Disposition::Permanent);
             assert_eq!(primary.calls(), 1, "{code}: one call");
             assert_eq!(fallback.calls(), 0, "{code}: never tried elsewhere");
             assert!(!chain.all_open());
@@ -506,6 +523,7 @@ mod tests {
             "{err:?}"
         );
         assert!(chain.all_open());
+        assert_eq!(err.disposition(), Disposition::Unavailable);
         let err = chain.summarise("t", deadline()).await.unwrap_err();
         assert!(matches!(err, ChainError::AllOpen { .. }));
         assert_eq!(only.calls(), 1, "no call while open");
@@ -522,6 +540,7 @@ mod tests {
             matches!(first, ChainError::Transient(RetryError::Llm(_))),
             "{first:?}"
         );
+        assert_eq!(first.disposition(), Disposition::TRANSIENT);
         assert!(!chain.all_open());
         let second = chain.summarise("t", deadline()).await.unwrap_err();
         assert!(matches!(second, ChainError::AllOpen { .. }), "{second:?}");

@@ -27,15 +27,16 @@ pub use openai::{OpenAiClient, PROBE_TEXT, PROMPT_PREFIX, prompt};
 
 use crate::config::{FallbackSettings, LlmProvider, LlmSettings};
 use crate::domain::TokenUsage;
+use crate::infra::http_client::with_causes;
 use crate::resilience::failure::{Classify, Disposition};
 
-/// The 4xx statuses a later attempt can fix (the set the OpenAI SDK retries); every 5xx too.
-const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
 /// The statuses that say the provider is misconfigured (a revoked key, a model that does not
 /// exist there): no job can succeed on it, and any job may succeed elsewhere.
 const PROVIDER_FAULT_4XX: [u16; 3] = [401, 403, 404];
 
-/// Whose fault a failed call is, which decides what happens next.
+/// Whose fault a failed call is: what the chain and the breakers act on (a provider's fault
+/// opens its breaker, the job's fault ends the delivery). Above the model edge it becomes a
+/// [`Disposition`] like every other adapter's error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// The provider is down, slow or rate-limiting: try again, here or on the next provider.
@@ -65,7 +66,13 @@ impl Completion {
     }
 }
 
-/// What went wrong in one model call; its [`Classify`] impl says what each means.
+/// What went wrong in one model call; [`LlmError::fault`] says what each means.
+///
+/// The messages stay `String`s: every one of them passes through the provider's redaction
+/// (`openai.rs`) before it reaches logs or dead-letter reasons, because providers echo keys
+/// and transport errors carry the endpoint URL (which may hold a proxy's password); a kept
+/// `#[source]` would carry the unredacted text past it. Owned text also keeps the error
+/// `Clone`, which the chain's scripted fakes replay.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum LlmError {
     #[error("model call timed out")]
@@ -97,23 +104,32 @@ impl LlmError {
                 status,
                 retry_after,
                 ..
-            } => match Disposition::of_http_status(*status, &TRANSIENT_4XX, *retry_after) {
+            } => match Disposition::of_http_status(*status, *retry_after) {
                 Disposition::Transient { retry_after } => Fault::Transient { retry_after },
-                Disposition::Permanent if PROVIDER_FAULT_4XX.contains(status) => Fault::Provider,
-                Disposition::Permanent => Fault::Job,
+                _ if PROVIDER_FAULT_4XX.contains(status) => Fault::Provider,
+                _ => Fault::Job,
             },
             LlmError::Malformed(_) | LlmError::InvalidInput(_) | LlmError::Other(_) => Fault::Job,
         }
     }
 }
 
-impl Classify for LlmError {
-    /// Whether another attempt on the same provider may pass: only for transient faults.
-    fn disposition(&self) -> Disposition {
-        match self.fault() {
+impl From<Fault> for Disposition {
+    fn from(fault: Fault) -> Self {
+        match fault {
             Fault::Transient { retry_after } => Disposition::Transient { retry_after },
-            Fault::Job | Fault::Provider => Disposition::Permanent,
+            Fault::Provider => Disposition::Unavailable,
+            Fault::Job => Disposition::Permanent,
         }
+    }
+}
+
+impl Classify for LlmError {
+    /// Whether another attempt on the same provider may pass (only a transient fault), and
+    /// whose fault it is otherwise: a misconfigured provider serves no job, this one refuses
+    /// the job on every provider.
+    fn disposition(&self) -> Disposition {
+        self.fault().into()
     }
 }
 
@@ -135,8 +151,8 @@ pub trait Llm: Send + Sync {
 pub enum LlmConfigError {
     #[error("{setting}: {reason}")]
     Invalid { setting: String, reason: String },
-    #[error("could not build the HTTP client for the model API: {0}")]
-    Client(String),
+    #[error("could not build the HTTP client for the model API: {}", with_causes(.0))]
+    Client(#[source] reqwest::Error),
 }
 
 /// What one provider of the chain is built from: `[llm]` itself, or a `[[llm.fallback]]`
@@ -323,6 +339,8 @@ mod tests {
             Disposition::Transient { retry_after: after }
         );
         assert_eq!(status(400, after).disposition(), Disposition::Permanent);
+        assert_eq!(status(401, after).disposition(), Disposition::Unavailable);
+        assert_eq!(LlmError::Timeout.disposition(), Disposition::TRANSIENT);
     }
 
     #[tokio::test]

@@ -85,7 +85,7 @@ impl OpenAiClient {
             .timeout(Duration::from_millis(settings.call_timeout_ms))
             .user_agent(concat!("summaryd/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| LlmConfigError::Client(describe(e)))?;
+            .map_err(|e| LlmConfigError::Client(e.without_url()))?;
         let api_key = settings
             .api_key
             .as_deref()

@@ -111,11 +111,13 @@ pub enum RetryError {
 }
 
 impl Classify for RetryError {
-    /// Whether a later delivery may succeed (the message should stay pending).
+    /// The last model error's answer; an open breaker is its provider being unavailable, and
+    /// a budget too short is worth a later delivery with a fresh one.
     fn disposition(&self) -> Disposition {
         match self {
             RetryError::Llm(e) => e.disposition(),
-            RetryError::BreakerOpen | RetryError::DeadlineExceeded { .. } => Disposition::TRANSIENT,
+            RetryError::BreakerOpen => Disposition::Unavailable,
+            RetryError::DeadlineExceeded { .. } => Disposition::TRANSIENT,
         }
     }
 }
@@ -217,8 +219,12 @@ mod tests {
             needed: Duration::from_secs(1),
         };
         assert!(e.is_transient());
-        assert!(!RetryError::Llm(status(400)).is_transient());
+        assert_eq!(
+            RetryError::Llm(status(400)).disposition(),
+            Disposition::Permanent
+        );
         assert!(RetryError::Llm(status(429)).is_transient());
+        assert!(RetryError::Llm(status(403)).is_unavailable());
     }
 
     /// Fails with `error` the first `failures` calls, then answers.
@@ -365,7 +371,10 @@ mod tests {
         let deadline = Deadline::after(Duration::from_secs(60));
         let got = complete_with_retries(&llm, "t", deadline, &p, Some(&observer)).await;
         assert!(matches!(got, Err(RetryError::BreakerOpen)), "{got:?}");
-        assert!(RetryError::BreakerOpen.is_transient());
+        assert_eq!(
+            RetryError::BreakerOpen.disposition(),
+            Disposition::Unavailable
+        );
         assert_eq!(*observer.seen.lock().unwrap(), [false, false]);
         assert_eq!(llm.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
         let closed = OpensAfter {

@@ -3,31 +3,27 @@
 //! `POST {"from","to","subject","text"}` with `Idempotency-Key: <dedupe_key>`: a resend of
 //! the same outbox row carries the same key, so a provider that honours it sends one email.
 
-use crate::infra::http_client::describe;
 use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use reqwest::StatusCode;
 
-use super::{MailConfigError, Mailer, OutgoingEmail};
+use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
 use crate::config::MailSettings;
-use crate::resilience::failure::{Disposition, Failure};
+use crate::infra::redact;
 
 /// TCP + TLS to an email API takes well under a second; 5 s means it is down, and the row
 /// is retried after its backoff rather than holding its lease.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// The 4xx statuses a later send can fix (timeout, rate limit, and 409: an email API answers
-/// it to a resend whose idempotency key it is still processing, and the next attempt gets
-/// that send's outcome); every 5xx too. Any other 4xx is the request's fault (the table in
-/// docs/providers.md).
-const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
 /// Error bodies are read only for the excerpt; more than this is never useful.
 const MAX_ERROR_BODY_BYTES: usize = 64 * 1024;
 
 pub struct HttpMailer {
     http: reqwest::Client,
     url: reqwest::Url,
+    /// The URL's password and credential parameters, scrubbed from every error body in
+    /// case the API echoes the request.
+    credentials: Vec<String>,
 }
 
 impl fmt::Debug for HttpMailer {
@@ -65,14 +61,30 @@ impl HttpMailer {
             .timeout(Duration::from_millis(settings.timeout_ms))
             .user_agent(concat!("summaryd/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| MailConfigError::Client(describe(e)))?;
-        Ok(Self { http, url })
+            .map_err(|e| MailConfigError::Client(e.without_url()))?;
+        let credentials = redact::credentials(url.as_str());
+        Ok(Self {
+            http,
+            url,
+            credentials,
+        })
+    }
+
+    /// An error body as operators may read it: an excerpt, without our credentials or
+    /// anything shaped like a key.
+    fn scrubbed(&self, body: &str) -> String {
+        let excerpt = crate::infra::http_client::excerpt(body);
+        let mut text = redact::secrets(&excerpt, None);
+        for credential in &self.credentials {
+            text = redact::secrets(&text, Some(credential));
+        }
+        text
     }
 }
 
 #[async_trait]
 impl Mailer for HttpMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         let response = self
             .http
             .post(self.url.clone())
@@ -80,25 +92,20 @@ impl Mailer for HttpMailer {
             .json(email)
             .send()
             .await
-            .map_err(|e| Failure::Transient(format!("mail API unreachable: {}", describe(e))))?;
+            .map_err(|e| MailError::Unreachable(e.without_url()))?;
         let status = response.status();
         if status.is_success() {
             return Ok(());
         }
-        let message = format!(
-            "mail API answered {}: {}",
-            status.as_u16(),
-            excerpt(response).await
-        );
-        Err(Failure::new(classify(status), message))
+        Err(MailError::Status {
+            status: status.as_u16(),
+            message: self.scrubbed(&error_body(response).await),
+        })
     }
 }
 
-fn classify(status: StatusCode) -> Disposition {
-    Disposition::of_http_status(status.as_u16(), &TRANSIENT_4XX, None)
-}
-
-async fn excerpt(mut response: reqwest::Response) -> String {
+/// The start of an error body; a body that breaks off is quoted as far as it came.
+async fn error_body(mut response: reqwest::Response) -> String {
     let mut body = Vec::new();
     while let Ok(Some(chunk)) = response.chunk().await {
         body.extend_from_slice(&chunk);
@@ -106,7 +113,7 @@ async fn excerpt(mut response: reqwest::Response) -> String {
             break;
         }
     }
-    crate::infra::http_client::excerpt(&String::from_utf8_lossy(&body))
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 #[cfg(test)]
@@ -114,19 +121,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classifies_statuses_like_the_contract() {
-        for s in [408, 409, 429, 500, 502, 503, 504] {
-            assert!(
-                classify(StatusCode::from_u16(s).unwrap()).is_transient(),
-                "{s}"
-            );
-        }
-        for s in [400, 401, 403, 404, 413, 422] {
-            assert!(
-                !classify(StatusCode::from_u16(s).unwrap()).is_transient(),
-                "{s}"
-            );
-        }
+    fn error_bodies_are_quoted_without_the_urls_credentials() {
+        let mut settings = crate::config::Settings::default().mail;
+        settings.http_url = Some("https://mail.example/send?token=tk-0123456789&to=x".into());
+        let mailer = HttpMailer::new(&settings).unwrap();
+        assert_eq!(
+            mailer.scrubbed("bad  token tk-0123456789\n for key-abcdef"),
+            "bad token <redacted> for <redacted>"
+        );
+        assert_eq!(mailer.scrubbed(""), "(empty body)");
     }
 
     #[test]

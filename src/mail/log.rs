@@ -5,15 +5,14 @@
 
 use async_trait::async_trait;
 
-use super::{Mailer, OutgoingEmail};
-use crate::resilience::failure::Failure;
+use super::{MailError, Mailer, OutgoingEmail};
 
 #[derive(Debug, Default)]
 pub struct LogMailer;
 
 #[async_trait]
 impl Mailer for LogMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         // Info, not debug: with this provider the log line *is* the delivery.
         tracing::info!(
             from = %email.from,

@@ -1,6 +1,7 @@
 //! Sending the "summary ready" email, behind one trait; the provider is chosen by configuration.
 
 mod compose;
+mod error;
 mod http;
 mod log;
 mod smtp;
@@ -11,12 +12,12 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
 pub use self::compose::{SUMMARY_READY_SUBJECT, summary_ready_email};
+pub use self::error::{MailConfigError, MailError};
 pub use self::http::HttpMailer;
 pub use self::log::LogMailer;
 pub use self::smtp::{SmtpMailer, build_message, message_id};
 
 use crate::config::{MailProvider, MailSettings};
-use crate::resilience::failure::Failure;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutgoingEmail {
@@ -29,22 +30,10 @@ pub struct OutgoingEmail {
 #[async_trait]
 pub trait Mailer: Send + Sync {
     /// Send once. `dedupe_key` is the provider's idempotency key, so a resend after a crash
-    /// between send and commit is recognisable as the same message. The provider classifies
-    /// its failures: transient (network, timeout, busy) is resent after the row's backoff,
-    /// permanent leaves the row for a person.
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure>;
-}
-
-/// A provider that cannot be built from the settings; names the setting to fix.
-#[derive(Debug, thiserror::Error)]
-pub enum MailConfigError {
-    #[error("{setting}: {reason}")]
-    Invalid {
-        setting: &'static str,
-        reason: String,
-    },
-    #[error("could not build the HTTP client for the mail API: {0}")]
-    Client(String),
+    /// between send and commit is recognisable as the same message. What a failure means
+    /// for the row (resent after its backoff, or left for a person) is the error's
+    /// [`Classify`](crate::resilience::failure::Classify) answer.
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError>;
 }
 
 /// Build the configured provider. No network I/O: a down mail server shows up as transient

@@ -13,9 +13,8 @@ use lettre::message::{Mailbox, Message};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use sha2::{Digest, Sha256};
 
-use super::{MailConfigError, Mailer, OutgoingEmail};
+use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
 use crate::config::MailSettings;
-use crate::resilience::failure::{Disposition, Failure};
 
 pub struct SmtpMailer {
     transport: AsyncSmtpTransport<Tokio1Executor>,
@@ -109,11 +108,15 @@ impl SmtpMailer {
 }
 
 /// Build the RFC 5322 message; a bad address fails the same way every time, so it is permanent.
-pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message, Failure> {
-    let parse = |what: &str, value: &str| {
+pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message, MailError> {
+    let parse = |field: &'static str, value: &str| {
         value
             .parse::<Mailbox>()
-            .map_err(|e| Failure::Permanent(format!("invalid {what} address {value:?}: {e}")))
+            .map_err(|source| MailError::InvalidAddress {
+                field,
+                value: value.to_owned(),
+                source,
+            })
     };
     let from = parse("from", &email.from)?;
     let to = parse("to", &email.to)?;
@@ -125,34 +128,38 @@ pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message,
         .message_id(Some(message_id(dedupe_key, &domain)))
         .header(ContentType::TEXT_PLAIN)
         .body(email.text.clone())
-        .map_err(|e| Failure::Permanent(format!("cannot build the message: {e}")))
+        .map_err(MailError::Message)
 }
 
 #[async_trait]
 impl Mailer for SmtpMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         let message = build_message(email, dedupe_key)?;
         match tokio::time::timeout(self.timeout, self.transport.send(message)).await {
-            Err(_) => Err(Failure::Transient(format!(
-                "SMTP send to {} timed out after {:?}",
-                self.server, self.timeout
-            ))),
+            Err(_) => Err(MailError::SmtpTimeout {
+                server: self.server.clone(),
+                after: self.timeout,
+            }),
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(Failure::new(
-                classify(&e),
-                self.scrub(format!("SMTP {}: {e}", self.server)),
-            )),
+            Ok(Err(e)) => Err(self.failed(&e)),
         }
     }
 }
 
-/// 5xx replies will be refused again; 4xx replies, connection and TLS trouble and timeouts
-/// may pass later.
-fn classify(err: &lettre::transport::smtp::Error) -> Disposition {
-    if err.is_permanent() {
-        Disposition::Permanent
-    } else {
-        Disposition::TRANSIENT
+impl SmtpMailer {
+    /// lettre's error as text, scrubbed: the server's reply is quoted in it, and lettre's
+    /// error would carry it unscrubbed if it were kept as the source.
+    fn failed(&self, err: &lettre::transport::smtp::Error) -> MailError {
+        let server = self.server.clone();
+        let message = self.scrub(err.to_string());
+        match err.status() {
+            Some(code) => MailError::SmtpReply {
+                server,
+                code: code.into(),
+                message,
+            },
+            None => MailError::SmtpConnection { server, message },
+        }
     }
 }
 
@@ -185,7 +192,7 @@ mod tests {
         };
         assert!(matches!(
             build_message(&email, "k"),
-            Err(Failure::Permanent(_))
+            Err(MailError::InvalidAddress { field: "to", .. })
         ));
     }
 

@@ -8,10 +8,10 @@ use tracing::{error, info, warn};
 use super::{RelayError, RelayServices};
 use crate::config::RelaySettings;
 use crate::db::outbox::{self, OutboxRow};
-use crate::domain::SummaryReady;
-use crate::mail::summary_ready_email;
+use crate::domain::{InvalidEvent, SummaryReady};
+use crate::mail::{MailError, summary_ready_email};
 use crate::resilience::backoff::{Backoff, Jitter};
-use crate::resilience::failure::Failure;
+use crate::resilience::failure::{Classify, Disposition};
 
 /// What one pass did, for the loop's pacing and for logs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -77,10 +77,32 @@ enum Outcome {
     LostClaim,
 }
 
+/// Why a row was not handed over: its own content, or the mail provider's answer. The
+/// Display is the row's `last_error`.
+#[derive(Debug, thiserror::Error)]
+enum SendError {
+    #[error("no email is defined for outbox topic {0:?}")]
+    UnknownTopic(String),
+    #[error(transparent)]
+    Payload(#[from] InvalidEvent),
+    #[error(transparent)]
+    Mail(#[from] MailError),
+}
+
+impl Classify for SendError {
+    /// A row the relay cannot turn into an email fails the same way on every pass.
+    fn disposition(&self) -> Disposition {
+        match self {
+            SendError::UnknownTopic(_) | SendError::Payload(_) => Disposition::Permanent,
+            SendError::Mail(e) => e.disposition(),
+        }
+    }
+}
+
 async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, RelayError> {
     let relay = &services.settings.relay;
     let pg = &services.pg;
-    match send(services, row).await {
+    let failed = match send(services, row).await {
         Ok(event) => {
             if outbox::mark_sent(pg, row.id).await? {
                 services.metrics.outbox_sent.inc();
@@ -96,10 +118,15 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
                 // Another relay (whose lease we outlived, or who outlived ours) recorded it.
                 info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent again; already recorded");
             }
-            Ok(Outcome::Sent)
+            return Ok(Outcome::Sent);
         }
-        // Provider down, slow or rate-limiting: resend after the row's backoff.
-        Err(Failure::Transient(err)) => {
+        Err(failed) => failed,
+    };
+    let err = failed.to_string();
+    match failed.disposition() {
+        // Provider down, slow or rate-limiting: resend after the row's backoff. An outage
+        // of any length never parks a row either (only the give-up horizon does).
+        Disposition::Transient { .. } | Disposition::Unavailable => {
             // Capped (SUMMARYD_RELAY_MAX_BACKOFF_MS) and unbounded in count: a provider outage
             // of any length shorter than the give-up horizon ends with the row sent.
             let failures = u32::try_from(row.attempts).unwrap_or(0);
@@ -129,7 +156,7 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
             }
         }
         // The same email would fail the same way every time: no futile attempts.
-        Err(Failure::Permanent(err)) => {
+        Disposition::Permanent => {
             if !outbox::mark_failed_permanent(pg, row.id, row.claim_token, &err).await? {
                 return Ok(lost_claim(row, &err));
             }
@@ -158,15 +185,11 @@ fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
 
 /// Compose and hand the row to the provider once, under a wall-clock cap. Returns the
 /// event that was sent.
-async fn send(services: &RelayServices, row: &OutboxRow) -> Result<SummaryReady, Failure> {
+async fn send(services: &RelayServices, row: &OutboxRow) -> Result<SummaryReady, SendError> {
     if row.topic != SummaryReady::TOPIC {
-        return Err(Failure::Permanent(format!(
-            "no email is defined for outbox topic {:?}",
-            row.topic
-        )));
+        return Err(SendError::UnknownTopic(row.topic.clone()));
     }
-    let event =
-        SummaryReady::decode(&row.payload).map_err(|e| Failure::Permanent(e.to_string()))?;
+    let event = SummaryReady::decode(&row.payload)?;
     let mail = &services.settings.mail;
     let email = summary_ready_email(&mail.from, &event);
     // Wall-clock cap on the whole call: client timeouts are per phase, and a provider that
@@ -175,10 +198,7 @@ async fn send(services: &RelayServices, row: &OutboxRow) -> Result<SummaryReady,
     // The dedupe key is the provider's idempotency key: the same row always sends the same
     // key, so a resend after a crash between send and mark_sent is recognisably a duplicate.
     match tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key)).await {
-        Ok(result) => result.map(|()| event),
-        Err(_) => Err(Failure::Transient(format!(
-            "mail provider did not answer within {} ms",
-            mail.timeout_ms
-        ))),
+        Ok(result) => Ok(result.map(|()| event)?),
+        Err(_) => Err(MailError::Timeout { after: timeout }.into()),
     }
 }

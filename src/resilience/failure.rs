@@ -1,19 +1,33 @@
-//! One answer to "should this be tried again?", shared by every provider kind and stage.
+//! One answer to "what next?" after a failure, shared by every adapter and acted on by the
+//! roles.
 //!
-//! Each provider kind decides it once, where its errors are made: the model in
-//! `LlmError::disposition`, the mail providers when they return a [`Failure`]. The retry
-//! policy, the worker and the relay only act on the answer.
+//! Each adapter decides it once, where its errors are made, by implementing [`Classify`]:
+//! the model (`LlmError`, and `RetryError` / `ChainError` above it), Postgres (`DbError`),
+//! the mail providers (`MailError`). The retry policy, the worker and the relay only act on
+//! the [`Disposition`] they are given; none of them looks inside another module's errors.
 
-use std::fmt;
 use std::time::Duration;
 
-/// Whether a later attempt of the same operation can succeed.
+/// The 4xx statuses a later attempt of the same request can pass: 408 (the server gave up
+/// waiting for us), 429 (rate limited) and 409 (the set the OpenAI SDK retries; an email API
+/// answers it to a resend whose idempotency key it is still processing, and the next attempt
+/// gets that send's outcome). Every 5xx may pass later too; any other 4xx is the request's
+/// fault (the tables in `docs/providers.md`).
+pub const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
+
+/// What the caller does next with the work that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Disposition {
-    /// The provider is down, slow or rate-limiting: a later attempt may succeed.
+    /// The provider is down, slow or rate-limiting: a later attempt may succeed, and this
+    /// one counted (a retry in-process, the job's next delivery, the row's next send).
     /// `retry_after` is how long the provider asked us to wait, when it said.
     Transient { retry_after: Option<Duration> },
-    /// The same attempt fails the same way every time; another one only costs.
+    /// A dependency cannot serve anyone right now (down, or misconfigured), so the work was
+    /// not really tried: it waits for the dependency and the attempt does not count against
+    /// it (`docs/delivery.md`).
+    Unavailable,
+    /// The work itself is refused, the same way every time; another attempt only costs.
+    /// Dead-letter the job, stop sending the row.
     Permanent,
 }
 
@@ -24,14 +38,14 @@ impl Disposition {
         matches!(self, Self::Transient { .. })
     }
 
-    /// An HTTP error status: every 5xx and the 4xx in `transient_4xx` may pass later; any
-    /// other status is the request's fault. Each provider kind names its own 4xx set.
-    pub fn of_http_status(
-        status: u16,
-        transient_4xx: &[u16],
-        retry_after: Option<Duration>,
-    ) -> Self {
-        if status >= 500 || transient_4xx.contains(&status) {
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::Unavailable)
+    }
+
+    /// An HTTP error status: every 5xx and the [`TRANSIENT_4XX`] may pass later; any other
+    /// status is the request's fault.
+    pub fn of_http_status(status: u16, retry_after: Option<Duration>) -> Self {
+        if status >= 500 || TRANSIENT_4XX.contains(&status) {
             Self::Transient { retry_after }
         } else {
             Self::Permanent
@@ -39,48 +53,16 @@ impl Disposition {
     }
 }
 
-/// An error that knows its disposition.
+/// An error that knows what its caller should do next.
 pub trait Classify {
     fn disposition(&self) -> Disposition;
 
     fn is_transient(&self) -> bool {
         self.disposition().is_transient()
     }
-}
 
-/// A failure reduced to what the caller acts on: try again or not, and what to tell a person
-/// (the message ends up in logs, dead-letter reasons and `outbox.last_error`).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Failure {
-    /// Worth another attempt later (a redelivery, the row's next send).
-    #[error("transient: {0}")]
-    Transient(String),
-    /// Needs a person: dead-letter the job, stop sending the row.
-    #[error("permanent: {0}")]
-    Permanent(String),
-}
-
-impl Failure {
-    pub fn new(disposition: Disposition, message: String) -> Self {
-        if disposition.is_transient() {
-            Self::Transient(message)
-        } else {
-            Self::Permanent(message)
-        }
-    }
-
-    /// `err` classified, with its message.
-    pub fn of<E: Classify + fmt::Display + ?Sized>(err: &E) -> Self {
-        Self::new(err.disposition(), err.to_string())
-    }
-}
-
-impl Classify for Failure {
-    fn disposition(&self) -> Disposition {
-        match self {
-            Self::Transient(_) => Disposition::TRANSIENT,
-            Self::Permanent(_) => Disposition::Permanent,
-        }
+    fn is_unavailable(&self) -> bool {
+        self.disposition().is_unavailable()
     }
 }
 
@@ -91,43 +73,44 @@ mod tests {
     #[test]
     fn http_statuses_split_into_5xx_and_named_4xx_versus_the_rest() {
         let after = Some(Duration::from_secs(3));
-        for status in [500, 502, 503, 599] {
+        for status in [408, 409, 429, 500, 502, 503, 599] {
             assert_eq!(
-                Disposition::of_http_status(status, &[], after),
+                Disposition::of_http_status(status, after),
                 Disposition::Transient { retry_after: after },
                 "{status}"
             );
         }
-        assert!(Disposition::of_http_status(429, &[408, 429], None).is_transient());
-        for status in [400, 404, 409, 422, 499] {
+        for status in [400, 401, 403, 404, 407, 410, 413, 422, 428, 430, 499] {
             assert_eq!(
-                Disposition::of_http_status(status, &[408, 429], after),
+                Disposition::of_http_status(status, after),
                 Disposition::Permanent,
                 "{status}"
             );
         }
     }
 
-    #[derive(Debug, thiserror::Error)]
-    #[error("model answered {0}")]
-    struct Status(u16);
+    struct Answers(Disposition);
 
-    impl Classify for Status {
+    impl Classify for Answers {
         fn disposition(&self) -> Disposition {
-            Disposition::of_http_status(self.0, &[429], None)
+            self.0
         }
     }
 
     #[test]
-    fn a_classified_error_becomes_a_failure_with_its_message() {
+    fn each_disposition_answers_exactly_one_question_yes() {
+        let transient = Answers(Disposition::Transient {
+            retry_after: Some(Duration::from_secs(1)),
+        });
+        assert!(transient.is_transient() && !transient.is_unavailable());
+        let unavailable = Answers(Disposition::Unavailable);
+        assert!(unavailable.is_unavailable() && !unavailable.is_transient());
+        let permanent = Answers(Disposition::Permanent);
+        assert!(!permanent.is_transient() && !permanent.is_unavailable());
+        assert!(Disposition::TRANSIENT.is_transient());
         assert_eq!(
-            Failure::of(&Status(429)),
-            Failure::Transient("model answered 429".into())
+            Disposition::TRANSIENT,
+            Disposition::Transient { retry_after: None }
         );
-        let permanent = Failure::of(&Status(400));
-        assert_eq!(permanent.to_string(), "permanent: model answered 400");
-        assert_eq!(permanent.disposition(), Disposition::Permanent);
-        assert!(!permanent.is_transient());
-        assert!(Failure::Transient(String::new()).is_transient());
     }
 }

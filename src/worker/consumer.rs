@@ -13,11 +13,12 @@ use tracing::Instrument;
 use super::WorkerServices;
 use super::dead_reason::DeadReason;
 use super::gate::{DependencyGate, MODEL, POSTGRES};
-use super::handler::{JobError, JobOutcome, handle_summary_job};
+use super::handler::{JobOutcome, handle_summary_job};
 use crate::config::WorkerSettings;
 use crate::db::summaries;
 use crate::domain::Job;
 use crate::resilience::backoff::{Backoff, Jitter};
+use crate::resilience::failure::{Classify, Disposition};
 use crate::shutdown::Shutdown;
 use crate::stream::consumer_group::{self as group, CURSOR_START, Delivery};
 use crate::stream::{dead_letters, job_entry};
@@ -371,17 +372,22 @@ impl Consumer {
                 tracing::info!(outcome = label, "job finished");
                 Ok(())
             }
-            Err(JobError::Retry(reason)) => {
-                // Leave it pending: XAUTOCLAIM redelivers it after claim_idle_ms, which
-                // doubles as a coarse backoff between deliveries.
-                self.count("retry");
-                tracing::warn!(%reason, "job failed; will be redelivered");
-                Ok(())
-            }
-            Err(JobError::Unavailable { dependency, reason }) => {
-                self.not_tried(conn, delivery, dependency, &reason).await
-            }
-            Err(JobError::Dead(reason)) => self.dead_letter(conn, delivery, &reason).await,
+            Err(err) => match err.disposition() {
+                Disposition::Transient { .. } => {
+                    // Leave it pending: XAUTOCLAIM redelivers it after claim_idle_ms, which
+                    // doubles as a coarse backoff between deliveries.
+                    self.count("retry");
+                    tracing::warn!(reason = %err, "job failed; will be redelivered");
+                    Ok(())
+                }
+                Disposition::Unavailable => {
+                    self.not_tried(conn, delivery, err.dependency(), &err.to_string())
+                        .await
+                }
+                Disposition::Permanent => {
+                    self.dead_letter(conn, delivery, &err.dead_reason()).await
+                }
+            },
         }
     }
 

@@ -4,7 +4,8 @@
 //! scrubbed of credentials where they are made (`llm::openai`), so neither carries a secret.
 
 use crate::db::DbError;
-use crate::llm::LlmError;
+use crate::llm::retry::RetryError;
+use crate::llm::{ChainError, LlmError};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadReason {
@@ -39,7 +40,18 @@ impl DeadReason {
         Self::new(tenant, err)
     }
 
-    /// Postgres refused the summary's data (`DbError::is_data_error`).
+    /// The model chain gave up on the job. Only the job's own fault (`ChainError::Job`)
+    /// dead-letters it; the other cases are worded for an operator who asks anyway.
+    pub fn model_chain(err: &ChainError) -> Self {
+        match err {
+            ChainError::Job(e) | ChainError::Transient(RetryError::Llm(e)) => Self::model(e),
+            ChainError::AllOpen { .. } | ChainError::Transient(_) => {
+                Self::new("the model could not be reached in time", err)
+            }
+        }
+    }
+
+    /// Postgres refused the summary's data (the permanent `DbError`s).
     pub fn unstorable(err: &DbError) -> Self {
         let code = err.sqlstate().unwrap_or("unknown");
         let cause = match err {

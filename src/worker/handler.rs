@@ -11,6 +11,7 @@ use crate::db::summaries::{self, CommitOutcome};
 use crate::domain::Job;
 use crate::llm::ChainError;
 use crate::llm::retry::Deadline;
+use crate::resilience::failure::{Classify, Disposition};
 
 /// What became of one delivery that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,51 +22,49 @@ pub enum JobOutcome {
     Duplicate,
 }
 
-/// Why a delivery did not finish its job.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+/// Why a delivery did not finish its job: the model chain's or the database's error, each
+/// of which says what the consumer does next ([`Classify`]): a transient failure leaves the
+/// job pending for a counted redelivery; an unavailable dependency (Postgres, or every model
+/// provider's breaker open) means the job was not tried to the end, so the consumer asks the
+/// dependency directly and, if it is down, the delivery does not count (`docs/delivery.md`);
+/// a permanent one dead-letters the job with its [`DeadReason`].
+#[derive(Debug, thiserror::Error)]
 pub enum JobError {
-    /// The job was tried and failed in a way a later delivery may not repeat (the model is
-    /// slow or rate-limiting): leave it pending.
-    #[error("transient: {0}")]
-    Retry(String),
-    /// Fails the same way every time (the model refused the request, Postgres refused the
-    /// data itself): dead-letter the job now.
-    #[error("permanent: {}", .0.operator)]
-    Dead(DeadReason),
-    /// A dependency the delivery needs did not answer (Postgres, or every model provider's
-    /// breaker is open), so the job itself was not tried to the end. The consumer asks the
-    /// dependency directly; if it is down, the delivery does not count and the consumers
-    /// wait for it (`docs/delivery.md`).
-    #[error("{dependency} unavailable: {reason}")]
-    Unavailable {
-        dependency: &'static str,
-        reason: String,
-    },
+    #[error(transparent)]
+    Model(#[from] ChainError),
+    #[error(transparent)]
+    Db(#[from] DbError),
 }
 
-impl From<DbError> for JobError {
-    /// One classification (`DbError::is_data_error`, of which `is_unavailable` is the
-    /// complement for refused statements): data the database refuses is the job's own and
-    /// permanent; a database that cannot serve us is an outage, not the job's fault.
-    fn from(e: DbError) -> Self {
-        if e.is_data_error() {
-            JobError::Dead(DeadReason::unstorable(&e))
-        } else if e.is_unavailable() {
-            JobError::Unavailable {
-                dependency: POSTGRES,
-                reason: e.to_string(),
-            }
-        } else {
-            JobError::Retry(e.to_string())
+impl Classify for JobError {
+    fn disposition(&self) -> Disposition {
+        match self {
+            JobError::Model(e) => e.disposition(),
+            JobError::Db(e) => e.disposition(),
+        }
+    }
+}
+
+impl JobError {
+    /// The dependency the consumers' gate closes under while this one is unavailable.
+    pub fn dependency(&self) -> &'static str {
+        match self {
+            JobError::Model(_) => MODEL,
+            JobError::Db(_) => POSTGRES,
+        }
+    }
+
+    /// What the tenant and operators are told when this error dead-letters the job.
+    pub fn dead_reason(&self) -> DeadReason {
+        match self {
+            JobError::Model(e) => DeadReason::model_chain(e),
+            JobError::Db(e) => DeadReason::unstorable(e),
         }
     }
 }
 
 /// Process one job. Sends nothing itself: the relay sends the email from the outbox row.
-///
-/// [`JobError::Retry`] leaves the message pending for a later delivery; [`JobError::Dead`]
-/// (decided by the model error's classification, or Postgres refusing the data itself)
-/// dead-letters it. A database that cannot serve us is [`JobError::Unavailable`].
+/// What a failure means for the job is its [`JobError::disposition`].
 pub async fn handle_summary_job(
     services: &WorkerServices,
     job: &Job,
@@ -77,22 +76,11 @@ pub async fn handle_summary_job(
     }
 
     let deadline = Deadline::after(Duration::from_millis(services.settings.job_budget_ms));
-    let summary = services
-        .model
-        .summarise(&job.text, deadline)
-        .await
-        .map_err(|e| match e {
-            ChainError::Job(e) => JobError::Dead(DeadReason::model(&e)),
-            ChainError::AllOpen { reason } => JobError::Unavailable {
-                dependency: MODEL,
-                reason,
-            },
-            ChainError::Transient(e) => JobError::Retry(e.to_string()),
-        })?;
+    let summary = services.model.summarise(&job.text, deadline).await?;
 
-    // A commit that fails because Postgres went away is `Unavailable` too: the model was
+    // A commit that fails because Postgres went away is unavailable too: the model was
     // paid, but the job did nothing wrong, and the retry after recovery pays it once more
-    // rather than spending a delivery on the outage. Data Postgres refuses is `Dead`.
+    // rather than spending a delivery on the outage. Data Postgres refuses is permanent.
     match summaries::commit_with_outbox(&services.pg, job, &summary).await? {
         CommitOutcome::Inserted => Ok(JobOutcome::Done),
         CommitOutcome::Duplicate => Ok(JobOutcome::Duplicate),

@@ -10,9 +10,9 @@ use summaryd::cli::{DlqCommand, OutboxCommand};
 use summaryd::config::roles::{Role, Roles};
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::llm::LlmError;
+use summaryd::mail::MailError;
 use summaryd::ops::{self, AdminCommand, AdminError};
 use summaryd::relay::relay_once;
-use summaryd::resilience::failure::Failure;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
 use summaryd::worker::Consumer;
@@ -191,9 +191,11 @@ async fn replaying_a_job_that_already_finished_makes_no_second_summary_or_email(
 async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     let env = TestEnv::new().await;
     let mailer = Arc::new(FakeMailer::with(
-        vec![MailStep::Fail(Failure::Permanent(
-            "550 mailbox unavailable".into(),
-        ))],
+        vec![MailStep::Fail(|| MailError::SmtpReply {
+            server: "mx.test:25".into(),
+            code: 550,
+            message: "550 mailbox unavailable".into(),
+        })],
         MailStep::Deliver,
     ));
     let services = env.services().mailer(mailer.clone()).build();

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant, SystemTime};
 use serde_json::json;
 use summaryd::config::{LlmProvider, LlmSettings, MailProvider, MailSettings, Settings};
 use summaryd::llm::{self, Llm, LlmError, OpenAiClient, ProviderConfig};
-use summaryd::mail::{self, HttpMailer, Mailer, OutgoingEmail, SmtpMailer};
-use summaryd::resilience::failure::Failure;
+use summaryd::mail::{self, HttpMailer, MailError, Mailer, OutgoingEmail, SmtpMailer};
+use summaryd::resilience::failure::{Classify, Disposition};
 
 use crate::shared::http_stub::{HttpStub, Reply, closed_port_url};
 use crate::shared::log_capture::Captured;
@@ -438,7 +438,7 @@ async fn http_mail_classifies_provider_answers() {
         sink.set_reply(Reply::text(status, "try later"));
         let got = mailer.send(&email(), "k1").await;
         assert!(
-            matches!(got, Err(Failure::Transient(_))),
+            matches!(&got, Err(e @ MailError::Status { .. }) if e.is_transient()),
             "{status}: {got:?}"
         );
     }
@@ -448,7 +448,8 @@ async fn http_mail_classifies_provider_answers() {
             json!({"message": "recipient domain blocked"}),
         ));
         match mailer.send(&email(), "k1").await {
-            Err(Failure::Permanent(m)) => {
+            Err(e) if e.disposition() == Disposition::Permanent => {
+                let m = e.to_string();
                 assert!(
                     m.contains(&status.to_string()) && m.contains("recipient domain blocked"),
                     "{m}"
@@ -474,7 +475,10 @@ async fn http_mail_unreachable_or_stalled_provider_is_transient() {
         .unwrap()
         .send(&email(), "k")
         .await;
-    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
+    assert!(
+        matches!(&got, Err(e @ MailError::Unreachable(_)) if e.is_transient()),
+        "{got:?}"
+    );
 
     let stalled = HttpStub::start(Reply::Hang).await;
     settings.http_url = Some(stalled.url("/send"));
@@ -483,7 +487,7 @@ async fn http_mail_unreachable_or_stalled_provider_is_transient() {
     let got = tokio::time::timeout(Duration::from_secs(5), mailer.send(&email(), "k"))
         .await
         .expect("SUMMARYD_MAIL_TIMEOUT_MS must bound a send to a provider that never answers");
-    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
+    assert!(matches!(&got, Err(e) if e.is_transient()), "{got:?}");
 }
 
 // ---- SMTP ----------------------------------------------------------------------------------
@@ -547,14 +551,16 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
     sink.reject_rcpt_with("451 4.3.0 mailbox temporarily unavailable");
     let got = mailer.send(&email(), "k").await;
     assert!(
-        matches!(&got, Err(Failure::Transient(m)) if m.contains("451")),
+        matches!(&got, Err(e @ MailError::SmtpReply { code: 451, .. })
+            if e.is_transient() && e.to_string().contains("451")),
         "{got:?}"
     );
 
     sink.reject_rcpt_with("550 5.1.1 no such user");
     let got = mailer.send(&email(), "k").await;
     assert!(
-        matches!(&got, Err(Failure::Permanent(m)) if m.contains("550")),
+        matches!(&got, Err(e @ MailError::SmtpReply { code: 550, .. })
+            if e.disposition() == Disposition::Permanent && e.to_string().contains("550")),
         "{got:?}"
     );
     assert!(sink.messages().is_empty(), "nothing was accepted");
@@ -562,7 +568,11 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
     let mut bad_to = email();
     bad_to.to = "not an address".into();
     let got = mailer.send(&bad_to, "k").await;
-    assert!(matches!(got, Err(Failure::Permanent(_))), "{got:?}");
+    assert!(
+        matches!(&got, Err(e @ MailError::InvalidAddress { field: "to", .. })
+            if e.disposition() == Disposition::Permanent),
+        "{got:?}"
+    );
 
     let mut settings = mail_settings(MailProvider::Smtp);
     settings.smtp_url = Some(closed_port_url("").replace("http://", "smtp://"));
@@ -570,7 +580,10 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
         .unwrap()
         .send(&email(), "k")
         .await;
-    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
+    assert!(
+        matches!(&got, Err(e @ MailError::SmtpConnection { .. }) if e.is_transient()),
+        "{got:?}"
+    );
 }
 
 #[tokio::test]
@@ -585,7 +598,7 @@ async fn smtp_server_that_never_greets_is_cut_by_the_mail_timeout() {
         .await
         .expect("SUMMARYD_MAIL_TIMEOUT_MS must bound a send to a silent SMTP server");
 
-    assert!(matches!(got, Err(Failure::Transient(_))), "{got:?}");
+    assert!(matches!(&got, Err(e) if e.is_transient()), "{got:?}");
 }
 
 #[tokio::test]

@@ -12,10 +12,9 @@ use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
 use summaryd::mail::{
-    LogMailer, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
+    LogMailer, MailError, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
 use summaryd::relay::{RelayServices, relay_once, run};
-use summaryd::resilience::failure::Failure;
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::fakes::MailStep;
@@ -125,9 +124,10 @@ fn sent_keys(mailer: &FakeMailer) -> Vec<String> {
 async fn provider_down_then_up_sends_exactly_one_email_with_the_dedupe_key() {
     let env = TestEnv::new().await;
     let mailer = Arc::new(FakeMailer::with(
-        vec![MailStep::Fail(Failure::Transient(
-            "503 from provider".into(),
-        ))],
+        vec![MailStep::Fail(|| MailError::Status {
+            status: 503,
+            message: "from provider".into(),
+        })],
         MailStep::Deliver,
     ));
     let svc = services(&env, fast_settings(&env), &mailer);
@@ -287,9 +287,10 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
     let settings = fast_settings(&env);
     let max = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::with(
-        vec![MailStep::Fail(Failure::Permanent(
-            "422 recipient rejected".into(),
-        ))],
+        vec![MailStep::Fail(|| MailError::Status {
+            status: 422,
+            message: "recipient rejected".into(),
+        })],
         MailStep::Deliver,
     ));
     let svc = services(&env, settings, &mailer);
@@ -393,7 +394,10 @@ async fn transient_failures_never_park_a_row_before_the_give_up_horizon() {
     let give_up = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::with(
         vec![],
-        MailStep::Fail(Failure::Transient("connection refused".into())),
+        MailStep::Fail(|| MailError::SmtpConnection {
+            server: "mx.test:25".into(),
+            message: "Connection error: connection refused".into(),
+        }),
     ));
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;

@@ -225,8 +225,10 @@ async fn crash_between_commit_and_xack_runs_the_model_once() {
     // Worker A reads and fully processes the job (DB commit included)...
     let (_, read) = w.read_as("w-a").await;
     assert_eq!(
-        handle_summary_job(&w.services.worker(), &read).await,
-        Ok(JobOutcome::Done)
+        handle_summary_job(&w.services.worker(), &read)
+            .await
+            .unwrap(),
+        JobOutcome::Done
     );
     // ...then dies before XACK: the entry is still pending against w-a.
     assert_eq!(w.pending().await, 1);
@@ -558,8 +560,10 @@ async fn finished_job_out_of_deliveries_is_acknowledged_not_dead_lettered() {
     let msg_id = w.enqueue(&msg).await;
     let (_, read) = w.read_as("w-a").await;
     assert_eq!(
-        handle_summary_job(&w.services.worker(), &read).await,
-        Ok(JobOutcome::Done)
+        handle_summary_job(&w.services.worker(), &read)
+            .await
+            .unwrap(),
+        JobOutcome::Done
     );
     w.make_idle(&msg_id).await;
 

@@ -7,8 +7,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use summaryd::domain::ModelSummary;
 use summaryd::llm::{Completion, Llm, LlmError};
-use summaryd::mail::{Mailer, OutgoingEmail};
-use summaryd::resilience::failure::Failure;
+use summaryd::mail::{MailError, Mailer, OutgoingEmail};
 
 use crate::shared::script::Script;
 
@@ -120,7 +119,9 @@ impl Llm for FakeLlm {
 #[derive(Debug, Clone)]
 pub enum MailStep {
     Deliver,
-    Fail(Failure),
+    /// Fail with the error this makes (a function, because errors that keep their source
+    /// cannot be cloned into every step).
+    Fail(fn() -> MailError),
     /// Record the email as delivered, then panic: a crash after the provider accepted the
     /// message but before the relay committed `sent_at`.
     DeliverThenCrash,
@@ -167,12 +168,12 @@ impl Default for FakeMailer {
 
 #[async_trait]
 impl Mailer for FakeMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), Failure> {
+    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         let step = self.script.next();
         match step {
             MailStep::Deliver => {}
-            MailStep::Fail(e) => return Err(e),
+            MailStep::Fail(error) => return Err(error()),
             MailStep::DeliverThenCrash => {
                 self.sent
                     .lock()

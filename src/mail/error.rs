@@ -1,0 +1,185 @@
+//! What can go wrong sending one email, and what each cause means for the outbox row
+//! (decided here, once, for every provider; the relay only acts on the [`Disposition`]).
+
+use std::time::Duration;
+
+use crate::infra::http_client::with_causes;
+use crate::resilience::failure::{Classify, Disposition};
+
+/// SMTP replies from here up (5yz, a permanent negative completion) will be refused again;
+/// 4yz replies (greylisting, a busy mailbox) may pass later.
+const SMTP_PERMANENT: u16 = 500;
+
+/// One failed send. The Display of each variant is what `outbox.last_error`, `outbox stuck`
+/// and the relay's log lines say.
+///
+/// Text that a server wrote (an error body, an SMTP reply) is kept as a `String` that has
+/// been scrubbed of the provider's credentials where it is made (`http.rs`, `smtp.rs`):
+/// servers echo what they were sent, and a kept source would carry the unscrubbed text on.
+#[derive(Debug, thiserror::Error)]
+pub enum MailError {
+    /// The mail API could not be reached or broke off (refused, reset, DNS, TLS, its own
+    /// timeout). The error is kept without its URL, whose query may hold a token.
+    #[error("mail API unreachable: {}", with_causes(.0))]
+    Unreachable(#[source] reqwest::Error),
+    /// The mail API answered with an error status; `message` is an excerpt of its body.
+    #[error("mail API answered {status}: {message}")]
+    Status { status: u16, message: String },
+    /// The SMTP server refused a command; `message` is lettre's account of the reply.
+    #[error("SMTP {server}: {message}")]
+    SmtpReply {
+        server: String,
+        code: u16,
+        message: String,
+    },
+    /// The SMTP conversation broke off without a reply: connection refused, TLS, network.
+    #[error("SMTP {server}: {message}")]
+    SmtpConnection { server: String, message: String },
+    /// The SMTP send did not complete within `SUMMARYD_MAIL_TIMEOUT_MS`.
+    #[error("SMTP send to {server} timed out after {after:?}")]
+    SmtpTimeout { server: String, after: Duration },
+    /// The provider did not answer within `SUMMARYD_MAIL_TIMEOUT_MS` (the relay's cap).
+    #[error("mail provider did not answer within {} ms", .after.as_millis())]
+    Timeout { after: Duration },
+    /// An address no server would accept (the recipient or the sender), refused before
+    /// anything was sent.
+    #[error("invalid {field} address {value:?}: {source}")]
+    InvalidAddress {
+        field: &'static str,
+        value: String,
+        #[source]
+        source: lettre::address::AddressError,
+    },
+    /// The message itself could not be put together.
+    #[error("cannot build the message: {0}")]
+    Message(#[source] lettre::error::Error),
+}
+
+impl Classify for MailError {
+    /// The tables in `docs/providers.md`: what the network, a timeout or a busy server did
+    /// may pass on a later send; what the provider refused by status or reply, and an
+    /// address or message that cannot be sent, fail the same way every time.
+    fn disposition(&self) -> Disposition {
+        match self {
+            MailError::Unreachable(_)
+            | MailError::SmtpConnection { .. }
+            | MailError::SmtpTimeout { .. }
+            | MailError::Timeout { .. } => Disposition::TRANSIENT,
+            MailError::Status { status, .. } => Disposition::of_http_status(*status, None),
+            MailError::SmtpReply { code, .. } if *code >= SMTP_PERMANENT => Disposition::Permanent,
+            MailError::SmtpReply { .. } => Disposition::TRANSIENT,
+            MailError::InvalidAddress { .. } | MailError::Message(_) => Disposition::Permanent,
+        }
+    }
+}
+
+/// A provider that cannot be built from the settings; names the setting to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum MailConfigError {
+    /// `reason` may quote the configured URL, which may hold a password, so it is text that
+    /// was scrubbed where it was made rather than the parser's error.
+    #[error("{setting}: {reason}")]
+    Invalid {
+        setting: &'static str,
+        reason: String,
+    },
+    #[error("could not build the HTTP client for the mail API: {}", with_causes(.0))]
+    Client(#[source] reqwest::Error),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(status: u16) -> MailError {
+        MailError::Status {
+            status,
+            message: "m".into(),
+        }
+    }
+
+    fn reply(code: u16) -> MailError {
+        MailError::SmtpReply {
+            server: "mx:25".into(),
+            code,
+            message: format!("permanent error ({code}): no"),
+        }
+    }
+
+    #[test]
+    fn http_statuses_are_classified_like_the_contract() {
+        for s in [408, 409, 429, 500, 502, 503, 504] {
+            assert_eq!(status(s).disposition(), Disposition::TRANSIENT, "{s}");
+        }
+        for s in [400, 401, 403, 404, 413, 422] {
+            assert_eq!(status(s).disposition(), Disposition::Permanent, "{s}");
+        }
+    }
+
+    #[test]
+    fn smtp_4xx_replies_pass_later_and_5xx_replies_never() {
+        for code in [421, 450, 451, 452, 499] {
+            assert_eq!(reply(code).disposition(), Disposition::TRANSIENT, "{code}");
+        }
+        for code in [500, 535, 550, 554] {
+            assert_eq!(reply(code).disposition(), Disposition::Permanent, "{code}");
+        }
+    }
+
+    #[test]
+    fn trouble_on_the_way_is_transient_and_a_bad_address_is_permanent() {
+        let after = Duration::from_millis(50);
+        let server = || "mx:25".to_owned();
+        for e in [
+            MailError::SmtpConnection {
+                server: server(),
+                message: "Connection error: refused".into(),
+            },
+            MailError::SmtpTimeout {
+                server: server(),
+                after,
+            },
+            MailError::Timeout { after },
+        ] {
+            assert_eq!(e.disposition(), Disposition::TRANSIENT, "{e}");
+        }
+        let source = "not an address"
+            .parse::<lettre::message::Mailbox>()
+            .unwrap_err();
+        let bad = MailError::InvalidAddress {
+            field: "to",
+            value: "not an address".into(),
+            source,
+        };
+        assert_eq!(bad.disposition(), Disposition::Permanent);
+        assert!(
+            bad.to_string()
+                .starts_with(r#"invalid to address "not an address": "#),
+            "{bad}"
+        );
+    }
+
+    #[test]
+    fn messages_are_what_operators_read_in_last_error() {
+        assert_eq!(status(503).to_string(), "mail API answered 503: m");
+        assert_eq!(
+            reply(550).to_string(),
+            "SMTP mx:25: permanent error (550): no"
+        );
+        assert_eq!(
+            MailError::Timeout {
+                after: Duration::from_millis(50)
+            }
+            .to_string(),
+            "mail provider did not answer within 50 ms"
+        );
+        assert_eq!(
+            MailError::SmtpTimeout {
+                server: "mx:25".into(),
+                after: Duration::from_millis(300)
+            }
+            .to_string(),
+            "SMTP send to mx:25 timed out after 300ms"
+        );
+    }
+}

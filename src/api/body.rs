@@ -134,7 +134,7 @@ pub async fn read_limited(
         // 256 KiB and sends 10 bytes costs 10 bytes.
         let mut body = BytesMut::new();
         while let Some(chunk) = payload.next().await {
-            let chunk = chunk.map_err(|e| ApiError::UnreadableBody(e.to_string()))?;
+            let chunk = chunk.map_err(ApiError::UnreadableBody)?;
             if body.len() + chunk.len() > limit {
                 return Err(too_large());
             }
@@ -171,7 +171,7 @@ fn not_an_object() -> ApiError {
 /// Syntax errors are the client's JSON (400); data errors are our schema (422).
 fn classify(e: serde_json::Error) -> ApiError {
     match e.classify() {
-        Category::Syntax | Category::Eof | Category::Io => ApiError::MalformedJson(e.to_string()),
+        Category::Syntax | Category::Eof | Category::Io => ApiError::MalformedJson(e),
         Category::Data => {
             let msg = e.to_string();
             // serde names the offender in backticks: "unknown field `cc`, expected ...".

@@ -70,24 +70,18 @@ impl Outcome {
     }
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("a request with this key is still in progress")]
     InProgress,
     #[error("the key was used with a different body")]
     KeyReused,
     #[error("Redis unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[from] redis::RedisError),
     #[error("unreadable idempotency record: {0}")]
-    Corrupt(String),
+    Corrupt(#[from] serde_json::Error),
     #[error("the tenant is over a limit")]
     OverLimit(OverLimit),
-}
-
-impl From<redis::RedisError> for StoreError {
-    fn from(e: redis::RedisError) -> Self {
-        Self::Unavailable(e.to_string())
-    }
 }
 
 #[derive(Clone)]
@@ -133,8 +127,7 @@ impl IdempotencyStore {
             fp: fingerprint.to_owned(),
             status: response.status,
             body: response.body.clone(),
-        })
-        .map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        })?;
         let mut conn = self.redis.get().await?;
         let reply = stream::enqueue_once(
             &mut conn,
@@ -157,8 +150,7 @@ impl IdempotencyStore {
     }
 
     fn existing(&self, raw: &str, fingerprint: &str) -> Result<Outcome, StoreError> {
-        let record: Record =
-            serde_json::from_str(raw).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+        let record: Record = serde_json::from_str(raw)?;
         match record {
             Record::InProgress { fp } | Record::Done { fp, .. } if fp != fingerprint => {
                 self.count("mismatch");

@@ -4,7 +4,7 @@
 //! path can fall back to actix's text/plain bodies or to a 500.
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER, WWW_AUTHENTICATE};
+use actix_web::http::header::{ALLOW, CONTENT_TYPE, HeaderName, RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 use serde::Serialize;
 use utoipa::ToSchema;
@@ -21,13 +21,15 @@ fn limit_name(limit: Limit) -> &'static str {
 
 pub const PROBLEM_JSON: &str = "application/problem+json";
 
+/// Every problem's `type` is this followed by its slug: a non-resolvable `tag:` URI.
+const PROBLEM_TYPE_PREFIX: &str = "tag:summaryd,2025:problems/";
 /// A client retrying a 409 sooner than this would only meet the same in-progress marker;
 /// the enqueue behind it normally takes milliseconds.
-const CONFLICT_RETRY_AFTER_S: &str = "1";
+const CONFLICT_RETRY_AFTER_S: u64 = 1;
 /// Bodies in flight finish in milliseconds, or are cut off at the request deadline.
-const BODY_BUDGET_RETRY_AFTER_S: &str = "1";
+const BODY_BUDGET_RETRY_AFTER_S: u64 = 1;
 /// Redis and Postgres restarts and failovers take seconds; sooner retries only add load.
-const UNAVAILABLE_RETRY_AFTER_S: &str = "5";
+const UNAVAILABLE_RETRY_AFTER_S: u64 = 5;
 
 /// The RFC 9457 body. `field` / `header` name what the client has to fix.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -48,6 +50,13 @@ pub struct Problem {
 }
 
 #[derive(Debug, thiserror::Error)]
+// The tests walk every variant (`ApiErrorKind::iter`), so one added without its documented
+// answer fails to compile there.
+#[cfg_attr(
+    test,
+    derive(strum::EnumDiscriminants),
+    strum_discriminants(name(ApiErrorKind), derive(strum::EnumIter))
+)]
 pub enum ApiError {
     #[error("{header}: {message}")]
     InvalidHeader {
@@ -55,7 +64,7 @@ pub enum ApiError {
         message: String,
     },
     #[error("malformed JSON: {0}")]
-    MalformedJson(String),
+    MalformedJson(#[source] serde_json::Error),
     #[error("{field}: {message}")]
     Validation { field: String, message: String },
     #[error("request body larger than {limit} bytes")]
@@ -67,7 +76,7 @@ pub enum ApiError {
     #[error("unsupported content type {got:?}")]
     UnsupportedMediaType { got: Option<String> },
     #[error("could not read the request body: {0}")]
-    UnreadableBody(String),
+    UnreadableBody(#[source] actix_web::error::PayloadError),
     /// The body (or, answered by the HTTP layer, the head) did not arrive in time.
     #[error("request not received in time")]
     RequestTimeout,
@@ -84,11 +93,13 @@ pub enum ApiError {
     InProgress,
     #[error("Idempotency-Key reused with a different body")]
     KeyReused,
+    /// Redis's error, or the pool's when no connection could be had.
     #[error("Redis unavailable: {0}")]
-    RedisUnavailable(String),
+    RedisUnavailable(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("Postgres unavailable: {0}")]
-    PostgresUnavailable(String),
+    PostgresUnavailable(#[source] crate::db::DbError),
     /// A dependency answered with something we cannot use (e.g. an unreadable record).
+    /// What it was is said in our words, from more than one kind of error.
     #[error("temporarily unavailable: {0}")]
     Unavailable(String),
     #[error("not ready: {0}")]
@@ -103,6 +114,96 @@ pub enum ApiError {
     RateLimited { limit: Limit, retry_after_s: u64 },
 }
 
+/// Everything one error is answered with. [`ApiError::spec`] is the one table of them,
+/// one entry per variant; the response and the body are both made from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProblemSpec {
+    pub status: StatusCode,
+    /// The last segment of the problem's type URI.
+    pub slug: &'static str,
+    pub title: &'static str,
+    /// What went wrong and what to change; never internal error text for a 5xx.
+    pub detail: String,
+    /// The body field at fault.
+    pub field: Option<String>,
+    /// The request header at fault.
+    pub header: Option<&'static str>,
+    /// `Retry-After` in seconds, where the same request can pass later.
+    pub retry_after_s: Option<u64>,
+    /// Another response header the status calls for (`Allow`, `WWW-Authenticate`).
+    pub response_header: Option<(HeaderName, &'static str)>,
+    /// Close the connection after answering: the rest of the request was not read, and a
+    /// client must not keep it (and its buffers) open.
+    pub close: bool,
+    /// Whether the cause goes to the log. Server errors do, except load shedding, which is
+    /// counted in the request metrics: a line each would flood the log exactly when the
+    /// process is under attack.
+    pub logged: bool,
+}
+
+impl ProblemSpec {
+    fn new(
+        status: StatusCode,
+        slug: &'static str,
+        title: &'static str,
+        detail: impl Into<String>,
+    ) -> Self {
+        Self {
+            status,
+            slug,
+            title,
+            detail: detail.into(),
+            field: None,
+            header: None,
+            retry_after_s: None,
+            response_header: None,
+            close: false,
+            logged: status.is_server_error(),
+        }
+    }
+
+    fn field(mut self, field: impl Into<String>) -> Self {
+        self.field = Some(field.into());
+        self
+    }
+
+    fn header(mut self, header: &'static str) -> Self {
+        self.header = Some(header);
+        self
+    }
+
+    fn retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after_s = Some(seconds);
+        self
+    }
+
+    fn response_header(mut self, name: HeaderName, value: &'static str) -> Self {
+        self.response_header = Some((name, value));
+        self
+    }
+
+    fn close(mut self) -> Self {
+        self.close = true;
+        self
+    }
+
+    fn unlogged(mut self) -> Self {
+        self.logged = false;
+        self
+    }
+
+    fn problem(self) -> Problem {
+        Problem {
+            problem_type: format!("{PROBLEM_TYPE_PREFIX}{}", self.slug),
+            title: self.title.into(),
+            status: self.status.as_u16(),
+            detail: self.detail,
+            field: self.field,
+            header: self.header.map(str::to_owned),
+        }
+    }
+}
+
 impl ApiError {
     pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Validation {
@@ -111,191 +212,204 @@ impl ApiError {
         }
     }
 
-    /// (slug of the type URI, title).
-    fn kind(&self) -> (&'static str, &'static str) {
+    /// How each error is answered: status, type, title, detail, and the headers it adds.
+    pub fn spec(&self) -> ProblemSpec {
+        use ProblemSpec as P;
+        use StatusCode as S;
+        /// What every 503 for a dependency tells the client.
+        const RETRY_LATER: &str = "Nothing was stored or enqueued; retry after the Retry-After \
+                                   delay (with the same Idempotency-Key for a POST).";
         match self {
-            Self::InvalidHeader { .. } => ("invalid-header", "Invalid request header"),
-            Self::MalformedJson(_) => ("malformed-json", "Malformed JSON"),
-            Self::Validation { .. } => ("validation", "Request body does not match the schema"),
-            Self::PayloadTooLarge { .. } => ("payload-too-large", "Request body too large"),
-            Self::TextTooLong { .. } => ("text-too-long", "Text too long for the model"),
-            Self::UnsupportedMediaType { .. } => {
-                ("unsupported-media-type", "Unsupported media type")
-            }
-            Self::UnreadableBody(_) => ("unreadable-body", "Request body could not be read"),
-            Self::RequestTimeout => ("request-timeout", "Request not received in time"),
-            Self::MalformedRequest => ("malformed-request", "Malformed HTTP request"),
-            Self::HeadTooLarge => ("head-too-large", "Request header fields too large"),
-            Self::BodyBudgetExhausted => ("busy", "Too many request bodies in flight"),
-            Self::InProgress => (
+            Self::InvalidHeader { header, message } => P::new(
+                S::BAD_REQUEST,
+                "invalid-header",
+                "Invalid request header",
+                format!("{header} header {message}"),
+            )
+            .header(header),
+            Self::MalformedJson(e) => P::new(
+                S::BAD_REQUEST,
+                "malformed-json",
+                "Malformed JSON",
+                format!("The body is not valid JSON ({e}); send a JSON object."),
+            ),
+            Self::Validation { field, message } => P::new(
+                S::UNPROCESSABLE_ENTITY,
+                "validation",
+                "Request body does not match the schema",
+                format!("{field}: {message}"),
+            )
+            .field(field.clone()),
+            Self::PayloadTooLarge { limit } => P::new(
+                S::PAYLOAD_TOO_LARGE,
+                "payload-too-large",
+                "Request body too large",
+                format!("The body must be at most {limit} bytes; shorten the text."),
+            ),
+            Self::TextTooLong { max_chars } => P::new(
+                S::PAYLOAD_TOO_LARGE,
+                "text-too-long",
+                "Text too long for the model",
+                format!(
+                    "text: at most {max_chars} characters fit the model's context; shorten or split the text."
+                ),
+            )
+            .field("text"),
+            Self::UnsupportedMediaType { got } => P::new(
+                S::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported-media-type",
+                "Unsupported media type",
+                format!(
+                    "Send the body as Content-Type: application/json (got {}).",
+                    got.as_deref().unwrap_or("no Content-Type")
+                ),
+            ),
+            Self::UnreadableBody(e) => P::new(
+                S::BAD_REQUEST,
+                "unreadable-body",
+                "Request body could not be read",
+                format!("The body could not be read ({e}); send it again."),
+            ),
+            Self::RequestTimeout => P::new(
+                S::REQUEST_TIMEOUT,
+                "request-timeout",
+                "Request not received in time",
+                "The request was not received within the server's deadline; send it again at \
+                 once and in full.",
+            )
+            .close(),
+            Self::MalformedRequest => P::new(
+                S::BAD_REQUEST,
+                "malformed-request",
+                "Malformed HTTP request",
+                "The request line, a header or Content-Length could not be parsed; send a \
+                 well-formed HTTP/1.1 request.",
+            ),
+            Self::HeadTooLarge => P::new(
+                S::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "head-too-large",
+                "Request header fields too large",
+                "The request line and headers must fit in 128 KiB (and at most 96 headers); \
+                 send fewer or shorter headers.",
+            ),
+            Self::BodyBudgetExhausted => P::new(
+                S::SERVICE_UNAVAILABLE,
+                "busy",
+                "Too many request bodies in flight",
+                "The server is reading as many request bodies as it can hold; nothing was \
+                 read, stored or enqueued. Retry after the Retry-After delay (same \
+                 Idempotency-Key).",
+            )
+            .retry_after(BODY_BUDGET_RETRY_AFTER_S)
+            .close()
+            .unlogged(),
+            Self::InProgress => P::new(
+                S::CONFLICT,
                 "idempotency-in-progress",
                 "Request with this key in progress",
-            ),
-            Self::KeyReused => (
+                "The first request with this Idempotency-Key has not finished; retry after \
+                 the Retry-After delay with the same key and body.",
+            )
+            .retry_after(CONFLICT_RETRY_AFTER_S),
+            Self::KeyReused => P::new(
+                S::UNPROCESSABLE_ENTITY,
                 "idempotency-key-reused",
                 "Idempotency-Key reused with a different body",
+                "This Idempotency-Key was already used with a different body; use a new key \
+                 for a new request.",
             ),
-            Self::RedisUnavailable(_) => ("redis-unavailable", "Job queue unavailable"),
-            Self::PostgresUnavailable(_) => ("postgres-unavailable", "Database unavailable"),
-            Self::Unavailable(_) => ("unavailable", "Temporarily unavailable"),
-            Self::NotReady(_) => ("not-ready", "Not ready"),
-            Self::NotFound(_) => ("not-found", "Not found"),
-            Self::MethodNotAllowed { .. } => ("method-not-allowed", "Method not allowed"),
-            Self::Unauthorized(_) => ("unauthorized", "Authentication required"),
-            Self::RateLimited { .. } => ("rate-limited", "Too many requests"),
-        }
-    }
-
-    /// What the client should do; never echoes internal error text for 5xx.
-    fn detail(&self) -> String {
-        match self {
-            Self::InvalidHeader { header, message } => format!("{header} header {message}"),
-            Self::MalformedJson(e) => {
-                format!("The body is not valid JSON ({e}); send a JSON object.")
-            }
-            Self::Validation { field, message } => format!("{field}: {message}"),
-            Self::PayloadTooLarge { limit } => {
-                format!("The body must be at most {limit} bytes; shorten the text.")
-            }
-            Self::TextTooLong { max_chars } => format!(
-                "text: at most {max_chars} characters fit the model's context; shorten or split the text."
-            ),
-            Self::UnsupportedMediaType { got } => format!(
-                "Send the body as Content-Type: application/json (got {}).",
-                got.as_deref().unwrap_or("no Content-Type")
-            ),
-            Self::UnreadableBody(e) => format!("The body could not be read ({e}); send it again."),
-            Self::RequestTimeout => "The request was not received within the server's deadline; \
-                                     send it again at once and in full."
-                .into(),
-            Self::MalformedRequest => "The request line, a header or Content-Length could not be \
-                                       parsed; send a well-formed HTTP/1.1 request."
-                .into(),
-            Self::HeadTooLarge => "The request line and headers must fit in 128 KiB (and at \
-                                   most 96 headers); send fewer or shorter headers."
-                .into(),
-            Self::BodyBudgetExhausted => "The server is reading as many request bodies as it \
-                                          can hold; nothing was read, stored or enqueued. Retry \
-                                          after the Retry-After delay (same Idempotency-Key)."
-                .into(),
-            Self::InProgress => "The first request with this Idempotency-Key has not finished; \
-                                 retry after the Retry-After delay with the same key and body."
-                .into(),
-            Self::KeyReused => "This Idempotency-Key was already used with a different body; \
-                                use a new key for a new request."
-                .into(),
-            Self::RedisUnavailable(_) | Self::PostgresUnavailable(_) | Self::Unavailable(_) => {
-                "Nothing was stored or enqueued; retry after the Retry-After delay \
-                 (with the same Idempotency-Key for a POST)."
-                    .into()
-            }
-            Self::NotReady(why) => format!("Not ready to serve traffic: {why}."),
-            Self::NotFound(what) => what.clone(),
-            Self::MethodNotAllowed { allow } => format!("Use {allow} on this path."),
-            Self::Unauthorized(why) => {
-                format!("{why}: send Authorization: Bearer <your tenant token>.")
-            }
+            Self::RedisUnavailable(_) => P::new(
+                S::SERVICE_UNAVAILABLE,
+                "redis-unavailable",
+                "Job queue unavailable",
+                RETRY_LATER,
+            )
+            .retry_after(UNAVAILABLE_RETRY_AFTER_S),
+            Self::PostgresUnavailable(_) => P::new(
+                S::SERVICE_UNAVAILABLE,
+                "postgres-unavailable",
+                "Database unavailable",
+                RETRY_LATER,
+            )
+            .retry_after(UNAVAILABLE_RETRY_AFTER_S),
+            Self::Unavailable(_) => P::new(
+                S::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "Temporarily unavailable",
+                RETRY_LATER,
+            )
+            .retry_after(UNAVAILABLE_RETRY_AFTER_S),
+            Self::NotReady(why) => P::new(
+                S::SERVICE_UNAVAILABLE,
+                "not-ready",
+                "Not ready",
+                format!("Not ready to serve traffic: {why}."),
+            )
+            .retry_after(UNAVAILABLE_RETRY_AFTER_S),
+            Self::NotFound(what) => P::new(S::NOT_FOUND, "not-found", "Not found", what.clone()),
+            Self::MethodNotAllowed { allow } => P::new(
+                S::METHOD_NOT_ALLOWED,
+                "method-not-allowed",
+                "Method not allowed",
+                format!("Use {allow} on this path."),
+            )
+            .response_header(ALLOW, allow),
+            Self::Unauthorized(why) => P::new(
+                S::UNAUTHORIZED,
+                "unauthorized",
+                "Authentication required",
+                format!("{why}: send Authorization: Bearer <your tenant token>."),
+            )
+            .response_header(WWW_AUTHENTICATE, "Bearer"),
             Self::RateLimited {
-                limit: Limit::Rate,
+                limit,
                 retry_after_s,
-            } => format!(
-                "This tenant's job rate (rate_per_s/burst) is exhausted; retry in {retry_after_s} s with the same Idempotency-Key."
-            ),
-            Self::RateLimited {
-                limit: Limit::InFlight,
-                retry_after_s,
-            } => format!(
-                "This tenant has max_in_flight jobs accepted and not yet finished; retry in {retry_after_s} s with the same Idempotency-Key."
-            ),
+            } => P::new(
+                S::TOO_MANY_REQUESTS,
+                "rate-limited",
+                "Too many requests",
+                match limit {
+                    Limit::Rate => format!(
+                        "This tenant's job rate (rate_per_s/burst) is exhausted; retry in {retry_after_s} s with the same Idempotency-Key."
+                    ),
+                    Limit::InFlight => format!(
+                        "This tenant has max_in_flight jobs accepted and not yet finished; retry in {retry_after_s} s with the same Idempotency-Key."
+                    ),
+                },
+            )
+            .retry_after(*retry_after_s),
         }
     }
 
     pub fn problem(&self) -> Problem {
-        let (slug, title) = self.kind();
-        Problem {
-            problem_type: format!("tag:summaryd,2025:problems/{slug}"),
-            title: title.into(),
-            status: self.status_code().as_u16(),
-            detail: self.detail(),
-            field: match self {
-                Self::Validation { field, .. } => Some(field.clone()),
-                Self::TextTooLong { .. } => Some("text".into()),
-                _ => None,
-            },
-            header: match self {
-                Self::InvalidHeader { header, .. } => Some((*header).to_owned()),
-                _ => None,
-            },
-        }
+        self.spec().problem()
     }
 }
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
-        match self {
-            Self::InvalidHeader { .. } | Self::MalformedJson(_) | Self::UnreadableBody(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            Self::Validation { .. } | Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            Self::PayloadTooLarge { .. } | Self::TextTooLong { .. } => {
-                StatusCode::PAYLOAD_TOO_LARGE
-            }
-            Self::UnsupportedMediaType { .. } => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            Self::InProgress => StatusCode::CONFLICT,
-            Self::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            Self::MalformedRequest => StatusCode::BAD_REQUEST,
-            Self::HeadTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Self::BodyBudgetExhausted
-            | Self::RedisUnavailable(_)
-            | Self::PostgresUnavailable(_)
-            | Self::Unavailable(_)
-            | Self::NotReady(_) => StatusCode::SERVICE_UNAVAILABLE,
-            Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            Self::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            Self::RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-        }
+        self.spec().status
     }
 
     fn error_response(&self) -> HttpResponse {
-        let status = self.status_code();
-        // A refusal for lack of room is load shedding, counted in the request metrics; a
-        // log line each would flood the log exactly when the process is under attack.
-        if status.is_server_error() && !matches!(self, Self::BodyBudgetExhausted) {
+        let spec = self.spec();
+        if spec.logged {
             // The cause stays in the log; the client gets what to do about it.
-            tracing::warn!(error = %self, status = status.as_u16(), "request failed");
+            tracing::warn!(error = %self, status = spec.status.as_u16(), "request failed");
         }
-        let mut builder = HttpResponse::build(status);
+        let mut builder = HttpResponse::build(spec.status);
         builder.insert_header((CONTENT_TYPE, PROBLEM_JSON));
-        match self {
-            Self::InProgress => {
-                builder.insert_header((RETRY_AFTER, CONFLICT_RETRY_AFTER_S));
-            }
-            Self::MethodNotAllowed { allow } => {
-                builder.insert_header((ALLOW, *allow));
-            }
-            Self::Unauthorized(_) => {
-                builder.insert_header((WWW_AUTHENTICATE, "Bearer"));
-            }
-            Self::RateLimited { retry_after_s, .. } => {
-                builder.insert_header((RETRY_AFTER, retry_after_s.to_string()));
-            }
-            // The rest of the body is not read: close the connection rather than let the
-            // client keep it (and its buffers) open.
-            Self::RequestTimeout => {
-                builder.force_close();
-            }
-            Self::BodyBudgetExhausted => {
-                builder.insert_header((RETRY_AFTER, BODY_BUDGET_RETRY_AFTER_S));
-                builder.force_close();
-            }
-            _ if status == StatusCode::SERVICE_UNAVAILABLE => {
-                builder.insert_header((RETRY_AFTER, UNAVAILABLE_RETRY_AFTER_S));
-            }
-            _ => {}
+        if let Some(seconds) = spec.retry_after_s {
+            builder.insert_header((RETRY_AFTER, seconds.to_string()));
+        }
+        if let Some(header) = spec.response_header.clone() {
+            builder.insert_header(header);
+        }
+        if spec.close {
+            builder.force_close();
         }
         // Serialising a struct of strings cannot fail; an empty body still carries the status.
-        builder.body(serde_json::to_string(&self.problem()).unwrap_or_default())
+        builder.body(serde_json::to_string(&spec.problem()).unwrap_or_default())
     }
 }
 
@@ -304,8 +418,8 @@ impl From<StoreError> for ApiError {
         match e {
             StoreError::InProgress => Self::InProgress,
             StoreError::KeyReused => Self::KeyReused,
-            StoreError::Unavailable(cause) => Self::RedisUnavailable(cause),
-            StoreError::Corrupt(cause) => Self::Unavailable(cause),
+            StoreError::Unavailable(cause) => Self::RedisUnavailable(Box::new(cause)),
+            StoreError::Corrupt(cause) => Self::Unavailable(cause.to_string()),
             StoreError::OverLimit(over) => Self::RateLimited {
                 limit: over.limit,
                 // Whole seconds, rounded up: a client retrying sooner is refused again.
@@ -317,67 +431,322 @@ impl From<StoreError> for ApiError {
 
 impl From<deadpool_redis::PoolError> for ApiError {
     fn from(e: deadpool_redis::PoolError) -> Self {
-        Self::RedisUnavailable(e.to_string())
+        Self::RedisUnavailable(Box::new(e))
     }
 }
 
 impl From<redis::RedisError> for ApiError {
     fn from(e: redis::RedisError) -> Self {
-        Self::RedisUnavailable(e.to_string())
+        Self::RedisUnavailable(Box::new(e))
     }
 }
 
 impl From<crate::db::DbError> for ApiError {
     fn from(e: crate::db::DbError) -> Self {
-        Self::PostgresUnavailable(e.to_string())
+        Self::PostgresUnavailable(e)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use actix_http::ConnectionType;
+    use strum::IntoEnumIterator;
+
+    /// What the API reference documents for one error: its status, type, the headers it
+    /// adds, whether the connection closes, a piece of the detail, and the body's
+    /// `field` / `header` when it names one.
+    struct Documented {
+        error: ApiError,
+        status: u16,
+        slug: &'static str,
+        headers: &'static [(&'static str, &'static str)],
+        close: bool,
+        detail: &'static str,
+        names: Option<(&'static str, &'static str)>,
+    }
+
+    fn doc(error: ApiError, status: u16, slug: &'static str, detail: &'static str) -> Documented {
+        Documented {
+            error,
+            status,
+            slug,
+            headers: &[],
+            close: false,
+            detail,
+            names: None,
+        }
+    }
+
+    const RETRY_IN_5: &[(&str, &str)] = &[("retry-after", "5")];
+
+    /// One error of each kind, with its documented answer. The match has no wildcard: a new
+    /// variant does not compile until it is listed here.
+    fn documented(kind: ApiErrorKind) -> Documented {
+        use ApiErrorKind as K;
+        match kind {
+            K::InvalidHeader => Documented {
+                names: Some(("header", "Idempotency-Key")),
+                ..doc(
+                    ApiError::InvalidHeader {
+                        header: "Idempotency-Key",
+                        message: "is required".into(),
+                    },
+                    400,
+                    "invalid-header",
+                    "Idempotency-Key header is required",
+                )
+            },
+            K::MalformedJson => doc(
+                ApiError::MalformedJson(
+                    serde_json::from_str::<serde_json::Value>("{").unwrap_err(),
+                ),
+                400,
+                "malformed-json",
+                "not valid JSON (EOF while parsing an object",
+            ),
+            K::Validation => Documented {
+                names: Some(("field", "notify")),
+                ..doc(
+                    ApiError::validation("notify", "is required"),
+                    422,
+                    "validation",
+                    "notify: is required",
+                )
+            },
+            K::PayloadTooLarge => doc(
+                ApiError::PayloadTooLarge { limit: 10 },
+                413,
+                "payload-too-large",
+                "at most 10 bytes",
+            ),
+            K::TextTooLong => Documented {
+                names: Some(("field", "text")),
+                ..doc(
+                    ApiError::TextTooLong { max_chars: 7 },
+                    413,
+                    "text-too-long",
+                    "text: at most 7 characters",
+                )
+            },
+            K::UnsupportedMediaType => doc(
+                ApiError::UnsupportedMediaType {
+                    got: Some("text/plain".into()),
+                },
+                415,
+                "unsupported-media-type",
+                "(got text/plain)",
+            ),
+            K::UnreadableBody => doc(
+                ApiError::UnreadableBody(actix_web::error::PayloadError::Incomplete(None)),
+                400,
+                "unreadable-body",
+                "could not be read (",
+            ),
+            K::RequestTimeout => Documented {
+                close: true,
+                ..doc(
+                    ApiError::RequestTimeout,
+                    408,
+                    "request-timeout",
+                    "send it again at once and in full",
+                )
+            },
+            K::MalformedRequest => doc(
+                ApiError::MalformedRequest,
+                400,
+                "malformed-request",
+                "well-formed HTTP/1.1",
+            ),
+            K::HeadTooLarge => doc(ApiError::HeadTooLarge, 431, "head-too-large", "128 KiB"),
+            K::BodyBudgetExhausted => Documented {
+                headers: &[("retry-after", "1")],
+                close: true,
+                ..doc(
+                    ApiError::BodyBudgetExhausted,
+                    503,
+                    "busy",
+                    "nothing was read, stored or enqueued",
+                )
+            },
+            K::InProgress => Documented {
+                headers: &[("retry-after", "1")],
+                ..doc(
+                    ApiError::InProgress,
+                    409,
+                    "idempotency-in-progress",
+                    "has not finished",
+                )
+            },
+            K::KeyReused => doc(
+                ApiError::KeyReused,
+                422,
+                "idempotency-key-reused",
+                "use a new key",
+            ),
+            K::RedisUnavailable => Documented {
+                headers: RETRY_IN_5,
+                ..doc(
+                    ApiError::RedisUnavailable("connection refused 10.0.0.7:6379".into()),
+                    503,
+                    "redis-unavailable",
+                    "Nothing was stored or enqueued",
+                )
+            },
+            K::PostgresUnavailable => Documented {
+                headers: RETRY_IN_5,
+                ..doc(
+                    ApiError::PostgresUnavailable(crate::db::DbError::Pool(
+                        deadpool_postgres::PoolError::Closed,
+                    )),
+                    503,
+                    "postgres-unavailable",
+                    "Nothing was stored or enqueued",
+                )
+            },
+            K::Unavailable => Documented {
+                headers: RETRY_IN_5,
+                ..doc(
+                    ApiError::Unavailable("bad record".into()),
+                    503,
+                    "unavailable",
+                    "Nothing was stored or enqueued",
+                )
+            },
+            K::NotReady => Documented {
+                headers: RETRY_IN_5,
+                ..doc(
+                    ApiError::NotReady("redis".into()),
+                    503,
+                    "not-ready",
+                    "Not ready to serve traffic: redis.",
+                )
+            },
+            K::NotFound => doc(
+                ApiError::NotFound("no such job".into()),
+                404,
+                "not-found",
+                "no such job",
+            ),
+            K::MethodNotAllowed => Documented {
+                headers: &[("allow", "POST")],
+                ..doc(
+                    ApiError::MethodNotAllowed { allow: "POST" },
+                    405,
+                    "method-not-allowed",
+                    "Use POST on this path.",
+                )
+            },
+            K::Unauthorized => Documented {
+                headers: &[("www-authenticate", "Bearer")],
+                ..doc(
+                    ApiError::Unauthorized("no token"),
+                    401,
+                    "unauthorized",
+                    "no token: send Authorization: Bearer",
+                )
+            },
+            K::RateLimited => Documented {
+                headers: &[("retry-after", "3")],
+                ..doc(
+                    ApiError::RateLimited {
+                        limit: Limit::Rate,
+                        retry_after_s: 3,
+                    },
+                    429,
+                    "rate-limited",
+                    "job rate (rate_per_s/burst) is exhausted; retry in 3 s",
+                )
+            },
+        }
+    }
+
+    #[tokio::test]
+    async fn every_variant_is_problem_json_with_its_documented_status_type_and_headers() {
+        for kind in ApiErrorKind::iter() {
+            let doc = documented(kind);
+            let res = doc.error.error_response();
+            assert_eq!(res.status().as_u16(), doc.status, "{kind:?}");
+            assert_eq!(doc.error.status_code(), res.status(), "{kind:?}");
+            assert_ne!(res.status(), StatusCode::INTERNAL_SERVER_ERROR, "{kind:?}");
+            assert_eq!(res.headers().get(CONTENT_TYPE).unwrap(), PROBLEM_JSON);
+            let mut headers: Vec<(String, String)> = res
+                .headers()
+                .iter()
+                .filter(|(name, _)| **name != CONTENT_TYPE)
+                .map(|(n, v)| (n.to_string(), v.to_str().unwrap().to_owned()))
+                .collect();
+            headers.sort();
+            let expected: Vec<(String, String)> = doc
+                .headers
+                .iter()
+                .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+                .collect();
+            assert_eq!(headers, expected, "{kind:?}");
+            if doc.status == 503 {
+                assert!(res.headers().contains_key(RETRY_AFTER), "{kind:?}");
+            }
+            assert_eq!(
+                res.head().connection_type() == ConnectionType::Close,
+                doc.close,
+                "{kind:?}"
+            );
+
+            let body = actix_web::body::to_bytes(res.into_body()).await.unwrap();
+            let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(body, serde_json::to_value(doc.error.problem()).unwrap());
+            assert_eq!(
+                body["type"],
+                format!("tag:summaryd,2025:problems/{}", doc.slug),
+                "{kind:?}"
+            );
+            assert_eq!(body["status"], doc.status, "{kind:?}");
+            assert!(!body["title"].as_str().unwrap().is_empty(), "{kind:?}");
+            let detail = body["detail"].as_str().unwrap();
+            assert!(detail.contains(doc.detail), "{kind:?}: {detail}");
+            let mut keys: Vec<&str> = body
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(|k| k.as_str())
+                .collect();
+            keys.sort_unstable();
+            let mut expected = vec!["detail", "status", "title", "type"];
+            if let Some((key, value)) = doc.names {
+                assert_eq!(body[key], value, "{kind:?}");
+                expected.push(key);
+                expected.sort_unstable();
+            }
+            assert_eq!(keys, expected, "{kind:?}");
+        }
+    }
 
     #[test]
-    fn every_variant_is_problem_json_and_never_500() {
-        let all = [
-            ApiError::InvalidHeader {
-                header: "Idempotency-Key",
-                message: "is required".into(),
-            },
-            ApiError::MalformedJson("eof".into()),
-            ApiError::validation("notify", "is required"),
-            ApiError::PayloadTooLarge { limit: 10 },
-            ApiError::UnsupportedMediaType { got: None },
-            ApiError::UnreadableBody("reset".into()),
-            ApiError::RequestTimeout,
-            ApiError::MalformedRequest,
-            ApiError::HeadTooLarge,
-            ApiError::BodyBudgetExhausted,
-            ApiError::InProgress,
-            ApiError::KeyReused,
-            ApiError::RedisUnavailable("down".into()),
-            ApiError::PostgresUnavailable("down".into()),
-            ApiError::Unavailable("bad record".into()),
-            ApiError::NotReady("redis".into()),
-            ApiError::NotFound("no such job".into()),
-            ApiError::MethodNotAllowed { allow: "POST" },
-        ];
-        for e in all {
-            let res = e.error_response();
-            assert_ne!(res.status(), StatusCode::INTERNAL_SERVER_ERROR, "{e}");
-            assert_eq!(res.headers().get(CONTENT_TYPE).unwrap(), PROBLEM_JSON);
-            let p = e.problem();
-            assert_eq!(p.status, res.status().as_u16());
-            assert!(!p.detail.is_empty() && !p.title.is_empty());
-            if res.status() == StatusCode::SERVICE_UNAVAILABLE {
-                assert!(res.headers().contains_key(RETRY_AFTER), "{e}");
-            }
+    fn the_in_flight_limit_is_named_in_its_detail() {
+        let p = ApiError::RateLimited {
+            limit: Limit::InFlight,
+            retry_after_s: 2,
         }
+        .problem();
+        assert!(p.detail.contains("max_in_flight") && p.detail.contains("retry in 2 s"));
     }
 
     #[test]
     fn server_errors_do_not_leak_causes() {
         let p = ApiError::RedisUnavailable("connection refused 10.0.0.7:6379".into()).problem();
         assert!(!p.detail.contains("10.0.0.7"));
+    }
+
+    #[test]
+    fn server_errors_are_logged_except_load_shedding() {
+        for kind in ApiErrorKind::iter() {
+            let spec = documented(kind).error.spec();
+            let shed = matches!(kind, ApiErrorKind::BodyBudgetExhausted);
+            assert_eq!(
+                spec.logged,
+                spec.status.is_server_error() && !shed,
+                "{kind:?}"
+            );
+        }
     }
 }

@@ -722,13 +722,52 @@ mod tests {
     }
 
     #[test]
-    fn the_in_flight_limit_is_named_in_its_detail() {
-        let p = ApiError::RateLimited {
-            limit: Limit::InFlight,
+    fn each_limit_is_named_in_the_log_line_and_the_detail() {
+        let limited = |limit| ApiError::RateLimited {
+            limit,
             retry_after_s: 2,
-        }
-        .problem();
+        };
+        let in_flight = limited(Limit::InFlight);
+        assert_eq!(
+            in_flight.to_string(),
+            "over its max_in_flight limit; retry in 2 s"
+        );
+        let p = in_flight.problem();
         assert!(p.detail.contains("max_in_flight") && p.detail.contains("retry in 2 s"));
+        assert_eq!(
+            limited(Limit::Rate).to_string(),
+            "over its rate limit; retry in 2 s"
+        );
+    }
+
+    #[test]
+    fn store_errors_become_their_answers_with_whole_seconds_rounded_up() {
+        let over = |ms| {
+            ApiError::from(StoreError::OverLimit(crate::stream::OverLimit {
+                limit: Limit::Rate,
+                retry_after: std::time::Duration::from_millis(ms),
+            }))
+        };
+        for (ms, seconds) in [(0, 1), (1, 1), (1_000, 1), (1_001, 2), (2_500, 3)] {
+            assert!(
+                matches!(over(ms), ApiError::RateLimited { retry_after_s, .. } if retry_after_s == seconds),
+                "{ms} ms"
+            );
+        }
+        assert!(matches!(
+            ApiError::from(StoreError::InProgress),
+            ApiError::InProgress
+        ));
+        assert!(matches!(
+            ApiError::from(StoreError::KeyReused),
+            ApiError::KeyReused
+        ));
+        let corrupt = serde_json::from_str::<serde_json::Value>("{").unwrap_err();
+        let unavailable = ApiError::from(StoreError::Corrupt(corrupt));
+        assert!(
+            matches!(&unavailable, ApiError::Unavailable(why) if why.starts_with("EOF while parsing")),
+            "{unavailable:?}"
+        );
     }
 
     #[test]

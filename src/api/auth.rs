@@ -19,6 +19,13 @@ use crate::stream::TenantLimits;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthFileError {
+    #[error("SUMMARYD_AUTH_TOKENS_FILE {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// `reason` says which entry is wrong and why, in our words (several checks, no one
+    /// error type behind them).
     #[error("SUMMARYD_AUTH_TOKENS_FILE {path}: {reason}")]
     Invalid { path: String, reason: String },
 }
@@ -80,7 +87,10 @@ impl TokenStore {
             path: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+        let text = std::fs::read_to_string(path).map_err(|source| AuthFileError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
         Self::parse(&text).map_err(invalid)
     }
 

@@ -17,7 +17,9 @@ pub enum ConnectError {
     #[error(transparent)]
     Redis(#[from] crate::infra::redis::RedisSetupError),
     #[error("could not build the Redis pool: {0}")]
-    RedisPool(String),
+    RedisManager(#[source] redis::RedisError),
+    #[error("could not build the Redis pool: {0}")]
+    RedisPool(#[source] deadpool_redis::BuildError),
     #[error(transparent)]
     Postgres(#[from] crate::infra::postgres::PostgresError),
 }
@@ -116,7 +118,6 @@ pub fn redis_pool(
     settings: &Settings,
     client: &redis::Client,
 ) -> Result<deadpool_redis::Pool, ConnectError> {
-    let failed = |e: &dyn std::fmt::Display| ConnectError::RedisPool(e.to_string());
     // Each consumer holds a connection while blocked in XREADGROUP; the rest serve
     // readiness checks, the gauges and the admin commands.
     let size = settings.worker.consumers + 32;
@@ -126,14 +127,14 @@ pub fn redis_pool(
         .set_response_timeout(Some(response_timeout));
     let manager =
         deadpool_redis::Manager::new_with_config(client.get_connection_info().clone(), conn_config)
-            .map_err(|e| failed(&e))?;
+            .map_err(ConnectError::RedisManager)?;
     deadpool_redis::Pool::builder(manager)
         .max_size(size)
         .runtime(deadpool_redis::Runtime::Tokio1)
         .wait_timeout(Some(REDIS_POOL_WAIT))
         .create_timeout(Some(REDIS_CONNECT_TIMEOUT))
         .build()
-        .map_err(|e| failed(&e))
+        .map_err(ConnectError::RedisPool)
 }
 
 /// The Postgres pool, sized for the consumers and relay tasks the settings ask for.

@@ -42,6 +42,7 @@ const POOL_WAIT: Duration = Duration::from_secs(5);
 /// Why no connection to Postgres could be set up or made.
 #[derive(Debug, thiserror::Error)]
 pub enum PostgresError {
+    /// Text, not the parser's error: that may quote part of the URL, password included.
     #[error("SUMMARYD_DATABASE_URL is invalid: {0}")]
     InvalidUrl(String),
     #[error("could not build the Postgres pool: {0}")]
@@ -49,11 +50,15 @@ pub enum PostgresError {
     /// A CA file that cannot be read or parsed; the message names the setting.
     #[error(transparent)]
     TlsConfig(#[from] TlsError),
+    /// `reason` is the TLS error found inside `source` (a rustls error the driver's own
+    /// chain does not lead to directly).
     #[error("TLS to Postgres at {addr} failed (sslmode={mode}): {reason}")]
     Tls {
         addr: String,
         mode: &'static str,
         reason: String,
+        #[source]
+        source: tokio_postgres::Error,
     },
     /// Postgres did not accept the connection: down, starting, refusing the credentials.
     #[error("Postgres error: {0}")]
@@ -227,6 +232,7 @@ impl PgTarget {
                 addr: self.address(),
                 mode: self.mode.as_str(),
                 reason,
+                source: e,
             },
             None => PostgresError::Connect(e),
         }

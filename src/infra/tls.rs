@@ -32,8 +32,16 @@ pub enum TlsError {
         setting: &'static str,
         path: PathBuf,
     },
+    #[error("{setting}: {path}: {source}")]
+    BadCertificate {
+        setting: &'static str,
+        path: PathBuf,
+        source: rustls::Error,
+    },
     #[error("{0}")]
-    Config(String),
+    Rustls(#[from] rustls::Error),
+    #[error("{0}")]
+    Verifier(#[from] rustls::client::VerifierBuilderError),
 }
 
 /// A PEM file's bytes, with errors that name the setting it came from.
@@ -84,9 +92,11 @@ pub fn root_store(
     match ca_file {
         Some(path) => {
             for cert in certificates(setting, path)? {
-                roots
-                    .add(cert)
-                    .map_err(|e| TlsError::Config(format!("{setting}: {}: {e}", path.display())))?;
+                roots.add(cert).map_err(|source| TlsError::BadCertificate {
+                    setting,
+                    path: path.to_owned(),
+                    source,
+                })?;
             }
         }
         None => roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned()),
@@ -112,14 +122,12 @@ pub fn client_config(
 ) -> Result<ClientConfig, TlsError> {
     let provider = provider();
     let builder = ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+        .with_safe_default_protocol_versions()?;
     let config = match verification {
         Verification::Full => builder.with_root_certificates(roots).with_no_client_auth(),
         Verification::Chain => {
-            let inner = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| TlsError::Config(e.to_string()))?;
+            let inner =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build()?;
             builder
                 .dangerous()
                 .with_custom_certificate_verifier(Arc::new(ChainOnly(inner)))

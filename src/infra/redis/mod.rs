@@ -20,7 +20,7 @@ use crate::infra::tls::{self, TlsError};
 pub enum RedisSetupError {
     /// The redis crate's parse errors name the problem, never the URL (so never its password).
     #[error("SUMMARYD_REDIS_URL is invalid: {0}")]
-    Url(redis::RedisError),
+    Url(#[source] redis::RedisError),
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error(
@@ -32,8 +32,14 @@ pub enum RedisSetupError {
     )]
     HalfClientCert,
     /// A TLS failure does not heal by retrying, so startup stops and says where it went.
+    /// `reason` is the rustls error found inside `source`, whose chain skips it.
     #[error("TLS to Redis at {addr} failed: {reason}")]
-    Handshake { addr: String, reason: String },
+    Handshake {
+        addr: String,
+        reason: String,
+        #[source]
+        source: redis::RedisError,
+    },
 }
 
 /// The client for `settings.redis_url`, with TLS material attached for `rediss://`.
@@ -127,6 +133,7 @@ pub async fn probe(
             Some(reason) => Err(RedisSetupError::Handshake {
                 addr: address(client),
                 reason,
+                source: e,
             }),
             None => {
                 tracing::warn!(

@@ -81,3 +81,19 @@ async fn delete_batch_before(
     let stmt = client.prepare_cached(delete).await?;
     Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The refusals that need a live server (SQLSTATEs, closed sockets) are covered against
+    /// Postgres in tests/it; these are the ones that can be made here.
+    #[test]
+    fn a_pool_without_connections_is_unavailable_and_a_bad_url_is_worth_retrying() {
+        let pool = DbError::Pool(deadpool_postgres::PoolError::Closed);
+        assert_eq!(pool.disposition(), Disposition::Unavailable);
+        assert_eq!(pool.sqlstate(), None);
+        let url = DbError::Connect(PostgresError::InvalidUrl("no host".into()));
+        assert_eq!(url.disposition(), Disposition::TRANSIENT);
+    }
+}

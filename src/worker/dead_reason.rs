@@ -93,6 +93,24 @@ mod tests {
         };
         let reason = DeadReason::model(&err);
         assert_eq!(reason.tenant, "the model rejected the request (HTTP 400)");
+        assert_eq!(
+            DeadReason::model_chain(&ChainError::Job(err.clone())),
+            reason
+        );
+        assert_eq!(
+            DeadReason::model_chain(&ChainError::Transient(RetryError::Llm(LlmError::Timeout)))
+                .tenant,
+            "the model could not be reached in time"
+        );
+        let outage = DeadReason::model_chain(&ChainError::AllOpen {
+            reason: "openai:a: 401".into(),
+        });
+        assert_eq!(outage.tenant, "the model could not be reached in time");
+        assert!(
+            outage.operator.ends_with("openai:a: 401"),
+            "{}",
+            outage.operator
+        );
         assert!(reason.operator.starts_with(&reason.tenant));
         assert!(reason.operator.contains("Organisation acme-corp"));
         assert_eq!(

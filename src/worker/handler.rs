@@ -86,3 +86,39 @@ pub async fn handle_summary_job(
         CommitOutcome::Duplicate => Ok(JobOutcome::Duplicate),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llm::LlmError;
+    use crate::llm::retry::RetryError;
+
+    #[test]
+    fn each_error_says_what_next_and_which_dependency_it_waits_for() {
+        let refused = JobError::from(ChainError::Job(LlmError::Status {
+            status: 422,
+            retry_after: None,
+            message: "too long".into(),
+        }));
+        assert_eq!(refused.disposition(), Disposition::Permanent);
+        assert_eq!(
+            refused.dead_reason().tenant,
+            "the model rejected the request (HTTP 422)"
+        );
+        let outage = JobError::from(ChainError::AllOpen {
+            reason: "openai:a: 401".into(),
+        });
+        assert_eq!(outage.disposition(), Disposition::Unavailable);
+        assert_eq!(outage.dependency(), MODEL);
+        let slow = JobError::from(ChainError::Transient(RetryError::BreakerOpen));
+        assert_eq!(slow.disposition(), Disposition::TRANSIENT);
+        let down = JobError::from(DbError::Pool(deadpool_postgres::PoolError::Closed));
+        assert_eq!(down.disposition(), Disposition::Unavailable);
+        assert_eq!(down.dependency(), POSTGRES);
+        assert!(
+            down.dead_reason()
+                .tenant
+                .starts_with("the summary could not be stored")
+        );
+    }
+}

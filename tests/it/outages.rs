@@ -29,7 +29,7 @@ use crate::shared::fabricate::{make_idle, make_outbox_due};
 use crate::shared::http_stub::{HttpStub, Reply};
 use crate::shared::servers::{PgCluster, test_dir};
 use crate::shared::test_env::{Services, pg_connect};
-use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
+use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually, eventually_every};
 
 fn job(key: &str) -> Job {
     Job {
@@ -282,7 +282,7 @@ async fn a_delivery_slower_than_claim_idle_keeps_its_entry_and_calls_the_model_o
     // The slow consumer must hold the entry before the reclaimer's first pass, or the
     // reclaimer reads it as new work and the test measures nothing.
     assert!(
-        eventually(Duration::from_secs(5), || async {
+        eventually_every(Duration::from_secs(5), Duration::from_millis(5), || async {
             pending(&mut redis.clone(), &services)
                 .await
                 .iter()
@@ -401,6 +401,7 @@ async fn a_mail_outage_longer_than_ten_backoffs_parks_nothing_and_sends_each_row
         .unwrap();
     }
 
+    let pg = env.pg().await;
     let mut sent = 0;
     let mut passes = 0;
     while sent < 3 && passes < 200 {
@@ -412,7 +413,7 @@ async fn a_mail_outage_longer_than_ten_backoffs_parks_nothing_and_sends_each_row
             .await
             .unwrap();
         assert!(stuck.is_empty(), "pass {passes}: {stuck:?}");
-        make_outbox_due(&env).await;
+        make_outbox_due(&pg).await;
     }
     assert_eq!(sent, 3, "every row sent once the provider recovered");
     assert_eq!(env.count("outbox WHERE sent_at IS NOT NULL").await, 3);

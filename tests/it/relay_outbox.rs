@@ -163,7 +163,7 @@ async fn crash_between_send_and_commit_resends_with_the_same_dedupe_key() {
     // The crashed pass's lease still holds the row: no other pass sends it meanwhile.
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     assert_eq!(mailer.sent().len(), 1);
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     assert_eq!(relay_once(&svc).await.unwrap(), 1);
     assert_eq!(sent_keys(&mailer), vec![key(job), key(job)]);
     let row = outbox_row(&env, job).await;
@@ -258,7 +258,7 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
         assert!(!row.sent && row.leased && row.attempts == 0, "{row:?}");
     }
 
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     assert_eq!(relay_once(&svc).await.unwrap(), 2);
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     let mut keys = sent_keys(&mailer);
@@ -488,7 +488,7 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
     let job = commit_job(&svc, 1).await;
 
     let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     let fresh = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
     assert_eq!((stale.len(), fresh.len()), (1, 1));
     let (stale, fresh) = (&stale[0], &fresh[0]);
@@ -547,7 +547,7 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     let job = commit_job(&svc, 1).await;
 
     let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     let fresh = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
 
     // The provider accepted the stale relay's send: recording it prevents further sends.
@@ -567,7 +567,7 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     assert!(!outbox::mark_sent(&svc.pg, fresh[0].id).await.unwrap());
     let row = outbox_row(&env, job).await;
     assert!(row.sent && row.attempts == 0 && !row.leased, "{row:?}");
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 0);
 }

@@ -26,7 +26,7 @@ use summaryd::worker::{Consumer, JobOutcome, consumer_name, handle_summary_job, 
 use crate::shared::fabricate;
 use crate::shared::fakes::Step;
 use crate::shared::test_env::Services;
-use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
+use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually, eventually_every};
 
 /// Long enough that nothing in a test becomes idle by itself.
 const NEVER_IDLE_MS: u64 = 600_000;
@@ -324,7 +324,10 @@ async fn killed_consumer_entry_is_claimed_only_after_claim_idle() {
     });
     // While B's model call is in flight, the PEL shows the claim.
     assert!(
-        eventually(Duration::from_secs(1), || async { w.llm.calls() == 1 }).await,
+        eventually_every(Duration::from_secs(1), Duration::from_millis(5), || async {
+            w.llm.calls() == 1
+        })
+        .await,
         "B's model call started"
     );
     assert_eq!(
@@ -588,7 +591,10 @@ async fn run_stops_promptly_on_shutdown_and_finishes_the_job_in_hand() {
     let msg = job("in-hand-at-shutdown");
     w.enqueue(&msg).await;
     assert!(
-        eventually(Duration::from_secs(1), || async { w.llm.calls() == 1 }).await,
+        eventually_every(Duration::from_secs(1), Duration::from_millis(5), || async {
+            w.llm.calls() == 1
+        })
+        .await,
         "the job is in hand"
     );
     shutdown.trigger();

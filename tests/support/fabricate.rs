@@ -1,7 +1,7 @@
 //! State a test writes so that it need not wait for time to pass: each helper leaves the
 //! stores exactly as the named stretch of time would, and the code under test then reads it
-//! as it reads real state. Only where nothing but the clock sets the state (a stream
-//! entry's id, a consumer's idle time) does a test wait for real.
+//! as it reads real state. Where only the clock can set the state (a stream entry's id, a
+//! consumer's idle time), a test still waits for real.
 
 use std::time::Duration;
 
@@ -9,8 +9,6 @@ use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::StreamPendingCountReply;
 use summaryd::infra::keys::{GROUP, RedisKeys};
-
-use crate::shared::TestEnv;
 
 /// A pending entry looks idle for an hour, as after its holder died: XCLAIM to its current
 /// owner with IDLE and JUSTID, which leaves the delivery counter alone.
@@ -39,30 +37,27 @@ pub async fn make_idle(redis: &mut MultiplexedConnection, keys: &RedisKeys, msg_
         .unwrap();
 }
 
-/// Every outbox lease has run out, as after waiting out `relay.lease_ms`.
-pub async fn expire_leases(env: &TestEnv) {
-    env.pg()
-        .await
-        .execute(
-            "UPDATE outbox SET claimed_until = now() - interval '1 millisecond' \
+/// Every outbox lease in `pg`'s database has run out, as after waiting out `relay.lease_ms`.
+pub async fn expire_leases(pg: &tokio_postgres::Client) {
+    pg.execute(
+        "UPDATE outbox SET claimed_until = now() - interval '1 millisecond' \
               WHERE claimed_until IS NOT NULL",
-            &[],
-        )
-        .await
-        .expect("expire leases");
+        &[],
+    )
+    .await
+    .expect("expire leases");
 }
 
-/// Every unsent, unparked outbox row is due now, as after waiting out its backoff.
-pub async fn make_outbox_due(env: &TestEnv) {
-    env.pg()
-        .await
-        .execute(
-            "UPDATE outbox SET next_attempt_at = now() \
+/// Every unsent, unparked outbox row in `pg`'s database is due now, as after waiting out
+/// its backoff.
+pub async fn make_outbox_due(pg: &tokio_postgres::Client) {
+    pg.execute(
+        "UPDATE outbox SET next_attempt_at = now() \
               WHERE sent_at IS NULL AND failed_at IS NULL",
-            &[],
-        )
-        .await
-        .expect("make rows due");
+        &[],
+    )
+    .await
+    .expect("make rows due");
 }
 
 /// `tenant`'s rate limit as it is `by` later: the stored theoretical arrival time (µs, on the

@@ -19,10 +19,8 @@ pub(super) struct Taken {
 }
 
 impl Consumer {
-    /// With the gate closed (a dependency is down), probe what this consumer can probe and
-    /// take nothing while it stays down: `WorkerError::Paused`. Otherwise one held entry,
-    /// else an entry idle past `claim_idle_ms`, else whatever new entry arrives within
-    /// `block_ms`.
+    /// One held entry, else an entry idle past `claim_idle_ms`, else whatever new entry
+    /// arrives within `block_ms`. Only with the gate open ([`Self::check_gate`]).
     pub(super) async fn take(
         &mut self,
         conn: &mut deadpool_redis::Connection,

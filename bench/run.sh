@@ -60,7 +60,7 @@ REF_DB=1
 # (INFO commandstats) shows it.
 ROUND_TRIPS_PER_POST=1
 # The worker commits on at most this many Postgres connections (the pool cap in
-# src/connections.rs), so pgbench's ceiling for C consumers is measured at min(C, this) clients.
+# src/infra/connections.rs), so pgbench's ceiling for C consumers is measured at min(C, this) clients.
 PG_POOL_CAP=32
 
 log() { printf 'bench: %s\n' "$*" >&2; }

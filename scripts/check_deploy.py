@@ -212,12 +212,12 @@ def rules(objects, where):
             unknown = sorted(set(meta) - REDIS_STREAMS_METADATA)
             if unknown:
                 errors.append(f"{name}: redis-streams trigger metadata KEDA does not know: {unknown}")
-            # The names summaryd uses (src/keys.rs), so a rename there cannot silently leave
+            # The names summaryd uses (src/infra/keys.rs), so a rename there cannot silently leave
             # the autoscaler watching an empty stream.
             if f'"{meta.get("consumerGroup")}"' not in keys_rs:
-                errors.append(f"{name}: consumer group {meta.get('consumerGroup')!r} is not src/keys.rs's GROUP")
+                errors.append(f"{name}: consumer group {meta.get('consumerGroup')!r} is not src/infra/keys.rs's GROUP")
             if f'"{{}}{meta.get("stream")}"' not in keys_rs:
-                errors.append(f"{name}: stream {meta.get('stream')!r} is not src/keys.rs's job stream")
+                errors.append(f"{name}: stream {meta.get('stream')!r} is not src/infra/keys.rs's job stream")
             found |= {k for k in ("lagCount", "pendingEntriesCount") if k in meta}
             ref = t.get("authenticationRef", {}).get("name")
             if ref not in {a["metadata"]["name"] for a in by_kind.get("TriggerAuthentication", [])}:

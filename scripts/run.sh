@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run summaryd locally with every role (api, worker, relay) in one process, the builtin
 # extractive summariser (no network, no API key) and the log mailer (emails go to the log):
-# the built-in defaults of src/config.rs, so nothing here overrides a config file.
+# the built-in defaults of src/config/, so nothing here overrides a config file.
 #
 #   scripts/run.sh                      # http://127.0.0.1:8080
 #   scripts/run.sh --listen 127.0.0.1:9090 --consumers 2

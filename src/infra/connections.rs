@@ -75,7 +75,7 @@ thread_local! {
 static NEXT_SHARED_REDIS_ID: AtomicU64 = AtomicU64::new(0);
 
 impl SharedRedis {
-    /// `client` carries the TLS material for `rediss://` (see `redis_conn::client`).
+    /// `client` carries the TLS material for `rediss://` (see `infra::redis::client`).
     pub fn new(client: redis::Client) -> Self {
         Self {
             client,

@@ -51,7 +51,7 @@ impl RedisKeys {
         format!("{}tenant:{tenant}:in_flight", self.prefix)
     }
 
-    /// A tenant's rate-limit state (GCRA: the theoretical arrival time, in ms).
+    /// A tenant's rate-limit state (GCRA: the theoretical arrival time, in µs).
     pub fn rate(&self, tenant: &str) -> String {
         format!("{}tenant:{tenant}:rate", self.prefix)
     }

@@ -22,7 +22,7 @@ pub struct Metrics {
     pub llm_breaker_open: IntGaugeVec,
     pub http_duration: HistogramVec,
     pub job_latency: HistogramVec,
-    /// Cluster-wide gauges: set only by the maintenance task (`maintenance.rs`), read by
+    /// Cluster-wide gauges: set only by the maintenance task (`src/maintenance/`), read by
     /// scrapes, so a scrape never runs a query.
     pub stream_pending: IntGauge,
     pub stream_lag: IntGauge,

@@ -1,6 +1,6 @@
 //! TLS material for the backends: reading PEM files named by settings, and the rustls client
 //! configurations the Postgres `sslmode` variants need. Redis builds its own rustls config
-//! inside the `redis` crate from the same PEM bytes (see `redis_connect`).
+//! inside the `redis` crate from the same PEM bytes (see `infra::redis`).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

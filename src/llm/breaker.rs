@@ -61,11 +61,7 @@ impl Breaker {
     pub fn new(threshold: u32, cooldown: Duration) -> Self {
         Self {
             threshold: threshold.max(1),
-            cooldown: Backoff::new(
-                cooldown,
-                cooldown.saturating_mul(COOLDOWN_GROWTH_CAP),
-                Jitter::None,
-            ),
+            cooldown: Backoff::growing(cooldown, COOLDOWN_GROWTH_CAP, Jitter::None),
             state: Mutex::new(BreakerState::Closed { failures: 0 }),
         }
     }

@@ -1,11 +1,13 @@
-//! The one periodic housekeeping task of a worker or relay process: refresh the
-//! cluster-wide gauges `/metrics` serves, remove finished stream entries left behind, and
-//! (one replica at a time) apply retention and remove consumers that are gone.
-//!
-//! Every replica refreshes the gauges itself, so every replica exports the same
-//! cluster-wide values (aggregate them with `max`, never `sum`). The gauges are cached in
-//! the metrics registry; a scrape only renders them, so no number of scrapes can load
-//! Redis or Postgres.
+//! The one periodic housekeeping task of a worker or relay process, one file per service:
+//! `gauges.rs` refreshes the cluster-wide gauges `/metrics` serves, `cleanup.rs` removes
+//! finished stream entries left behind and consumers that are gone, and `retention.rs`
+//! deletes what is past its retention horizon. This file runs them: every pass refreshes
+//! the gauges on every replica, then one replica at a time (the one holding the advisory
+//! lock below) removes gone consumers and applies retention.
+
+mod cleanup;
+mod gauges;
+mod retention;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,18 +17,10 @@ use tracing::{info, warn};
 
 use crate::config::roles::{Role, Roles};
 use crate::config::{RetentionSettings, Settings};
-use crate::db::{self, DbError};
+use crate::db::DbError;
 use crate::infra::keys::RedisKeys;
 use crate::infra::metrics::Metrics;
 use crate::shutdown::Shutdown;
-use crate::stream::{consumer_group, dead_letters};
-
-/// Rows deleted per statement: each batch is a short transaction that holds few row locks
-/// and little WAL, so retention never competes with the relay and the workers for long.
-const DELETE_BATCH: i64 = 500;
-/// Rows one pass deletes at most per table; the rest waits for the next pass, so a first
-/// run on a large backlog is spread out instead of one long burst of deletes.
-const MAX_DELETES_PER_PASS: u64 = 50_000;
 
 /// Advisory lock key of the retention pass ("summaryd" in ASCII). Advisory locks are per
 /// database, so deployments on separate databases never contend.
@@ -171,53 +165,6 @@ impl Maintenance {
         }
     }
 
-    /// Read the cluster-wide values into the gauges. Each source is read separately, so
-    /// Redis being down does not stop the outbox gauge and vice versa; a gauge whose
-    /// source fails keeps its last value (and the refresh timestamp says how old it is).
-    async fn refresh_gauges(&self, report: &mut Report) -> Result<(), MaintenanceError> {
-        let m = &self.metrics;
-        let mut result = Ok(());
-        if let Some(redis) = &self.redis {
-            let redis_part = async {
-                let mut conn = redis.get().await?;
-                let backlog = consumer_group::backlog_and_trim(&mut conn, &self.keys).await?;
-                let dead = dead_letters::count(&mut conn, &self.keys).await?;
-                Ok::<_, MaintenanceError>((backlog, dead))
-            };
-            match redis_part.await {
-                Ok((backlog, dead)) => {
-                    if let Some(lag) = backlog.lag {
-                        m.stream_lag.set(clamp(lag));
-                    }
-                    m.stream_pending.set(clamp(backlog.pending));
-                    m.oldest_queued_age
-                        .set(Duration::from_millis(backlog.oldest_age_ms).as_secs_f64());
-                    m.dead_letters.set(clamp(dead));
-                    report.stream_entries = backlog.trimmed;
-                    if backlog.trimmed > 0 {
-                        warn!(
-                            entries = backlog.trimmed,
-                            "trimmed finished stream entries an acknowledgement left behind"
-                        );
-                    }
-                }
-                Err(e) => result = Err(e),
-            }
-        }
-        match db::outbox::count_unsent(&self.pg).await {
-            Ok(n) => m.outbox_unsent.set(n),
-            Err(e) => {
-                result = result.and(Err(e.into()));
-            }
-        }
-        if result.is_ok() {
-            let now = Utc::now();
-            m.gauges_refreshed
-                .set(now.timestamp_millis() as f64 / 1000.0);
-        }
-        result
-    }
-
     /// Retention and consumer cleanup, by whichever replica holds the lock.
     async fn retain(
         &self,
@@ -240,30 +187,8 @@ impl Maintenance {
         {
             first_error.get_or_insert(e);
         }
-        let horizon = |s: u64| (s > 0).then(|| now - chrono::Duration::seconds(clamp(s)));
-        if let Some(cutoff) = horizon(self.retention.outbox_sent_s) {
-            match delete_in_batches(|| {
-                db::outbox::delete_sent_before(&self.pg, cutoff, DELETE_BATCH)
-            })
-            .await
-            {
-                Ok(n) => report.outbox_sent = n,
-                Err(e) => {
-                    first_error.get_or_insert(e.into());
-                }
-            }
-        }
-        if let Some(cutoff) = horizon(self.retention.summaries_s) {
-            match delete_in_batches(|| {
-                db::summaries::delete_completed_before(&self.pg, cutoff, DELETE_BATCH)
-            })
-            .await
-            {
-                Ok(n) => report.summaries = n,
-                Err(e) => {
-                    first_error.get_or_insert(e.into());
-                }
-            }
+        if let Err(e) = self.retain_postgres(now, report).await {
+            first_error.get_or_insert(e);
         }
         // Ending the transaction releases the lock.
         lock.commit().await?;
@@ -273,6 +198,7 @@ impl Maintenance {
         }
     }
 
+    /// The Redis side, on one connection: a failure there skips what follows it.
     async fn retain_redis(
         &self,
         redis: &deadpool_redis::Pool,
@@ -280,21 +206,8 @@ impl Maintenance {
         report: &mut Report,
     ) -> Result<(), MaintenanceError> {
         let mut conn = redis.get().await?;
-        // No consumer of this process is exempt by name: each live consumer keeps its own
-        // liveness mark fresh, and the cleanup never removes a consumer that has one.
-        let removed =
-            consumer_group::remove_idle_consumers(&mut conn, &self.keys, "", self.consumer_gc_ms)
-                .await?;
-        if !removed.is_empty() {
-            info!(consumers = ?removed, "removed gone consumers with nothing pending");
-        }
-        report.consumers = removed.len() as u64;
-        if self.retention.dead_letters_s > 0 {
-            let cutoff = now - chrono::Duration::seconds(clamp(self.retention.dead_letters_s));
-            let cutoff_ms = u64::try_from(cutoff.timestamp_millis()).unwrap_or(0);
-            report.dead_letters =
-                dead_letters::purge_before(&mut conn, &self.keys, cutoff_ms).await?;
-        }
+        report.consumers = self.remove_gone_consumers(&mut conn).await?;
+        report.dead_letters = self.purge_dead_letters(&mut conn, now).await?;
         Ok(())
     }
 
@@ -316,22 +229,6 @@ impl Maintenance {
         }
         info!("maintenance stopped");
         Ok(())
-    }
-}
-
-/// Delete batch after batch until one comes back short or the pass's cap is reached.
-async fn delete_in_batches<F, Fut>(mut batch: F) -> Result<u64, DbError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<u64, DbError>>,
-{
-    let mut total = 0;
-    loop {
-        let n = batch().await?;
-        total += n;
-        if n < DELETE_BATCH as u64 || total >= MAX_DELETES_PER_PASS {
-            return Ok(total);
-        }
     }
 }
 

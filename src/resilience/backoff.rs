@@ -34,7 +34,14 @@ impl Backoff {
         Self { base, max, jitter }
     }
 
+    /// From `base`, growing to at most `max_factor` times it.
+    #[expect(clippy::disallowed_methods, reason = "growth is this module's job")]
+    pub fn growing(base: Duration, max_factor: u32, jitter: Jitter) -> Self {
+        Self::new(base, base.saturating_mul(max_factor), jitter)
+    }
+
     /// The step after `failures` earlier failures, before jitter.
+    #[expect(clippy::disallowed_methods, reason = "growth is this module's job")]
     pub fn step(&self, failures: u32) -> Duration {
         // From 32 failures on the factor stops growing; any base reached the cap long before.
         let factor = 1u32.checked_shl(failures).unwrap_or(u32::MAX);
@@ -54,6 +61,7 @@ impl Backoff {
 }
 
 /// A uniformly random duration in `[low, high]` (`low <= high`).
+#[expect(clippy::disallowed_methods, reason = "jitter is this module's job")]
 fn uniform(low: Duration, high: Duration) -> Duration {
     let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     Duration::from_nanos(rand::random_range(nanos(low)..=nanos(high)))
@@ -74,6 +82,16 @@ mod tests {
         let b = Backoff::new(100 * MS, 500 * MS, Jitter::None);
         let steps: Vec<Duration> = (0..5).map(|n| b.step(n)).collect();
         assert_eq!(steps, [100 * MS, 200 * MS, 400 * MS, 500 * MS, 500 * MS]);
+    }
+
+    #[test]
+    fn growing_caps_at_the_factor() {
+        let b = Backoff::growing(100 * MS, 8, Jitter::Equal);
+        assert_eq!(b, Backoff::new(100 * MS, 800 * MS, Jitter::Equal));
+        assert_eq!(
+            Backoff::growing(Duration::MAX, 8, Jitter::None).max,
+            Duration::MAX
+        );
     }
 
     #[test]

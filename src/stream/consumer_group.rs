@@ -3,8 +3,7 @@
 //! that are gone.
 //!
 //! Thin wrappers over single Redis commands, one MULTI/EXEC or a short owner-checked script;
-//! the decisions about what to do with a delivery live in the worker's consumer loop
-//! (`worker/consumer.rs`). `docs/delivery.md` explains the delivery accounting.
+//! the decisions about what to do with a delivery live in the worker (`worker/settle.rs`). `docs/delivery.md` explains the delivery accounting.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;

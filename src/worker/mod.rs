@@ -2,17 +2,24 @@
 //! the gate that stops the consumers while a dependency (Postgres, every model provider) is
 //! down.
 
+mod complete;
 mod consumer;
 mod dead_reason;
+mod delivery;
 pub mod gate;
 mod handler;
+mod liveness;
+mod run;
+mod settle;
+mod take;
 
 use std::sync::Arc;
 
-pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name, run};
+pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name};
 pub use dead_reason::DeadReason;
 pub use gate::DependencyGate;
 pub use handler::{JobError, JobOutcome, handle_summary_job};
+pub use run::run;
 
 use crate::config::Settings;
 use crate::infra::keys::RedisKeys;

@@ -1,4 +1,4 @@
-//! Issue 4.3: one api, three worker and two relay processes; a client submits hundreds of
+//! One api, three worker and two relay processes; a client submits hundreds of
 //! jobs while a random worker or relay is SIGKILLed and restarted every 1–2 s.
 //!
 //! `CHAOS_SOAK_S=<seconds>` lengthens the kill phase (and the job count with it) for a
@@ -86,6 +86,7 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
     let phase_end = Instant::now() + phase;
     let (mut worker_kills, mut relay_kills) = (0, 0);
     while Instant::now() < phase_end {
+        // Real time on purpose: kills at random instants of the processes' own work.
         tokio::time::sleep(Duration::from_millis(rand::random_range(1_000..2_000))).await;
         let victim = rand::random_range(0..WORKERS + RELAYS);
         if victim < WORKERS {

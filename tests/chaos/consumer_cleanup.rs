@@ -84,6 +84,8 @@ async fn cleanup_keeps_a_quiet_live_workers_consumers_and_removes_a_killed_ones(
         if killed_gone_after.is_none() && consumers(killed_pid, &info).is_empty() {
             killed_gone_after = Some(started.elapsed());
         }
+        // A real window, sampled: the live consumers' idle time (Redis's clock; nothing
+        // fabricates it) must pass GC_MS while nothing removes them.
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(

@@ -29,6 +29,8 @@ async fn killed_api_loses_no_accepted_job_and_retries_get_the_same_job_id() {
         10,
     );
     for _ in 0..KILLS {
+        // Real time on purpose: each kill -9 lands mid-burst, at an instant the process
+        // does not choose.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         api.kill9();
         api = world.spawn_on("api", "api", &listen, &[]).await;

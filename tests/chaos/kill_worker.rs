@@ -1,4 +1,4 @@
-//! Issue 4.1: kill -9 a worker process while it holds messages.
+//! kill -9 a worker process while it holds messages.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

@@ -4,6 +4,9 @@
 //! Each test builds its own world (database, key prefix or private Redis, fake model API,
 //! mail sink) and ends with the same exactly-once check: summaries rows = accepted job ids
 //! = distinct Idempotency-Keys at the mail sink, and every GET says done.
+// The harness draws its fakes' latencies and the chaos schedule at random; the rule that
+// every wait comes from the service's backoff module is about the service, not its tests.
+#![allow(clippy::disallowed_methods)]
 
 mod harness;
 #[path = "../support/mod.rs"]

@@ -69,6 +69,8 @@ async fn a_two_minute_model_outage_dead_letters_nothing_and_only_probes_reach_th
         10,
     );
 
+    // Real time on purpose: the outage is a window in which nothing may be dead-lettered,
+    // and the probe bound is a count over the cooldowns that really passed.
     tokio::time::sleep(OUTAGE / 2).await;
     // Mid-outage: the workers are ready (an outage is not the pod's fault) and say why they wait.
     let http = reqwest::Client::new();

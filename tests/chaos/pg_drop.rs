@@ -1,4 +1,4 @@
-//! Issue 4.4: Postgres sessions of every process are terminated mid-run
+//! Postgres sessions of every process are terminated mid-run
 //! (`pg_terminate_backend`); the pools must reconnect by themselves and lose no job.
 
 use std::collections::BTreeMap;
@@ -37,6 +37,8 @@ async fn terminated_postgres_sessions_are_replaced_and_no_job_is_lost() {
     let mut terminated = Vec::new();
     let mut gets: BTreeMap<u16, usize> = BTreeMap::new();
     for _ in 0..TERMINATIONS {
+        // Real time on purpose: each drop meets the load mid-flight, with the pools refilled
+        // since the last one.
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         terminated.push(db::terminate_sessions(&world.db_name).await);
         // Right after the drop, reads through the API's pool: 200 or 503, never 500.

@@ -1,4 +1,4 @@
-//! Issue 4.5: a private Redis with an fsync-always append-only file is SIGKILLed and
+//! A private Redis with an fsync-always append-only file is SIGKILLed and
 //! restarted mid-run. While it is down the API answers 503 with Retry-After (never 500);
 //! afterwards every process reconnects by itself and every accepted job completes.
 
@@ -35,6 +35,7 @@ async fn redis_restart_means_503_while_down_and_nothing_lost_after() {
         Duration::from_secs(7),
         10,
     );
+    // Real time on purpose: Redis dies while the load is in full flow.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let redis = world.redis.as_mut().expect("private redis");
     redis.kill9();
@@ -54,6 +55,7 @@ async fn redis_restart_means_503_while_down_and_nothing_lost_after() {
         assert!(retry_after.is_some(), "503 without Retry-After");
         assert_eq!(body["status"], 503, "problem+json body: {body}");
         probes.push(key);
+        // Probes spread over the whole outage, as clients' requests would be.
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     redis.restart().await;

@@ -1,4 +1,4 @@
-//! Issue 4.2: SIGTERM a worker mid-job.
+//! SIGTERM a worker mid-job.
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};

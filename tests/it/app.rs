@@ -127,21 +127,23 @@ async fn a_posted_job_becomes_one_summary_and_one_email() {
 
 async fn wait_done(client: &reqwest::Client, base: &str, job_id: &str) -> Value {
     let url = format!("{base}/v1/summaries/{job_id}");
-    let mut last = Value::Null;
-    for _ in 0..750 {
+    let last = std::cell::RefCell::new(Value::Null);
+    let done = eventually(Duration::from_secs(15), || async {
         let r = client
             .get(&url)
             .header("X-Tenant-Id", "acme")
             .send()
             .await
             .unwrap();
-        last = r.json().await.unwrap();
-        if last["status"] == "done" {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("job {job_id} never reached done: {last}");
+        let view: Value = r.json().await.unwrap();
+        let done = view["status"] == "done";
+        *last.borrow_mut() = view;
+        done
+    })
+    .await;
+    let last = last.into_inner();
+    assert!(done, "job {job_id} never reached done: {last}");
+    last
 }
 
 /// Once a key's record has expired, the same key with another body is another request: a

@@ -232,6 +232,9 @@ async fn bodies_beyond_the_budget_get_503_unread_and_stalled_bodies_408_at_the_d
     // A large body that stalls after 1 KB holds 40 KB of the 64 KB budget.
     let started = tokio::time::Instant::now();
     let mut stalled = start_post(port, "stalled-body-key-00001", 40_000, &[b'{'; 1000]).await;
+    // A real wait: the stalled request must hold its room before the next one asks, and
+    // nothing outside the process shows when it does (the budget is an in-process
+    // semaphore; no metric, log line or reply marks the reservation).
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // A second large body does not fit: 503 + Retry-After at once, its body never read.

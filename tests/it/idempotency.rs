@@ -17,9 +17,9 @@ use summaryd::infra::keys::ScopedKey;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::TenantLimits;
 
-use crate::shared::TestEnv;
 use crate::shared::api_requests::*;
 use crate::shared::test_env::Services;
+use crate::shared::{TestEnv, eventually};
 
 const OTHER_BODY: &str = r#"{"text":"A different document.","notify":"ops@example.com"}"#;
 
@@ -432,18 +432,22 @@ async fn the_shared_connection_is_replaced_after_redis_drops_it() {
 
     // Bounded: the replacement connects on the next command after the failure.
     let key = "after-drop-key-001";
-    let mut unavailable = 0;
-    let accepted_res = loop {
-        let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
-        if res.status() == StatusCode::ACCEPTED {
-            break res;
-        }
-        assert_problem(res, 503).await;
-        assert_eq!(stream_len(&env).await, 1, "a 503 enqueued nothing");
-        unavailable += 1;
-        assert!(unavailable < 20, "the connection was never replaced");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let accepted = std::cell::RefCell::new(None);
+    assert!(
+        eventually(Duration::from_secs(1), || async {
+            let res = test::call_service(&app, post("acme", key, BODY).to_request()).await;
+            if res.status() == StatusCode::ACCEPTED {
+                *accepted.borrow_mut() = Some(res);
+                return true;
+            }
+            assert_problem(res, 503).await;
+            assert_eq!(stream_len(&env).await, 1, "a 503 enqueued nothing");
+            false
+        })
+        .await,
+        "the connection was never replaced"
+    );
+    let accepted_res = accepted.into_inner().expect("accepted");
     assert!(header(&accepted_res, "idempotent-replayed").is_none());
     assert_eq!(stream_len(&env).await, 2);
     let mut again = services.redis_shared.get().await.unwrap();

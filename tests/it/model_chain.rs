@@ -324,15 +324,26 @@ async fn with_no_fallback_a_401_makes_jobs_wait_until_a_probe_passes() {
     // every probe counted here met the 401.
     let failed_probes = probes_and_jobs(&primary).0;
     primary.set_reply(completion("Back.", 9, 2));
-    let started = Instant::now();
-    let mut done = 0;
-    while done < 2 && started.elapsed() < Duration::from_secs(10) {
-        match consumer.run_once().await {
-            Ok(n) => done += n,
-            Err(WorkerError::Paused { .. }) => tokio::time::sleep(Duration::from_millis(20)).await,
-            Err(e) => panic!("{e}"),
-        }
-    }
+    // Passes stay paused until the cooldown is over and the probe passed; then passes that
+    // take a job run back to back.
+    let consumer = tokio::sync::Mutex::new(consumer);
+    let taken = std::cell::Cell::new(0);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let mut consumer = consumer.lock().await;
+            while taken.get() < 2 {
+                match consumer.run_once().await {
+                    Ok(0) | Err(WorkerError::Paused { .. }) => return false,
+                    Ok(n) => taken.set(taken.get() + n),
+                    Err(e) => panic!("{e}"),
+                }
+            }
+            true
+        })
+        .await,
+        "both jobs taken after the recovery: {}",
+        taken.get()
+    );
     assert!(
         eventually(Duration::from_secs(5), || async {
             env.count("summaries").await == 2

@@ -25,10 +25,11 @@ use summaryd::stream::consumer_group::ensure_group;
 use summaryd::stream::{enqueue, job_state};
 use summaryd::worker::Consumer;
 
+use crate::shared::fabricate::{make_idle, make_outbox_due};
 use crate::shared::http_stub::{HttpStub, Reply};
 use crate::shared::servers::{PgCluster, test_dir};
 use crate::shared::test_env::{Services, pg_connect};
-use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
+use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually, eventually_every};
 
 fn job(key: &str) -> Job {
     Job {
@@ -162,8 +163,40 @@ async fn a_postgres_outage_of_several_claim_idle_periods_spends_no_delivery_and_
             .await
             .unwrap();
     }
-    // Seven claim-idle periods: before, each one added a delivery, and two dead-lettered.
-    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    // The consumers meet the outage: the gate closes, and each delivery that met it is
+    // refunded and held.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            let held = pending(&mut redis.clone(), &services).await;
+            !services.worker_gate.down().is_empty()
+                && !held.is_empty()
+                && held.iter().all(|(_, _, delivered)| *delivered == 0)
+        })
+        .await,
+        "the gate closed and the deliveries that met the outage were refunded: {:?}",
+        pending(&mut redis, &services).await
+    );
+    // Their entries now look idle far past claim_idle_ms, as after an outage of many
+    // claim-idle periods: every pass that takes work would claim one, one more delivery each
+    // time (before, two such periods dead-lettered a job). Both consumers keep passing.
+    for (id, _, _) in pending(&mut redis, &services).await {
+        make_idle(&mut redis, &services.keys, &id).await;
+    }
+    let paused_passes = || {
+        services
+            .metrics
+            .loop_errors
+            .with_label_values(&["worker", "postgres_unavailable"])
+            .get()
+    };
+    let idle_from = paused_passes();
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            paused_passes() >= idle_from + 4
+        })
+        .await,
+        "the consumers kept passing (and probing) while Postgres was down"
+    );
     assert_eq!(dead_letters(&mut redis, &services).await, 0);
     let held = pending(&mut redis, &services).await;
     assert!(
@@ -248,24 +281,26 @@ async fn a_delivery_slower_than_claim_idle_keeps_its_entry_and_calls_the_model_o
     let delivery = tokio::spawn(async move { slow.run_once().await.unwrap() });
     // The slow consumer must hold the entry before the reclaimer's first pass, or the
     // reclaimer reads it as new work and the test measures nothing.
-    let held = Instant::now();
-    while !pending(&mut redis, &services)
-        .await
-        .iter()
-        .any(|(_, consumer, _)| consumer == "w-slow")
-    {
-        assert!(
-            held.elapsed() < Duration::from_secs(5),
-            "w-slow never read the entry"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    assert!(
+        eventually_every(Duration::from_secs(5), Duration::from_millis(5), || async {
+            pending(&mut redis.clone(), &services)
+                .await
+                .iter()
+                .any(|(_, consumer, _)| consumer == "w-slow")
+        })
+        .await,
+        "w-slow never read the entry"
+    );
     let mut reclaimer = Consumer::new(services.worker(), "w-reclaimer");
     let mut reclaimed = 0;
     let mut passes = 0;
     while !delivery.is_finished() {
         reclaimed += reclaimer.run_once().await.unwrap();
         passes += 1;
+        // A real wait: what is proved is that a running delivery keeps its entry's idle
+        // time (Redis's clock) below claim_idle_ms, so the time must really pass; idleness
+        // made up by the test is what the extension exists to prevent. This only spaces
+        // the passes out.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(delivery.await.unwrap(), 1);
@@ -366,6 +401,7 @@ async fn a_mail_outage_longer_than_ten_backoffs_parks_nothing_and_sends_each_row
         .unwrap();
     }
 
+    let pg = env.pg().await;
     let mut sent = 0;
     let mut passes = 0;
     while sent < 3 && passes < 200 {
@@ -377,7 +413,7 @@ async fn a_mail_outage_longer_than_ten_backoffs_parks_nothing_and_sends_each_row
             .await
             .unwrap();
         assert!(stuck.is_empty(), "pass {passes}: {stuck:?}");
-        tokio::time::sleep(Duration::from_millis(3)).await;
+        make_outbox_due(&pg).await;
     }
     assert_eq!(sent, 3, "every row sent once the provider recovered");
     assert_eq!(env.count("outbox WHERE sent_at IS NOT NULL").await, 3);
@@ -489,11 +525,27 @@ async fn consumer_cleanup_on_a_quiet_system_keeps_live_consumers_and_removes_a_k
             (*name, task)
         })
         .collect();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // kill -9: the task is gone mid-pass, nothing of its shutdown path runs.
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            let mut r = redis.clone();
+            for name in names {
+                let marked: bool = r.exists(services.keys.consumer_alive(name)).await.unwrap();
+                if !marked {
+                    return false;
+                }
+            }
+            true
+        })
+        .await,
+        "every consumer is running and has marked itself alive"
+    );
+    // kill -9: the task is gone mid-pass, nothing of its shutdown path runs; its liveness
+    // mark is left to lapse.
     tasks.remove("killed").unwrap().abort();
 
-    // Ten cleanup periods of nothing to do.
+    // Ten cleanup periods of nothing to do. A real window: the live consumers' idle time
+    // (Redis's own clock; nothing fabricates it) must pass consumer_gc_ms while nothing
+    // removes them, and the killed one's mark must lapse.
     let mut max_live_idle = 0;
     let mut killed_removed_after = None;
     let started = Instant::now();
@@ -554,15 +606,15 @@ async fn a_worker_whose_every_pass_fails_is_counted_and_reported_not_ready_with_
             .with_label_values(&["worker", "redis_error"])
             .get()
     };
-    let deadline = Instant::now() + Duration::from_secs(40);
-    while failing() < u64::from(summaryd::infra::metrics::FAILED_PASSES_NOT_READY) {
-        assert!(
-            Instant::now() < deadline,
-            "passes kept failing: {}",
-            failing()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The passes are spaced by the worker's error backoff (1 s doubling), a constant.
+    assert!(
+        eventually(Duration::from_secs(40), || async {
+            failing() >= u64::from(summaryd::infra::metrics::FAILED_PASSES_NOT_READY)
+        })
+        .await,
+        "passes kept failing: {}",
+        failing()
+    );
     let res = actix_test::call_service(&app, TestRequest::get().uri("/readyz").to_request()).await;
     assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
     let body: serde_json::Value = actix_test::read_body_json(res).await;

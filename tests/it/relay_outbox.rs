@@ -17,9 +17,10 @@ use summaryd::mail::{
 use summaryd::relay::{RelayServices, relay_once, run};
 use summaryd::shutdown::Shutdown;
 
+use crate::shared::fabricate::expire_leases;
 use crate::shared::fakes::MailStep;
 use crate::shared::log_capture::Captured;
-use crate::shared::{FakeMailer, TestEnv};
+use crate::shared::{FakeMailer, TestEnv, eventually};
 
 const NOTIFY: &str = "team@example.com";
 
@@ -103,19 +104,6 @@ async fn outbox_row(env: &TestEnv, job: JobId) -> OutboxState {
     }
 }
 
-/// Stands in for waiting out the lease (60 s in these settings) without sleeping.
-async fn expire_leases(env: &TestEnv) {
-    env.pg()
-        .await
-        .execute(
-            "UPDATE outbox SET claimed_until = now() - interval '1 millisecond' \
-              WHERE claimed_until IS NOT NULL",
-            &[],
-        )
-        .await
-        .expect("expire leases");
-}
-
 fn sent_keys(mailer: &FakeMailer) -> Vec<String> {
     mailer.sent().into_iter().map(|(_, k)| k).collect()
 }
@@ -156,14 +144,11 @@ async fn provider_down_then_up_sends_exactly_one_email_with_the_dedupe_key() {
 #[tokio::test]
 async fn crash_between_send_and_commit_resends_with_the_same_dedupe_key() {
     let env = TestEnv::new().await;
-    let mut settings = fast_settings(&env);
-    settings.relay.lease_ms = 200;
-    settings.mail.timeout_ms = 100;
     let mailer = Arc::new(FakeMailer::with(
         vec![MailStep::DeliverThenCrash],
         MailStep::Deliver,
     ));
-    let svc = services(&env, settings, &mailer);
+    let svc = services(&env, fast_settings(&env), &mailer);
     let job = commit_job(&svc, 1).await;
 
     // The panic inside send stands in for SIGKILL after the provider accepted the email.
@@ -173,10 +158,12 @@ async fn crash_between_send_and_commit_resends_with_the_same_dedupe_key() {
     };
     assert!(crashed.is_err(), "the relay pass should have crashed");
     let row = outbox_row(&env, job).await;
-    assert!(!row.sent && row.attempts == 0, "{row:?}");
+    assert!(!row.sent && row.attempts == 0 && row.leased, "{row:?}");
 
-    // Wait out the real (short) lease: nothing else can stand in for it here.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The crashed pass's lease still holds the row: no other pass sends it meanwhile.
+    assert_eq!(relay_once(&svc).await.unwrap(), 0);
+    assert_eq!(mailer.sent().len(), 1);
+    expire_leases(&env.pg().await).await;
     assert_eq!(relay_once(&svc).await.unwrap(), 1);
     assert_eq!(sent_keys(&mailer), vec![key(job), key(job)]);
     let row = outbox_row(&env, job).await;
@@ -271,7 +258,7 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
         assert!(!row.sent && row.leased && row.attempts == 0, "{row:?}");
     }
 
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     assert_eq!(relay_once(&svc).await.unwrap(), 2);
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     let mut keys = sent_keys(&mailer);
@@ -505,7 +492,7 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
     let job = commit_job(&svc, 1).await;
 
     let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     let fresh = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
     assert_eq!((stale.len(), fresh.len()), (1, 1));
     let (stale, fresh) = (&stale[0], &fresh[0]);
@@ -564,7 +551,7 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     let job = commit_job(&svc, 1).await;
 
     let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     let fresh = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
 
     // The provider accepted the stale relay's send: recording it prevents further sends.
@@ -584,7 +571,7 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     assert!(!outbox::mark_sent(&svc.pg, fresh[0].id).await.unwrap());
     let row = outbox_row(&env, job).await;
     assert!(row.sent && row.attempts == 0 && !row.leased, "{row:?}");
-    expire_leases(&env).await;
+    expire_leases(&env.pg().await).await;
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 0);
 }
@@ -663,12 +650,14 @@ async fn run_sends_rows_committed_while_it_runs_and_stops_on_shutdown() {
     let task = tokio::spawn(run(svc.clone(), "relay-test".into(), shutdown.clone()));
 
     let jobs = [commit_job(&svc, 1).await, commit_job(&svc, 2).await];
-    // Wait for the effect, bounded so a broken relay fails instead of hanging.
-    let mut waited = Duration::ZERO;
-    while mailer.sent().len() < 2 && waited < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += Duration::from_millis(20);
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            mailer.sent().len() >= 2
+        })
+        .await,
+        "both rows sent: {:?}",
+        sent_keys(&mailer)
+    );
     let mut keys = sent_keys(&mailer);
     keys.sort();
     let mut expected: Vec<String> = jobs.iter().map(|j| key(*j)).collect();
@@ -696,11 +685,13 @@ async fn run_wakes_from_its_idle_wait_on_shutdown() {
     let shutdown = Shutdown::new();
     let task = tokio::spawn(run(svc.clone(), "relay-test".into(), shutdown.clone()));
 
-    let mut waited = Duration::ZERO;
-    while mailer.sent().is_empty() && waited < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        waited += Duration::from_millis(20);
-    }
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            !mailer.sent().is_empty()
+        })
+        .await,
+        "the row committed before the start is sent"
+    );
     assert_eq!(sent_keys(&mailer), vec![key(job)]);
     shutdown.trigger();
     let stopped = tokio::time::timeout(Duration::from_secs(2), task).await;
@@ -718,9 +709,19 @@ async fn run_rides_out_database_errors_and_still_stops_on_shutdown() {
     let mailer = Arc::new(FakeMailer::new());
     let svc = services(&env, settings, &mailer);
     let shutdown = Shutdown::new();
-    let task = tokio::spawn(run(svc, "relay-test".into(), shutdown.clone()));
+    let task = tokio::spawn(run(svc.clone(), "relay-test".into(), shutdown.clone()));
 
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Enough failed passes in a row to count against readiness, each one backed off from.
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            svc.metrics
+                .failing_loops()
+                .iter()
+                .any(|(role, _, _)| *role == "relay")
+        })
+        .await,
+        "the relay's passes fail against the missing database"
+    );
     assert!(
         !task.is_finished(),
         "a database error must not end the relay"

@@ -25,7 +25,7 @@ use summaryd::worker::Consumer;
 
 use crate::shared::fakes::Step;
 use crate::shared::test_env::Services;
-use crate::shared::{FakeLlm, FakeMailer, TestEnv};
+use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
 
 struct World {
     env: TestEnv,
@@ -151,6 +151,12 @@ fn sample(text: &str, series: &str) -> f64 {
         .unwrap()
 }
 
+/// Redis's clock, in ms since the epoch: the clock stream ids and the backlog's age are on.
+async fn redis_now_ms(redis: &mut MultiplexedConnection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(redis).await.unwrap();
+    secs * 1_000 + micros / 1_000
+}
+
 fn ms(id: &str) -> u64 {
     group::entry_millis(id).unwrap()
 }
@@ -189,8 +195,16 @@ async fn finished_entries_leave_redis_and_unfinished_ones_survive_maintenance() 
     assert_eq!(w.dead_ids().await.len(), 1);
     relay_once(&w.services.relay()).await.unwrap();
 
-    // The oldest unfinished entry is the pending one; let it age measurably.
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    // The oldest unfinished entry is the pending one. Its age is taken on Redis's clock
+    // against the millisecond in its id: once that clock has passed it, the age is not 0.
+    let born = ms(&retrying_id);
+    assert!(
+        eventually(Duration::from_secs(1), || async {
+            redis_now_ms(&mut w.redis.clone()).await > born
+        })
+        .await
+    );
+    let measured_from = redis_now_ms(&mut w.redis).await;
     for _ in 0..2 {
         let report = w.maintenance().run_once().await.unwrap();
         assert_eq!(
@@ -198,6 +212,7 @@ async fn finished_entries_leave_redis_and_unfinished_ones_survive_maintenance() 
             "nothing finished was left to trim"
         );
     }
+    let measured_to = redis_now_ms(&mut w.redis).await;
     assert_eq!(
         w.stream_ids().await,
         vec![retrying_id.clone(), waiting_id.clone()]
@@ -225,8 +240,13 @@ async fn finished_entries_leave_redis_and_unfinished_ones_survive_maintenance() 
     ] {
         assert_eq!(sample(&text, series), want, "{series}");
     }
-    let age = sample(&text, "summaryd_oldest_queued_age_seconds");
-    assert!((1.0..30.0).contains(&age), "oldest queued age {age}");
+    // The gauge is whole milliseconds in seconds: the pending entry's age at the last pass.
+    let age_ms = (sample(&text, "summaryd_oldest_queued_age_seconds") * 1000.0).round() as u64;
+    let expected = measured_from - born..=measured_to - born;
+    assert!(
+        age_ms > 0 && expected.contains(&age_ms),
+        "oldest queued age {age_ms} ms, the pending entry's age during the passes {expected:?}"
+    );
     assert!(sample(&text, "summaryd_gauges_refreshed_timestamp_seconds") > 0.0);
 
     // The pending entry is still claimable, body and all.
@@ -311,6 +331,8 @@ async fn retention_removes_exactly_what_is_older_than_its_horizon() {
     .await;
     let (old_dead, young_dead) = (job("old-dead"), job("young-dead"));
     let old_id = w.dead_letter(&old_dead).await;
+    // A real wait: the two ids need different milliseconds, and only Redis's clock sets an
+    // entry's id.
     tokio::time::sleep(Duration::from_millis(5)).await;
     let young_id = w.dead_letter(&young_dead).await;
     assert!(ms(&old_id) < ms(&young_id));
@@ -404,6 +426,8 @@ async fn dlq_purge_removes_the_chosen_dead_letters_and_their_state() {
     let mut ids = Vec::new();
     for j in &jobs {
         ids.push(w.dead_letter(j).await);
+        // A real wait: each id needs its own millisecond (the purge cuts by time), and only
+        // Redis's clock sets an entry's id.
         tokio::time::sleep(Duration::from_millis(3)).await;
     }
     let mut out = Vec::new();

@@ -4,6 +4,7 @@
 //! an accepted request is never charged or refused. Effects are read from Redis and Postgres.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
@@ -16,6 +17,7 @@ use summaryd::stream::consumer_group::ensure_group;
 use summaryd::stream::dead_letters;
 use summaryd::worker::Consumer;
 
+use crate::shared::fabricate::rewind_rate;
 use crate::shared::test_env::Services;
 use crate::shared::{FakeLlm, TestEnv};
 
@@ -208,7 +210,8 @@ async fn max_in_flight_counts_accepted_jobs_until_done_or_dead_lettered() {
 }
 
 /// The rate replenishes with time (measured on the accepting replica's clock): one job per
-/// 50 ms with a burst of one is refused at once after a job, and accepted again 50 ms later.
+/// 50 ms with a burst of one is refused at once after a job, and accepted again 50 ms later
+/// (the stored rate state moved back by one interval, as the clock moving on would).
 #[actix_web::test]
 async fn the_rate_refills_as_time_passes() {
     let env = TestEnv::new().await;
@@ -224,7 +227,8 @@ async fn the_rate_refills_as_time_passes() {
         1,
         "50 ms, rounded up to a whole second"
     );
-    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    let mut r = env.redis().await;
+    rewind_rate(&mut r, &a.keys, "acme", Duration::from_millis(50)).await;
     let again = test::call_service(&app, post("rate-refill-key-001").to_request()).await;
     assert_eq!(
         again.status(),

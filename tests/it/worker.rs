@@ -23,9 +23,10 @@ use summaryd::stream::job_state::{self, Status};
 use summaryd::stream::{enqueue, job_entry};
 use summaryd::worker::{Consumer, JobOutcome, consumer_name, handle_summary_job, run};
 
+use crate::shared::fabricate;
 use crate::shared::fakes::Step;
 use crate::shared::test_env::Services;
-use crate::shared::{FakeLlm, FakeMailer, TestEnv};
+use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually, eventually_every};
 
 /// Long enough that nothing in a test becomes idle by itself.
 const NEVER_IDLE_MS: u64 = 600_000;
@@ -128,28 +129,8 @@ impl World {
             .collect()
     }
 
-    /// Fabricate idleness (River-style "stuck row"): XCLAIM to the current owner with a
-    /// large IDLE and JUSTID, which leaves the delivery counter alone.
     async fn make_idle(&mut self, msg_id: &str) {
-        let owner = self
-            .pending_entries()
-            .await
-            .into_iter()
-            .find(|(id, _, _)| id == msg_id)
-            .map(|(_, owner, _)| owner)
-            .expect("entry is pending");
-        let _: redis::Value = redis::cmd("XCLAIM")
-            .arg(self.services.keys.stream())
-            .arg(GROUP)
-            .arg(owner)
-            .arg(0)
-            .arg(msg_id)
-            .arg("IDLE")
-            .arg(3_600_000)
-            .arg("JUSTID")
-            .query_async(&mut self.redis)
-            .await
-            .unwrap();
+        fabricate::make_idle(&mut self.redis, &self.services.keys, msg_id).await;
     }
 
     /// Dead-letter entries as field maps.
@@ -344,12 +325,13 @@ async fn killed_consumer_entry_is_claimed_only_after_claim_idle() {
         (b, taken)
     });
     // While B's model call is in flight, the PEL shows the claim.
-    for _ in 0..200 {
-        if w.llm.calls() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    assert!(
+        eventually_every(Duration::from_secs(1), Duration::from_millis(5), || async {
+            w.llm.calls() == 1
+        })
+        .await,
+        "B's model call started"
+    );
     assert_eq!(
         w.pending_entries().await,
         vec![(msg_id.clone(), "w-b".to_string(), 2)]
@@ -590,19 +572,15 @@ async fn eight_consumers_process_sixteen_jobs_eight_at_a_time() {
         .map(|i| tokio::spawn(run(w.services.worker(), format!("w-{i}"), shutdown.clone())))
         .collect();
 
-    let mut done = 0;
-    for _ in 0..200 {
-        done = w.env.count("summaries").await;
-        if done == 16 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let all_done = eventually(Duration::from_secs(10), || async {
+        w.env.count("summaries").await == 16
+    })
+    .await;
     shutdown.trigger();
     for t in tasks {
         t.await.unwrap().unwrap();
     }
-    assert_eq!(done, 16);
+    assert!(all_done, "{} of 16 done", w.env.count("summaries").await);
     assert_eq!(w.llm.max_in_flight(), 8);
     assert_eq!(w.llm.calls(), 16);
     assert_eq!(w.env.count("outbox").await, 16);
@@ -616,13 +594,13 @@ async fn run_stops_promptly_on_shutdown_and_finishes_the_job_in_hand() {
     let task = tokio::spawn(run(w.services.worker(), "w-stop".into(), shutdown.clone()));
     let msg = job("in-hand-at-shutdown");
     w.enqueue(&msg).await;
-    for _ in 0..200 {
-        if w.llm.calls() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    assert_eq!(w.llm.calls(), 1, "the job is in hand");
+    assert!(
+        eventually_every(Duration::from_secs(1), Duration::from_millis(5), || async {
+            w.llm.calls() == 1
+        })
+        .await,
+        "the job is in hand"
+    );
     shutdown.trigger();
 
     let stopped = tokio::time::timeout(Duration::from_secs(3), task).await;
@@ -652,7 +630,8 @@ async fn idle_consumers_with_nothing_pending_are_removed_from_the_group() {
     }
     w.enqueue(&job("held")).await;
     w.read_as("w-busy").await;
-    // Let every consumer be idle for longer than consumer_gc_ms = 0.
+    // Let every consumer be idle for longer than consumer_gc_ms = 0. A real wait: only
+    // Redis's clock sets a consumer's idle time (no command fabricates it), in whole ms.
     tokio::time::sleep(Duration::from_millis(10)).await;
 
     let removed = summaryd::stream::consumer_group::remove_idle_consumers(

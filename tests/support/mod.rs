@@ -9,6 +9,7 @@
 pub mod api_requests;
 pub mod certs;
 pub mod cleanup;
+pub mod fabricate;
 pub mod fakes;
 pub mod http_request;
 pub mod http_stub;
@@ -24,8 +25,19 @@ use std::time::Duration;
 pub use fakes::{FakeLlm, FakeMailer, model_summary};
 pub use test_env::TestEnv;
 
-/// Poll `check` until true, for at most `limit`; false if it never was.
-pub async fn eventually<F, Fut>(limit: Duration, mut check: F) -> bool
+/// Poll `check` until true, for at most `limit`; false if it never was. The one way tests
+/// wait for an effect: every look is immediate, then every 20 ms.
+pub async fn eventually<F, Fut>(limit: Duration, check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    eventually_every(limit, Duration::from_millis(20), check).await
+}
+
+/// [`eventually`], looking every `every`: for a check that is costly (new connections) or
+/// that must not hammer a system under load, as a real client would not.
+pub async fn eventually_every<F, Fut>(limit: Duration, every: Duration, mut check: F) -> bool
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
@@ -38,6 +50,6 @@ where
         if tokio::time::Instant::now() >= until {
             return false;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(every).await;
     }
 }

@@ -54,6 +54,8 @@ impl RedisProc {
                 Instant::now() < deadline,
                 "redis-server on {port} did not start"
             );
+            // Blocking, like the rest of this start, so callers need no runtime; the async
+            // `eventually` cannot poll here.
             std::thread::sleep(Duration::from_millis(50));
         }
         proc

@@ -18,8 +18,8 @@ use summaryd::worker::WorkerServices;
 use tokio_postgres::NoTls;
 use tokio_postgres::error::SqlState;
 
-use crate::shared::cleanup;
 use crate::shared::fakes::{FakeLlm, FakeMailer};
+use crate::shared::{cleanup, eventually};
 
 pub fn pg_base_url() -> String {
     std::env::var("TEST_PG_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432".into())
@@ -246,17 +246,15 @@ impl std::ops::Deref for Services {
 /// Run `sql`, waiting (up to 5 s) while the database it names is still in use: a
 /// connection that just closed can linger a moment on the server.
 async fn execute_when_unused(admin: &tokio_postgres::Client, sql: &str) {
-    let mut tries = 0;
-    loop {
+    let ran = eventually(Duration::from_secs(5), || async {
         match admin.batch_execute(sql).await {
-            Ok(()) => return,
-            Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) && tries < 100 => {
-                tries += 1;
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            Ok(()) => true,
+            Err(e) if e.code() == Some(&SqlState::OBJECT_IN_USE) => false,
             Err(e) => panic!("{sql}: {e}"),
         }
-    }
+    })
+    .await;
+    assert!(ran, "{sql}: the database stayed in use");
 }
 
 async fn admin_client() -> tokio_postgres::Client {

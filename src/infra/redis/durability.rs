@@ -1,7 +1,7 @@
 //! Redis holds every accepted job until a worker has stored its summary, so its persistence
 //! and eviction settings decide whether "accepted" means "will be done". They are read at
 //! startup (API and worker roles) and each risk is logged as a warning naming the setting;
-//! the README's deployment notes say what each one means.
+//! `docs/operations.md` (Redis durability) says what each one means.
 
 use std::collections::HashMap;
 

@@ -23,10 +23,10 @@ use process::Proc;
 use redis_server::RedisServer;
 
 use crate::shared::cleanup;
-pub use crate::shared::eventually;
 pub use crate::shared::http_stub::free_port;
 use crate::shared::servers::PgCluster;
 use crate::shared::test_env::{FreshNames, pg_base_url, pg_connect, redis_url};
+pub use crate::shared::{eventually, eventually_every};
 
 /// After the last fault, everything accepted must be summarised and mailed within this
 /// long; the slowest path is a job held by a killed worker (claim idle) whose email is
@@ -288,29 +288,28 @@ impl World {
         assert_eq!(job_ids.len(), by_key.len(), "two keys share a job id");
         let n = job_ids.len();
 
-        let deadline = tokio::time::Instant::now() + QUIESCENCE;
-        loop {
+        // Every 200 ms, not eventually's 20: each look opens three Postgres connections,
+        // and the processes under test share the machine's two cores.
+        let quiescent = eventually_every(QUIESCENCE, Duration::from_millis(200), || async {
             let p = self.progress().await;
-            if p.summaries as usize == n
-                && p.outbox as usize == n
-                && p.sent as usize == n
-                && p.sink_distinct == n
-                && p.pending == 0
-            {
-                break;
-            }
             assert!(
                 p.summaries as usize <= n && p.outbox as usize <= n && p.sink_distinct <= n,
                 "more effects than accepted jobs ({n}): {p:?}"
             );
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "[{}] not quiescent within {QUIESCENCE:?}: accepted {n}, {p:?}, dead letters {}",
-                self.name,
-                self.dead_letters().await
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+            p.summaries as usize == n
+                && p.outbox as usize == n
+                && p.sent as usize == n
+                && p.sink_distinct == n
+                && p.pending == 0
+        })
+        .await;
+        assert!(
+            quiescent,
+            "[{}] not quiescent within {QUIESCENCE:?}: accepted {n}, {:?}, dead letters {}",
+            self.name,
+            self.progress().await,
+            self.dead_letters().await
+        );
 
         let pg = self.pg().await;
         let summary_ids: BTreeSet<String> = pg
@@ -376,17 +375,22 @@ impl World {
     }
 }
 
-/// GET retried briefly on 503 / transport errors (a pool reconnecting after a fault).
+/// GET retried briefly on 503 / transport errors (a pool reconnecting after a fault), spaced
+/// as a client would space them.
 async fn get_with_patience(client: &ApiClient, job_id: &str) -> (u16, serde_json::Value) {
-    let mut last = (0, serde_json::Value::Null);
-    for _ in 0..25 {
-        last = client.get(job_id).await;
-        if !matches!(last.0, 0 | 503) {
-            return last;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    last
+    let last = std::cell::RefCell::new((0, serde_json::Value::Null));
+    eventually_every(
+        Duration::from_secs(5),
+        Duration::from_millis(200),
+        || async {
+            let got = client.get(job_id).await;
+            let answered = !matches!(got.0, 0 | 503);
+            *last.borrow_mut() = got;
+            answered
+        },
+    )
+    .await;
+    last.into_inner()
 }
 
 #[derive(Debug)]

@@ -2,11 +2,14 @@
 //! their output captured to a file, killed (SIGKILL) on drop so no test leaves orphans,
 //! and the tail of their log printed when a test fails.
 
+use std::cell::{Cell, RefCell};
 use std::fs::File;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::Duration;
+
+use crate::shared::eventually;
 
 /// `serve` writes "summaryd started" once its listener is bound and its roles run; a
 /// process that has not done so by then is broken (the slowest step is connecting pools,
@@ -79,28 +82,34 @@ impl Proc {
     }
 
     async fn wait_started(&mut self) -> u16 {
-        let deadline = tokio::time::Instant::now() + START_TIMEOUT;
-        loop {
-            if let Some(port) = started_port(&self.log) {
-                return port;
+        let port = Cell::new(None);
+        let exited = Cell::new(None);
+        let child = RefCell::new(&mut self.child);
+        let log = &self.log;
+        eventually(START_TIMEOUT, || async {
+            port.set(started_port(log));
+            if let Ok(Some(status)) = child.borrow_mut().try_wait() {
+                exited.set(Some(status));
             }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.exited = Some(status);
-                panic!(
-                    "{} exited during start with {status}:\n{}",
-                    self.name,
-                    self.tail()
-                );
-            }
-            if tokio::time::Instant::now() >= deadline {
-                panic!(
-                    "{} did not log 'summaryd started' within {START_TIMEOUT:?}:\n{}",
-                    self.name,
-                    self.tail()
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            port.get().is_some() || exited.get().is_some()
+        })
+        .await;
+        if let Some(port) = port.get() {
+            return port;
         }
+        if let Some(status) = exited.get() {
+            self.exited = Some(status);
+            panic!(
+                "{} exited during start with {status}:\n{}",
+                self.name,
+                self.tail()
+            );
+        }
+        panic!(
+            "{} did not log 'summaryd started' within {START_TIMEOUT:?}:\n{}",
+            self.name,
+            self.tail()
+        );
     }
 
     /// SIGKILL and reap: the process gets no chance to clean anything up.
@@ -122,25 +131,27 @@ impl Proc {
 
     /// Wait for the process to exit by itself; `None` if it is still running after `within`.
     pub async fn wait_exit(&mut self, within: Duration) -> Option<ExitStatus> {
-        let deadline = tokio::time::Instant::now() + within;
-        loop {
-            if let Some(status) = self.exited {
-                return Some(status);
-            }
-            if let Ok(Some(status)) = self.child.try_wait() {
-                self.exited = Some(status);
-                return Some(status);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        if self.exited.is_none() {
+            let child = RefCell::new(&mut self.child);
+            let exited = Cell::new(None);
+            eventually(within, || async {
+                exited.set(child.borrow_mut().try_wait().ok().flatten());
+                exited.get().is_some()
+            })
+            .await;
+            self.exited = exited.get();
         }
+        self.exited
+    }
+
+    /// The process's output so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     /// The last lines of the process's output.
     pub fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let text = self.output();
         let lines: Vec<&str> = text.lines().collect();
         let from = lines.len().saturating_sub(TAIL_LINES);
         lines[from..].join("\n")

@@ -5,6 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::shared::eventually;
+
 pub struct RedisServer {
     pub port: u16,
     dir: PathBuf,
@@ -67,18 +69,12 @@ impl RedisServer {
             .spawn()
             .expect("spawn redis-server (is it installed?)");
         self.child = Some(child);
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        loop {
-            if self.ping().await {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "private redis-server did not answer PING on port {}",
-                self.port
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let this = &*self;
+        assert!(
+            eventually(Duration::from_secs(10), || this.ping()).await,
+            "private redis-server did not answer PING on port {}",
+            self.port
+        );
     }
 
     async fn ping(&self) -> bool {

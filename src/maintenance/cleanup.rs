@@ -1,0 +1,46 @@
+//! Cleanup of what finished work leaves in Redis: stream entries an acknowledgement left
+//! behind, and consumers whose process is gone.
+
+use tracing::{info, warn};
+
+use super::{Maintenance, MaintenanceError, Report};
+use crate::stream::consumer_group::{self, Backlog};
+
+impl Maintenance {
+    /// Remove finished entries an acknowledgement left behind. The script that does it needs
+    /// the oldest entry still in use to know where to cut, so it measures the backlog too:
+    /// the gauges take their stream values from this one call, on every replica.
+    pub(super) async fn trim_finished(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+    ) -> Result<Backlog, MaintenanceError> {
+        Ok(consumer_group::backlog_and_trim(conn, &self.keys).await?)
+    }
+
+    /// Report what [`Self::trim_finished`] removed, once the pass's Redis reads all answered.
+    pub(super) fn record_trimmed(report: &mut Report, trimmed: u64) {
+        report.stream_entries = trimmed;
+        if trimmed > 0 {
+            warn!(
+                entries = trimmed,
+                "trimmed finished stream entries an acknowledgement left behind"
+            );
+        }
+    }
+
+    /// Remove the group's consumers whose process is gone; returns how many.
+    pub(super) async fn remove_gone_consumers(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+    ) -> Result<u64, MaintenanceError> {
+        // No consumer of this process is exempt by name: each live consumer keeps its own
+        // liveness mark fresh, and the cleanup never removes a consumer that has one.
+        let removed =
+            consumer_group::remove_idle_consumers(conn, &self.keys, "", self.consumer_gc_ms)
+                .await?;
+        if !removed.is_empty() {
+            info!(consumers = ?removed, "removed gone consumers with nothing pending");
+        }
+        Ok(removed.len() as u64)
+    }
+}

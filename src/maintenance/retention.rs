@@ -1,0 +1,86 @@
+//! Retention: dead letters, sent outbox rows and summary texts older than their horizon
+//! (`SUMMARYD_RETENTION_*`; 0 keeps them) are deleted, in short batches.
+
+use chrono::{DateTime, Utc};
+
+use super::{Maintenance, MaintenanceError, Report, clamp};
+use crate::db::{self, DbError};
+use crate::stream::dead_letters;
+
+/// Rows deleted per statement: each batch is a short transaction that holds few row locks
+/// and little WAL, so retention never competes with the relay and the workers for long.
+const DELETE_BATCH: i64 = 500;
+/// Rows one pass deletes at most per table; the rest waits for the next pass, so a first
+/// run on a large backlog is spread out instead of one long burst of deletes.
+const MAX_DELETES_PER_PASS: u64 = 50_000;
+
+impl Maintenance {
+    /// Purge dead letters older than their horizon; returns how many.
+    pub(super) async fn purge_dead_letters(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        now: DateTime<Utc>,
+    ) -> Result<u64, MaintenanceError> {
+        if self.retention.dead_letters_s == 0 {
+            return Ok(0);
+        }
+        let cutoff = now - chrono::Duration::seconds(clamp(self.retention.dead_letters_s));
+        let cutoff_ms = u64::try_from(cutoff.timestamp_millis()).unwrap_or(0);
+        Ok(dead_letters::purge_before(conn, &self.keys, cutoff_ms).await?)
+    }
+
+    /// Delete sent outbox rows and completed summaries past their horizons. A failing
+    /// table does not stop the other; the first error is returned after both ran.
+    pub(super) async fn retain_postgres(
+        &self,
+        now: DateTime<Utc>,
+        report: &mut Report,
+    ) -> Result<(), MaintenanceError> {
+        let mut first_error = None;
+        let horizon = |s: u64| (s > 0).then(|| now - chrono::Duration::seconds(clamp(s)));
+        if let Some(cutoff) = horizon(self.retention.outbox_sent_s) {
+            match delete_in_batches(|| {
+                db::outbox::delete_sent_before(&self.pg, cutoff, DELETE_BATCH)
+            })
+            .await
+            {
+                Ok(n) => report.outbox_sent = n,
+                Err(e) => {
+                    first_error.get_or_insert(e.into());
+                }
+            }
+        }
+        if let Some(cutoff) = horizon(self.retention.summaries_s) {
+            match delete_in_batches(|| {
+                db::summaries::delete_completed_before(&self.pg, cutoff, DELETE_BATCH)
+            })
+            .await
+            {
+                Ok(n) => report.summaries = n,
+                Err(e) => {
+                    first_error.get_or_insert(e.into());
+                }
+            }
+        }
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// Delete batch after batch until one comes back short or the pass's cap is reached.
+async fn delete_in_batches<F, Fut>(mut batch: F) -> Result<u64, DbError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, DbError>>,
+{
+    let mut total = 0;
+    loop {
+        let n = batch().await?;
+        total += n;
+        if n < DELETE_BATCH as u64 || total >= MAX_DELETES_PER_PASS {
+            return Ok(total);
+        }
+    }
+}

@@ -1,0 +1,90 @@
+//! Liveness: a running delivery keeps its entry from looking idle, and a live consumer keeps
+//! its mark, so neither is taken for dead; consumers that are gone are removed.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::consumer::{Consumer, ERROR_BACKOFF, WorkerError};
+use super::settle::Recount;
+use crate::stream::consumer_group as group;
+
+impl Consumer {
+    /// Run `work` (one delivery) while re-claiming its entry every `extend_every`, so the
+    /// entry never looks idle to XAUTOCLAIM while the delivery runs: a delivery slower than
+    /// `claim_idle_ms` is neither reclaimed nor dead-lettered under it, and `claim_idle_ms`
+    /// only bounds how soon a dead worker's job is picked up. The re-claim is owner-checked
+    /// (`group::claim_own`): an entry that was taken from us meanwhile stays with its taker.
+    pub(super) async fn with_claim_extended<T>(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        msg_id: &str,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let every = self.config.extend_every();
+        let mut work = std::pin::pin!(work);
+        let mut next = Instant::now() + every;
+        loop {
+            tokio::select! {
+                out = &mut work => return out,
+                () = tokio::time::sleep_until(next) => {
+                    next = Instant::now() + every;
+                    match group::claim_own(conn, &self.services.keys, &self.name, msg_id, Recount::Keep.delta()).await {
+                        Ok(Some(_)) => {}
+                        // Finishing is still right: the commit is idempotent.
+                        Ok(None) => tracing::warn!("entry no longer pending for this consumer while its delivery runs"),
+                        Err(e) => tracing::warn!(error = %e, "could not extend the claim of a running delivery"),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Remove consumers that are gone, at the cadence `consumer_gc_ms` asks for (the
+    /// maintenance task runs the same cleanup at its own, usually longer, interval).
+    pub(crate) async fn maintain(&self) -> Result<(), WorkerError> {
+        let keys = &self.services.keys;
+        let mut conn = self.services.redis.get().await?;
+        let removed =
+            group::remove_idle_consumers(&mut conn, keys, &self.name, self.config.consumer_gc_ms)
+                .await?;
+        if !removed.is_empty() {
+            tracing::info!(consumers = ?removed, "removed gone consumers with nothing pending");
+        }
+        Ok(())
+    }
+
+    /// Keep this consumer's liveness mark fresh until the returned guard is dropped (the
+    /// consumer stops, or the process dies and takes the task with it).
+    pub(crate) fn keep_alive(&self) -> AliveMark {
+        let (services, name) = (self.services.clone(), self.name.clone());
+        let ttl = Duration::from_millis(self.config.consumer_gc_ms.max(1));
+        let every = self.config.mark_every();
+        AliveMark(tokio::spawn(async move {
+            loop {
+                let marked = async {
+                    let mut conn = services.redis.get().await?;
+                    group::mark_alive(&mut conn, &services.keys, &name, ttl).await?;
+                    Ok::<(), WorkerError>(())
+                }
+                .await;
+                // After a failure (Redis down) try again soon: the mark may have lapsed.
+                let wait = match marked {
+                    Ok(()) => every,
+                    Err(_) => every.min(ERROR_BACKOFF.base),
+                };
+                tokio::time::sleep(wait).await;
+            }
+        }))
+    }
+}
+
+/// Refreshes a consumer's liveness mark while it lives; stops when dropped.
+pub(crate) struct AliveMark(tokio::task::JoinHandle<()>);
+
+impl Drop for AliveMark {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}

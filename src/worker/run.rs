@@ -1,0 +1,108 @@
+//! The consumer's loop: one pass takes work and delivers it; passes repeat until shutdown,
+//! pausing after a failed one.
+
+use tokio::time::Instant;
+
+use super::WorkerServices;
+use super::consumer::{Consumer, WorkerError};
+use super::gate::MODEL;
+use super::settle::Recount;
+use crate::shutdown::Shutdown;
+use crate::stream::consumer_group as group;
+
+impl Consumer {
+    /// One pass. With the gate closed (a dependency is down), probe what this consumer can
+    /// probe and take nothing while it stays down: `WorkerError::Paused`. Otherwise retry one
+    /// held entry, else take over an entry idle past `claim_idle_ms`, else wait up to
+    /// `block_ms` for a new one; handle what was taken. Returns how many entries were taken.
+    pub async fn run_once(&mut self) -> Result<usize, WorkerError> {
+        self.check_gate().await?;
+        let mut conn = self.services.redis.get().await?;
+        let taken = self.take(&mut conn).await?;
+        let n = taken.len();
+        for taken in taken {
+            if let Err(e) = self.deliver(&mut conn, &taken).await {
+                // Redis failed mid-delivery: the entry is still ours; retry it once Redis
+                // answers, in place of this delivery (it may not have been tried).
+                self.hold(taken.delivery, Recount::Keep);
+                return Err(e);
+            }
+        }
+        Ok(n)
+    }
+}
+
+/// Run one consumer until shutdown. Shutdown is checked between passes: no new work is
+/// taken after it, and the job in hand finishes (the supervisor aborts us after the grace
+/// period; an aborted job simply stays pending and is reclaimed).
+pub async fn run(
+    services: WorkerServices,
+    name: String,
+    shutdown: Shutdown,
+) -> Result<(), WorkerError> {
+    let metrics = services.metrics.clone();
+    let gate = services.gate.clone();
+    let mut consumer = Consumer::new(services.clone(), name);
+    let alive = consumer.keep_alive();
+    let mut failures: u32 = 0;
+    let mut group_ready = false;
+    let mut next_maintenance = Instant::now();
+    tracing::info!(consumer = %consumer.name(), "consumer started");
+    while !shutdown.is_triggered() {
+        let result = async {
+            if !group_ready {
+                consumer.ensure_group().await?;
+                group_ready = true;
+            }
+            if Instant::now() >= next_maintenance {
+                next_maintenance = Instant::now() + consumer.config.maintenance_every();
+                consumer.maintain().await?;
+            }
+            consumer.run_once().await
+        }
+        .await;
+        match result {
+            Ok(_) => {
+                failures = 0;
+                metrics.loop_succeeded("worker");
+            }
+            Err(e) => {
+                // Waiting out a model outage is the loop doing its job: every provider's
+                // breaker is open, which restarting this process would not fix, so it
+                // does not count against readiness (`/readyz` shows the breakers).
+                if !matches!(
+                    e,
+                    WorkerError::Paused {
+                        dependency: MODEL,
+                        ..
+                    }
+                ) {
+                    metrics.loop_failed("worker", e.kind(), &e.to_string());
+                }
+                let wait = e.wait(failures);
+                failures = failures.saturating_add(1);
+                if matches!(e, WorkerError::Paused { .. }) {
+                    // The gate logged the outage once; a line per probe would only be noise.
+                    tracing::debug!(consumer = %consumer.name(), error = %e, "consumer paused");
+                } else {
+                    tracing::warn!(consumer = %consumer.name(), error = %e, retry_in_ms = wait.as_millis() as u64, "consumer pass failed");
+                    // The group may be gone (Redis restarted without persistence): recreate it.
+                    group_ready = false;
+                }
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = gate.reopened() => {}
+                    _ = shutdown.wait() => {}
+                }
+            }
+        }
+    }
+    drop(alive);
+    // A clean stop: the consumer's mark goes with it, so cleanup need not wait for it to
+    // lapse. Best effort; the mark expires by itself anyway.
+    if let Ok(mut conn) = services.redis.get().await {
+        let _ = group::clear_alive(&mut conn, &services.keys, consumer.name()).await;
+    }
+    tracing::info!(consumer = %consumer.name(), "consumer stopped");
+    Ok(())
+}

@@ -95,7 +95,7 @@ pub struct Maintenance {
     keys: RedisKeys,
     metrics: Arc<Metrics>,
     retention: RetentionSettings,
-    consumer_gc_ms: u64,
+    consumer_gc: Duration,
     interval: Duration,
 }
 
@@ -114,8 +114,8 @@ impl Maintenance {
             keys,
             metrics,
             retention: settings.retention.clone(),
-            consumer_gc_ms: settings.worker.consumer_gc_ms,
-            interval: Duration::from_millis(settings.maintenance.interval_ms),
+            consumer_gc: settings.worker.consumer_gc,
+            interval: settings.maintenance.interval,
         }
     }
 
@@ -283,7 +283,7 @@ impl Maintenance {
         // No consumer of this process is exempt by name: each live consumer keeps its own
         // liveness mark fresh, and the cleanup never removes a consumer that has one.
         let removed =
-            consumer_group::remove_idle_consumers(&mut conn, &self.keys, "", self.consumer_gc_ms)
+            consumer_group::remove_idle_consumers(&mut conn, &self.keys, "", self.consumer_gc)
                 .await?;
         if !removed.is_empty() {
             info!(consumers = ?removed, "removed gone consumers with nothing pending");

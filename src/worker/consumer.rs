@@ -91,43 +91,43 @@ impl WorkerError {
 pub struct ConsumerConfig {
     /// XAUTOCLAIM min idle time: how soon a dead worker's entry is taken over. A running
     /// delivery re-claims its entry every third of it, so it need not exceed the slowest job.
-    pub claim_idle_ms: u64,
+    pub claim_idle: Duration,
     /// Deliveries after which a job is dead-lettered instead of run again.
     pub max_deliveries: u64,
     /// XREADGROUP BLOCK; also bounds how long a shutdown waits for an idle consumer.
-    pub block_ms: u64,
+    pub block: Duration,
     /// How long a consumer's liveness mark lasts without a refresh; consumers without a
     /// mark, idle this long, with nothing pending, are removed from the group.
-    pub consumer_gc_ms: u64,
+    pub consumer_gc: Duration,
 }
 
 impl ConsumerConfig {
     /// A running delivery re-claims its entry this often: a third of `claim_idle_ms`, so two
     /// extensions can be late (a slow Redis, a pause) before the entry looks idle.
     pub fn extend_every(&self) -> Duration {
-        Duration::from_millis(self.claim_idle_ms / 3).max(MIN_EXTEND_EVERY)
+        (self.claim_idle / 3).max(MIN_EXTEND_EVERY)
     }
 
     /// Consumer cleanup runs this often, so a gone consumer is removed within about two
     /// `consumer_gc_ms` of its last mark.
     pub fn maintenance_every(&self) -> Duration {
-        Duration::from_millis(self.consumer_gc_ms / 2).clamp(MIN_EXTEND_EVERY, MAINTENANCE_EVERY)
+        (self.consumer_gc / 2).clamp(MIN_EXTEND_EVERY, MAINTENANCE_EVERY)
     }
 
     /// The liveness mark is refreshed this often: three times per lifetime, so a live
     /// process misses two refreshes before its consumer could look gone.
     fn mark_every(&self) -> Duration {
-        Duration::from_millis(self.consumer_gc_ms / 3).max(MIN_EXTEND_EVERY)
+        (self.consumer_gc / 3).max(MIN_EXTEND_EVERY)
     }
 }
 
 impl From<&WorkerSettings> for ConsumerConfig {
     fn from(s: &WorkerSettings) -> Self {
         Self {
-            claim_idle_ms: s.claim_idle_ms,
+            claim_idle: s.claim_idle,
             max_deliveries: s.max_deliveries,
-            block_ms: s.block_ms,
-            consumer_gc_ms: s.consumer_gc_ms,
+            block: s.block,
+            consumer_gc: s.consumer_gc,
         }
     }
 }
@@ -220,7 +220,7 @@ impl Consumer {
                         &self.services.keys,
                         &self.name,
                         BATCH,
-                        self.config.block_ms,
+                        self.config.block,
                     )
                     .await?;
                 }
@@ -293,7 +293,7 @@ impl Consumer {
                 conn,
                 &self.services.keys,
                 &self.name,
-                self.config.claim_idle_ms,
+                self.config.claim_idle,
                 &self.cursor,
                 BATCH,
             )
@@ -526,7 +526,7 @@ impl Consumer {
         let keys = &self.services.keys;
         let mut conn = self.services.redis.get().await?;
         let removed =
-            group::remove_idle_consumers(&mut conn, keys, &self.name, self.config.consumer_gc_ms)
+            group::remove_idle_consumers(&mut conn, keys, &self.name, self.config.consumer_gc)
                 .await?;
         if !removed.is_empty() {
             tracing::info!(consumers = ?removed, "removed gone consumers with nothing pending");
@@ -538,7 +538,7 @@ impl Consumer {
     /// consumer stops, or the process dies and takes the task with it).
     pub fn keep_alive(&self) -> AliveMark {
         let (services, name) = (self.services.clone(), self.name.clone());
-        let ttl = Duration::from_millis(self.config.consumer_gc_ms.max(1));
+        let ttl = self.config.consumer_gc.max(Duration::from_millis(1));
         let every = self.config.mark_every();
         AliveMark(tokio::spawn(async move {
             loop {

@@ -89,20 +89,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let db_name = format!("summaryd_bench_{}", &run_id[..12]);
 
     let mut settings = Settings {
-        database_url: format!("{pg_base}/{db_name}?sslmode={sslmode}"),
-        redis_url: redis_url.clone(),
+        database_url: format!("{pg_base}/{db_name}?sslmode={sslmode}").into(),
+        redis_url: redis_url.clone().into(),
         key_prefix: format!("bench:{run_id}:"),
         listen: "127.0.0.1:0".parse()?,
         ..Settings::default()
     };
     settings.worker.consumers = consumers;
     settings.relay.tasks = 2;
-    settings.relay.poll_ms = 10;
+    settings.relay.poll = Duration::from_millis(10);
     settings.relay.batch = 50;
-    settings.worker.block_ms = 100;
+    settings.worker.block = Duration::from_millis(100);
     if retention_s > 0 {
         settings.retention.outbox_sent_s = retention_s;
-        settings.maintenance.interval_ms = 1_000;
+        settings.maintenance.interval = Duration::from_secs(1);
     }
 
     let llm = Arc::new(DelayedModel {

@@ -2,6 +2,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
+use secrecy::ExposeSecret;
 use summaryd::app::Application;
 use summaryd::cli::{Cli, Command, ServeArgs, TokenCommand};
 use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
@@ -51,11 +52,16 @@ fn token_new(tenant: &str) -> ExitCode {
     }
 }
 
+/// The settings, with the TLS files they name read and checked: a wrong one is a
+/// configuration error of every command, before it connects anywhere.
 fn load_settings(config: Option<&Path>, flags: &FlagOverrides) -> Result<Settings, ExitCode> {
-    Settings::load(config, flags).map_err(|e| {
+    let refuse = |e: &dyn std::fmt::Display| {
         eprintln!("summaryd: {e}");
         ExitCode::from(EXIT_CONFIG)
-    })
+    };
+    let settings = Settings::load(config, flags).map_err(|e| refuse(&e))?;
+    summaryd::infra::check_tls_files(&settings).map_err(|e| refuse(&e))?;
+    Ok(settings)
 }
 
 async fn serve(config: Option<&Path>, args: ServeArgs) -> ExitCode {
@@ -102,8 +108,11 @@ async fn migrate(config: Option<&Path>) -> ExitCode {
         Err(code) => return code,
     };
     summaryd::infra::telemetry::init(settings.log.format);
-    match summaryd::db::migrate::run(&settings.database_url, settings.database.ca_file.as_deref())
-        .await
+    match summaryd::db::migrate::run(
+        settings.database_url.expose_secret(),
+        settings.database.ca_file.as_deref(),
+    )
+    .await
     {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -80,7 +80,7 @@ impl BodyBudget {
                     .max(settings.max_body_bytes)
                     .min(Semaphore::MAX_PERMITS),
             )),
-            wait: Duration::from_millis(settings.body_budget_wait_ms),
+            wait: settings.body_budget_wait,
         }
     }
 

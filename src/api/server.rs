@@ -3,7 +3,6 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
-use std::time::Duration;
 
 use actix_http::{HttpService, Protocol};
 use actix_service::{IntoServiceFactory, ServiceFactoryExt, map_config};
@@ -166,7 +165,7 @@ pub fn build_server(
 ) -> std::io::Result<HttpServers> {
     // In-flight requests get the same grace as every other role's drain, rounded up to
     // whole seconds because that is what actix accepts.
-    let grace = Duration::from_millis(services.settings.shutdown.grace_ms);
+    let grace = services.settings.shutdown.grace;
     let grace_s = grace.as_secs() + u64::from(grace.subsec_nanos() > 0);
     let metrics = services.metrics.clone();
     let limits = services.settings.api.clone();
@@ -209,9 +208,9 @@ pub fn build_server(
                     async move { graceful.notified().await }
                 })
                 // The head; the body has its own deadline of the same length (`api::body`).
-                .client_request_timeout(Duration::from_millis(limits.request_timeout_ms))
-                .keep_alive(Duration::from_millis(limits.keep_alive_ms))
-                .client_disconnect_timeout(Duration::from_millis(limits.disconnect_timeout_ms))
+                .client_request_timeout(limits.request_timeout)
+                .keep_alive(limits.keep_alive)
+                .client_disconnect_timeout(limits.disconnect_timeout)
                 .finish(map_config(app, |()| AppConfig::default()));
             fn_service(|io: TcpStream| async move {
                 let peer = io.peer_addr().ok();

@@ -1,8 +1,6 @@
 //! `POST /v1/summaries` (accept a job exactly once per Idempotency-Key) and
 //! `GET /v1/summaries/{job_id}` (its state, for the tenant that created it).
 
-use std::time::Duration;
-
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderMap, LOCATION};
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -119,7 +117,7 @@ pub async fn create(
 ) -> Result<HttpResponse, ApiError> {
     let api = &state.services.settings.api;
     // The head has arrived; the body gets the same time again, then the request is cut.
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(api.request_timeout_ms);
+    let deadline = tokio::time::Instant::now() + api.request_timeout;
     let key = idempotency_key(req.headers())?;
     body::require_json(&req)?;
     // `_room` returns the body's bytes to the process budget when this handler ends.

@@ -11,6 +11,7 @@ use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::Duration;
 
+use secrecy::ExposeSecret;
 use tracing::{info, warn};
 
 use crate::api::ApiServices;
@@ -122,7 +123,7 @@ impl Application {
         roles: Roles,
         migrate: bool,
     ) -> Result<Self, StartError> {
-        Settings::warn_about_ignored_env_vars();
+        settings.warn_about_ignored();
         Self::assemble(settings, roles, Providers::FromSettings, migrate).await
     }
 
@@ -166,8 +167,11 @@ impl Application {
             None
         };
         if migrate {
-            migrate_with_patience(&settings.database_url, settings.database.ca_file.as_deref())
-                .await?;
+            migrate_with_patience(
+                settings.database_url.expose_secret(),
+                settings.database.ca_file.as_deref(),
+            )
+            .await?;
         }
         // A TLS misconfiguration stops startup here; risky durability settings are logged.
         let takes_jobs = roles.has(Role::Api) || roles.has(Role::Worker);
@@ -229,7 +233,7 @@ impl Application {
             .as_ref()
             .and_then(|l| l.local_addr().ok())
             .map(|a| a.port());
-        let grace = Duration::from_millis(handles.settings.shutdown.grace_ms);
+        let grace = handles.settings.shutdown.grace;
         let server = crate::api::build_server(api, roles, shutdown.clone(), listener, ops_listener)
             .map_err(StartError::Http)?;
         // Stops accepting and drains in-flight requests by itself once shutdown is triggered.

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use deadpool_redis::redis::AsyncConnectionConfig;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use secrecy::ExposeSecret;
 
 use crate::config::Settings;
 
@@ -121,7 +122,7 @@ pub fn redis_pool(
     // Each consumer holds a connection while blocked in XREADGROUP; the rest serve
     // readiness checks, the gauges and the admin commands.
     let size = settings.worker.consumers + 32;
-    let response_timeout = Duration::from_millis(settings.worker.block_ms) + REDIS_RESPONSE_MARGIN;
+    let response_timeout = settings.worker.block + REDIS_RESPONSE_MARGIN;
     let conn_config = AsyncConnectionConfig::new()
         .set_connection_timeout(Some(REDIS_CONNECT_TIMEOUT))
         .set_response_timeout(Some(response_timeout));
@@ -142,7 +143,7 @@ pub fn pg_pool(settings: &Settings) -> Result<deadpool_postgres::Pool, ConnectEr
     let size = (settings.worker.consumers + settings.relay.tasks + 16).min(PG_POOL_MAX);
     let ca_file = settings.database.ca_file.as_deref();
     Ok(crate::infra::postgres::pool(
-        &settings.database_url,
+        settings.database_url.expose_secret(),
         ca_file,
         size,
     )?)

@@ -126,7 +126,7 @@ impl ModelChain {
         providers: Vec<(ProviderConfig, Arc<dyn Llm>)>,
         metrics: Option<Arc<Metrics>>,
     ) -> Self {
-        let cooldown = Duration::from_millis(settings.breaker_cooldown_ms);
+        let cooldown = settings.breaker_cooldown;
         let providers = providers
             .into_iter()
             .map(|(config, llm)| {
@@ -138,7 +138,7 @@ impl ModelChain {
                 }
                 Arc::new(Provider {
                     model: config.model_name().to_owned(),
-                    policy: RetryPolicy::for_call_timeout(settings, config.call_timeout_ms),
+                    policy: RetryPolicy::for_call_timeout(settings, config.call_timeout),
                     breaker: Breaker::new(settings.breaker_failures, cooldown),
                     label,
                     llm,
@@ -408,11 +408,11 @@ mod tests {
     fn settings() -> LlmSettings {
         let mut s = Settings::default().llm;
         s.max_attempts = 2;
-        s.backoff_ms = 1;
-        s.max_backoff_ms = 1;
+        s.backoff = Duration::from_millis(1);
+        s.max_backoff = Duration::from_millis(1);
         s.breaker_failures = 3;
-        s.breaker_cooldown_ms = 1_000;
-        s.call_timeout_ms = 2_000;
+        s.breaker_cooldown = Duration::from_secs(1);
+        s.call_timeout = Duration::from_secs(2);
         s
     }
 

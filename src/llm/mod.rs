@@ -18,6 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use secrecy::SecretString;
 
 pub use breaker::{Breaker, BreakerState, Transition};
 pub use builtin::BuiltinSummariser;
@@ -161,10 +162,10 @@ pub enum LlmConfigError {
 #[derive(Debug, Clone)]
 pub struct ProviderConfig {
     pub provider: LlmProvider,
-    pub base_url: String,
+    pub base_url: SecretString,
     pub model: String,
-    pub api_key: Option<String>,
-    pub call_timeout_ms: u64,
+    pub api_key: Option<SecretString>,
+    pub call_timeout: Duration,
     pub max_tokens: u32,
     /// `SUMMARYD_LLM` for `[llm]`, `[[llm.fallback]] #n` for a fallback.
     pub setting: String,
@@ -178,7 +179,7 @@ impl ProviderConfig {
             base_url: settings.base_url.clone(),
             model: settings.model.clone(),
             api_key: settings.api_key.clone(),
-            call_timeout_ms: settings.call_timeout_ms,
+            call_timeout: settings.call_timeout,
             max_tokens: settings.max_tokens,
             setting: "SUMMARYD_LLM".into(),
         }
@@ -204,7 +205,7 @@ impl ProviderConfig {
         let api_key = match &fallback.api_key_env {
             None => None,
             Some(var) => match env(var) {
-                Some(key) if !key.trim().is_empty() => Some(key),
+                Some(key) if !key.trim().is_empty() => Some(SecretString::from(key)),
                 // A named key that is missing is a deployment mistake (a Secret not mounted);
                 // starting anyway would only turn every call into a 401.
                 _ => {
@@ -220,7 +221,7 @@ impl ProviderConfig {
             base_url: fallback.base_url.clone(),
             model: fallback.model.clone(),
             api_key,
-            call_timeout_ms: fallback.call_timeout_ms.unwrap_or(settings.call_timeout_ms),
+            call_timeout: fallback.call_timeout.unwrap_or(settings.call_timeout),
             max_tokens: settings.max_tokens,
             setting,
         })
@@ -383,24 +384,28 @@ mod tests {
             base_url: "http://local:8000/v1".into(),
             model: "local".into(),
             api_key_env: api_key_env.map(str::to_owned),
-            call_timeout_ms: None,
+            call_timeout: None,
         }
     }
 
     #[test]
     fn every_provider_is_configured_in_order_and_numbered_from_one() {
         let mut settings = crate::config::Settings::default().llm;
-        settings.call_timeout_ms = 1_234;
+        settings.call_timeout = Duration::from_millis(1_234);
         settings.fallback = vec![fallback(None), fallback(None)];
-        settings.fallback[1].call_timeout_ms = Some(9_000);
+        settings.fallback[1].call_timeout = Some(Duration::from_secs(9));
         let configs = provider_configs(&settings).unwrap();
         let names: Vec<&str> = configs.iter().map(|c| c.setting.as_str()).collect();
         assert_eq!(
             names,
             ["SUMMARYD_LLM", "[[llm.fallback]] #1", "[[llm.fallback]] #2"]
         );
-        assert_eq!(configs[1].call_timeout_ms, 1_234, "[llm]'s by default");
-        assert_eq!(configs[2].call_timeout_ms, 9_000);
+        assert_eq!(
+            configs[1].call_timeout,
+            Duration::from_millis(1_234),
+            "[llm]'s by default"
+        );
+        assert_eq!(configs[2].call_timeout, Duration::from_secs(9));
         assert_eq!(configs[1].label(), "openai:local");
         assert_eq!(configs[0].label(), "builtin");
         assert_eq!(configs[0].model_name(), "builtin");
@@ -419,10 +424,14 @@ mod tests {
             ProviderConfig::fallback_with_env(&settings, &fallback(var), number, env)
         };
         assert_eq!(
-            with(Some("LOCAL_KEY"), 1).unwrap().api_key.as_deref(),
+            with(Some("LOCAL_KEY"), 1)
+                .unwrap()
+                .api_key
+                .as_ref()
+                .map(secrecy::ExposeSecret::expose_secret),
             Some("sk-local")
         );
-        assert_eq!(with(None, 1).unwrap().api_key, None);
+        assert!(with(None, 1).unwrap().api_key.is_none());
         for var in ["BLANK_KEY", "NEVER_SET"] {
             let err = with(Some(var), 2).unwrap_err().to_string();
             assert!(err.contains("[[llm.fallback]] #2 api_key_env"), "{err}");

@@ -10,6 +10,7 @@ use std::fmt;
 use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
+use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use super::{Completion, Llm, LlmConfigError, LlmError, ProviderConfig, retry_after};
@@ -71,7 +72,7 @@ pub fn prompt(text: &str) -> String {
 impl OpenAiClient {
     /// Validates `base_url` (http or https) and builds the HTTP client. No network I/O.
     pub fn new(settings: &ProviderConfig) -> Result<Self, LlmConfigError> {
-        let endpoint = endpoint(&settings.base_url, &settings.setting)?;
+        let endpoint = endpoint(settings.base_url.expose_secret(), &settings.setting)?;
         if settings.model.trim().is_empty() {
             return Err(LlmConfigError::Invalid {
                 setting: setting_name(&settings.setting, "model"),
@@ -82,14 +83,14 @@ impl OpenAiClient {
             .connect_timeout(CONNECT_TIMEOUT)
             // Backstop only: the retry module's tokio timeout (never longer than this) is
             // what normally cuts a call; this covers callers that forget to wrap.
-            .timeout(Duration::from_millis(settings.call_timeout_ms))
+            .timeout(settings.call_timeout)
             .user_agent(concat!("summaryd/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| LlmConfigError::Client(e.without_url()))?;
         let api_key = settings
             .api_key
-            .as_deref()
-            .map(str::trim)
+            .as_ref()
+            .map(|key| key.expose_secret().trim())
             .filter(|k| !k.is_empty())
             .map(|k| ApiKey(k.to_owned()));
         Ok(Self {

@@ -50,17 +50,16 @@ pub struct RetryPolicy {
 
 impl RetryPolicy {
     pub fn from_settings(settings: &LlmSettings) -> Self {
-        Self::for_call_timeout(settings, settings.call_timeout_ms)
+        Self::for_call_timeout(settings, settings.call_timeout)
     }
 
     /// `[llm]`'s policy with a provider's own call timeout (a fallback may set one).
-    pub fn for_call_timeout(settings: &LlmSettings, call_timeout_ms: u64) -> Self {
-        let call_timeout = Duration::from_millis(call_timeout_ms);
+    pub fn for_call_timeout(settings: &LlmSettings, call_timeout: Duration) -> Self {
         Self {
             call_timeout,
             max_attempts: settings.max_attempts.max(1),
-            base_backoff: Duration::from_millis(settings.backoff_ms),
-            max_backoff: Duration::from_millis(settings.max_backoff_ms),
+            base_backoff: settings.backoff,
+            max_backoff: settings.max_backoff,
             // A call timeout below the default would otherwise make every attempt "too short".
             min_attempt: DEFAULT_MIN_ATTEMPT.min(call_timeout),
         }

@@ -7,6 +7,7 @@ use std::fmt;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use secrecy::ExposeSecret;
 
 use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
 use crate::config::MailSettings;
@@ -43,8 +44,8 @@ impl HttpMailer {
         };
         let raw = settings
             .http_url
-            .as_deref()
-            .map(str::trim)
+            .as_ref()
+            .map(|url| url.expose_secret().trim())
             .filter(|u| !u.is_empty())
             .ok_or_else(|| invalid("required when SUMMARYD_MAIL_PROVIDER=http".into()))?;
         let url = reqwest::Url::parse(raw).map_err(|e| invalid(format!("not a URL: {e}")))?;
@@ -58,7 +59,7 @@ impl HttpMailer {
             .connect_timeout(CONNECT_TIMEOUT)
             // SUMMARYD_MAIL_TIMEOUT_MS is the wall-clock cap per send: reqwest's total timeout
             // covers connect, headers and body, so a provider that stalls cannot hold a row.
-            .timeout(Duration::from_millis(settings.timeout_ms))
+            .timeout(settings.timeout)
             .user_agent(concat!("summaryd/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| MailConfigError::Client(e.without_url()))?;
@@ -136,7 +137,7 @@ mod tests {
     fn bad_urls_name_the_setting() {
         let mut settings = crate::config::Settings::default().mail;
         for bad in [None, Some(""), Some("nope"), Some("ftp://x/y")] {
-            settings.http_url = bad.map(str::to_owned);
+            settings.http_url = bad.map(secrecy::SecretString::from);
             let err = HttpMailer::new(&settings).unwrap_err().to_string();
             assert!(err.contains("SUMMARYD_MAIL_HTTP_URL"), "{bad:?}: {err}");
         }

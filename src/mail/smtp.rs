@@ -11,6 +11,7 @@ use async_trait::async_trait;
 use lettre::message::header::ContentType;
 use lettre::message::{Mailbox, Message};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
+use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
 use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
@@ -53,8 +54,8 @@ impl SmtpMailer {
         };
         let raw = settings
             .smtp_url
-            .as_deref()
-            .map(str::trim)
+            .as_ref()
+            .map(|url| url.expose_secret().trim())
             .filter(|u| !u.is_empty())
             .ok_or_else(|| invalid("required when SUMMARYD_MAIL_PROVIDER=smtp".into()))?;
         let url = reqwest::Url::parse(raw).map_err(|e| invalid(format!("not a URL: {e}")))?;
@@ -66,7 +67,7 @@ impl SmtpMailer {
         let transport = AsyncSmtpTransport::<Tokio1Executor>::from_url(raw)
             .map_err(|e| invalid(scrub(e.to_string())))?
             // Per socket operation; the wall-clock cap is applied around the whole send.
-            .timeout(Some(Duration::from_millis(settings.timeout_ms)))
+            .timeout(Some(settings.timeout))
             .build();
         let host = url.host_str().unwrap_or_default();
         let server = match url.port() {
@@ -95,7 +96,7 @@ impl SmtpMailer {
             transport,
             server,
             password,
-            timeout: Duration::from_millis(settings.timeout_ms),
+            timeout: settings.timeout,
         })
     }
 

@@ -36,8 +36,7 @@ impl Maintenance {
         // No consumer of this process is exempt by name: each live consumer keeps its own
         // liveness mark fresh, and the cleanup never removes a consumer that has one.
         let removed =
-            consumer_group::remove_idle_consumers(conn, &self.keys, "", self.consumer_gc_ms)
-                .await?;
+            consumer_group::remove_idle_consumers(conn, &self.keys, "", self.consumer_gc).await?;
         if !removed.is_empty() {
             info!(consumers = ?removed, "removed gone consumers with nothing pending");
         }

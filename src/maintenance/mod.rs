@@ -89,7 +89,7 @@ pub struct Maintenance {
     keys: RedisKeys,
     metrics: Arc<Metrics>,
     retention: RetentionSettings,
-    consumer_gc_ms: u64,
+    consumer_gc: Duration,
     interval: Duration,
 }
 
@@ -108,8 +108,8 @@ impl Maintenance {
             keys,
             metrics,
             retention: settings.retention.clone(),
-            consumer_gc_ms: settings.worker.consumer_gc_ms,
-            interval: Duration::from_millis(settings.maintenance.interval_ms),
+            consumer_gc: settings.worker.consumer_gc,
+            interval: settings.maintenance.interval,
         }
     }
 

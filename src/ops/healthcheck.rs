@@ -58,6 +58,12 @@ pub fn run(config: Option<&Path>, args: &HealthcheckArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // As every command does, though only the address is used: a configuration `serve`
+    // would refuse is reported here too.
+    if let Err(e) = crate::infra::check_tls_files(&settings) {
+        eprintln!("summaryd healthcheck: {e}");
+        return ExitCode::FAILURE;
+    }
     let addr = args.listen.unwrap_or_else(|| healthz_addr(&settings));
     match check(addr, Duration::from_millis(args.timeout_ms)) {
         Ok(()) => ExitCode::SUCCESS,

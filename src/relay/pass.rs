@@ -1,7 +1,5 @@
 //! One relay pass: claim a small batch under a lease, send each row, record each outcome.
 
-use std::time::Duration;
-
 use futures_util::future::join_all;
 use tracing::{error, info, warn};
 
@@ -36,13 +34,7 @@ pub async fn relay_once(services: &RelayServices) -> Result<usize, RelayError> {
 /// `relay_once` with the full report.
 pub async fn relay_pass(services: &RelayServices) -> Result<PassReport, RelayError> {
     let relay = &services.settings.relay;
-    let rows = outbox::claim_due(
-        &services.pg,
-        relay.batch,
-        relay.give_up(),
-        Duration::from_millis(relay.lease_ms),
-    )
-    .await?;
+    let rows = outbox::claim_due(&services.pg, relay.batch, relay.give_up(), relay.lease).await?;
     // The rows of a batch go out concurrently, so the whole batch ends within about one
     // mail timeout, inside the lease (config requires lease > mail timeout). One after the
     // other, a slow provider could let the lease of the last rows run out before their turn
@@ -170,11 +162,7 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
 /// Per row, from `relay.backoff_ms` doubling up to `relay.max_backoff_ms`. Equal jitter: a row
 /// has a limited number of attempts (see [`Jitter::Equal`]).
 fn row_backoff(relay: &RelaySettings) -> Backoff {
-    Backoff::new(
-        Duration::from_millis(relay.backoff_ms),
-        Duration::from_millis(relay.max_backoff_ms),
-        Jitter::Equal,
-    )
+    Backoff::new(relay.backoff, relay.max_backoff, Jitter::Equal)
 }
 
 fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
@@ -194,7 +182,7 @@ async fn send(services: &RelayServices, row: &OutboxRow) -> Result<SummaryReady,
     let email = summary_ready_email(&mail.from, &event);
     // Wall-clock cap on the whole call: client timeouts are per phase, and a provider that
     // trickles bytes would otherwise hold the row past its lease.
-    let timeout = Duration::from_millis(mail.timeout_ms);
+    let timeout = mail.timeout;
     // The dedupe key is the provider's idempotency key: the same row always sends the same
     // key, so a resend after a crash between send and mark_sent is recognisably a duplicate.
     match tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key)).await {

@@ -31,7 +31,7 @@ pub async fn run(
 
 async fn drive(services: RelayServices, shutdown: Shutdown) -> Result<(), RelayError> {
     let relay = services.settings.relay.clone();
-    let poll = Duration::from_millis(relay.poll_ms);
+    let poll = relay.poll;
     // Equal jitter, from the poll interval: the relay tasks of every process saw the same
     // database go away, and should not all come back in the same instant.
     let db_backoff = Backoff::new(poll, DB_BACKOFF_MAX, Jitter::Equal);

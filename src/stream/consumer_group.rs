@@ -53,14 +53,14 @@ pub async fn ensure_group<C: ConnectionLike + Send + Sync>(
     }
 }
 
-/// XAUTOCLAIM entries idle for at least `min_idle_ms`, starting at `cursor`.
+/// XAUTOCLAIM entries idle for at least `min_idle`, starting at `cursor`.
 /// Returns the next cursor (`0-0` when the scan is complete), the claimed entries, and the
 /// ids that were pending but no longer exist in the stream (Redis drops them from the PEL).
 pub async fn autoclaim<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,
-    min_idle_ms: u64,
+    min_idle: Duration,
     cursor: &str,
     count: usize,
 ) -> redis::RedisResult<(String, Vec<Delivery>, Vec<String>)> {
@@ -69,7 +69,7 @@ pub async fn autoclaim<C: ConnectionLike + Send + Sync>(
             keys.stream(),
             GROUP,
             consumer,
-            min_idle_ms,
+            millis(min_idle),
             cursor,
             StreamAutoClaimOptions::default().count(count),
         )
@@ -81,18 +81,18 @@ pub async fn autoclaim<C: ConnectionLike + Send + Sync>(
     ))
 }
 
-/// XREADGROUP … `>`: entries never delivered to any consumer, waiting up to `block_ms`.
+/// XREADGROUP … `>`: entries never delivered to any consumer, waiting up to `block`.
 pub async fn read_new<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,
     count: usize,
-    block_ms: u64,
+    block: Duration,
 ) -> redis::RedisResult<Vec<Delivery>> {
     let options = StreamReadOptions::default()
         .group(GROUP, consumer)
         .count(count)
-        .block(usize::try_from(block_ms).unwrap_or(usize::MAX));
+        .block(usize::try_from(millis(block)).unwrap_or(usize::MAX));
     let reply: Option<StreamReadReply> = conn
         .xread_options(&[keys.stream()], &[">"], &options)
         .await?;
@@ -173,7 +173,7 @@ pub async fn mark_alive<C: ConnectionLike + Send + Sync>(
     consumer: &str,
     ttl: Duration,
 ) -> redis::RedisResult<()> {
-    let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+    let ttl_ms = millis(ttl).max(1);
     redis::cmd("SET")
         .arg(keys.consumer_alive(consumer))
         .arg(1)
@@ -229,20 +229,20 @@ return -1
 ";
 
 /// Remove consumers of the group whose process is gone: no liveness mark, nothing pending,
-/// and idle longer than `idle_ms` (the idle test keeps consumers of a version that writes
+/// and idle longer than `idle` (the idle test keeps consumers of a version that writes
 /// no mark, during a rolling upgrade, from being removed while they work). Never `own`.
 /// Returns the removed names.
 pub async fn remove_idle_consumers<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     own: &str,
-    idle_ms: u64,
+    idle: Duration,
 ) -> redis::RedisResult<Vec<String>> {
     let info: StreamInfoConsumersReply = conn.xinfo_consumers(keys.stream(), GROUP).await?;
     let mut removed = Vec::new();
     for consumer in info.consumers {
-        let idle = u64::try_from(consumer.idle).unwrap_or(u64::MAX);
-        if consumer.name == own || consumer.pending > 0 || idle <= idle_ms {
+        let idle_ms = u64::try_from(consumer.idle).unwrap_or(u64::MAX);
+        if consumer.name == own || consumer.pending > 0 || idle_ms <= millis(idle) {
             continue;
         }
         let result: i64 = DELETE_IF_GONE
@@ -370,4 +370,9 @@ pub async fn backlog_and_trim<C: ConnectionLike + Send + Sync>(
 /// The millisecond timestamp of an entry id (`<ms>-<seq>`): Redis's clock when it was added.
 pub fn entry_millis(id: &str) -> Option<u64> {
     id.split_once('-').and_then(|(ms, _)| ms.parse().ok())
+}
+
+/// Redis takes its times in whole milliseconds.
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }

@@ -33,9 +33,9 @@ const PROBE_BACKOFF: Backoff = Backoff::new(
     Jitter::None,
 );
 /// At most this long between two runs of consumer cleanup: a couple of cheap commands, and
-/// gone consumers only cost a line in XINFO meanwhile. Shorter when `consumer_gc_ms` is.
+/// gone consumers only cost a line in XINFO meanwhile. Shorter when `consumer_gc` is.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
-/// Floor on how often a running delivery extends its claim, so a tiny `claim_idle_ms` (as
+/// Floor on how often a running delivery extends its claim, so a tiny `claim_idle` (as
 /// in tests that reclaim at once) does not turn the extension into a busy loop.
 const MIN_EXTEND_EVERY: Duration = Duration::from_millis(10);
 
@@ -81,43 +81,43 @@ impl WorkerError {
 pub struct ConsumerConfig {
     /// XAUTOCLAIM min idle time: how soon a dead worker's entry is taken over. A running
     /// delivery re-claims its entry every third of it, so it need not exceed the slowest job.
-    pub claim_idle_ms: u64,
+    pub claim_idle: Duration,
     /// Deliveries after which a job is dead-lettered instead of run again.
     pub max_deliveries: u64,
     /// XREADGROUP BLOCK; also bounds how long a shutdown waits for an idle consumer.
-    pub block_ms: u64,
+    pub block: Duration,
     /// How long a consumer's liveness mark lasts without a refresh; consumers without a
     /// mark, idle this long, with nothing pending, are removed from the group.
-    pub consumer_gc_ms: u64,
+    pub consumer_gc: Duration,
 }
 
 impl ConsumerConfig {
-    /// A running delivery re-claims its entry this often: a third of `claim_idle_ms`, so two
+    /// A running delivery re-claims its entry this often: a third of `claim_idle`, so two
     /// extensions can be late (a slow Redis, a pause) before the entry looks idle.
     pub(crate) fn extend_every(&self) -> Duration {
-        Duration::from_millis(self.claim_idle_ms / 3).max(MIN_EXTEND_EVERY)
+        (self.claim_idle / 3).max(MIN_EXTEND_EVERY)
     }
 
     /// Consumer cleanup runs this often, so a gone consumer is removed within about two
-    /// `consumer_gc_ms` of its last mark.
+    /// `consumer_gc` of its last mark.
     pub(crate) fn maintenance_every(&self) -> Duration {
-        Duration::from_millis(self.consumer_gc_ms / 2).clamp(MIN_EXTEND_EVERY, MAINTENANCE_EVERY)
+        (self.consumer_gc / 2).clamp(MIN_EXTEND_EVERY, MAINTENANCE_EVERY)
     }
 
     /// The liveness mark is refreshed this often: three times per lifetime, so a live
     /// process misses two refreshes before its consumer could look gone.
     pub(crate) fn mark_every(&self) -> Duration {
-        Duration::from_millis(self.consumer_gc_ms / 3).max(MIN_EXTEND_EVERY)
+        (self.consumer_gc / 3).max(MIN_EXTEND_EVERY)
     }
 }
 
 impl From<&WorkerSettings> for ConsumerConfig {
     fn from(s: &WorkerSettings) -> Self {
         Self {
-            claim_idle_ms: s.claim_idle_ms,
+            claim_idle: s.claim_idle,
             max_deliveries: s.max_deliveries,
-            block_ms: s.block_ms,
-            consumer_gc_ms: s.consumer_gc_ms,
+            block: s.block,
+            consumer_gc: s.consumer_gc,
         }
     }
 }
@@ -131,7 +131,7 @@ pub struct Consumer {
     pub(super) cursor: String,
     /// Entries in this consumer's PEL that a dependency outage (or a Redis error) kept from
     /// being tried. They are retried before any other work as soon as the gate is open, so
-    /// they wait seconds after a recovery, not `claim_idle_ms`.
+    /// they wait seconds after a recovery, not `claim_idle`.
     pub(super) held: VecDeque<Held>,
     /// Shared by every consumer of the process: one consumer seeing Postgres down stops all.
     pub(super) gate: Arc<DependencyGate>,

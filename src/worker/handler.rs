@@ -1,8 +1,6 @@
 //! The summary job: call the model under the retry policy, then commit the summary and its
 //! email intent together. Idempotent, because the queue delivers at least once.
 
-use std::time::Duration;
-
 use super::WorkerServices;
 use super::dead_reason::DeadReason;
 use super::gate::{MODEL, POSTGRES};
@@ -75,7 +73,7 @@ pub async fn handle_summary_job(
         return Ok(JobOutcome::Duplicate);
     }
 
-    let deadline = Deadline::after(Duration::from_millis(services.settings.job_budget_ms));
+    let deadline = Deadline::after(services.settings.job_budget);
     let summary = services.model.summarise(&job.text, deadline).await?;
 
     // A commit that fails because Postgres went away is unavailable too: the model was

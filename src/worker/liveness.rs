@@ -13,7 +13,7 @@ use crate::stream::consumer_group as group;
 impl Consumer {
     /// Run `work` (one delivery) while re-claiming its entry every `extend_every`, so the
     /// entry never looks idle to XAUTOCLAIM while the delivery runs: a delivery slower than
-    /// `claim_idle_ms` is neither reclaimed nor dead-lettered under it, and `claim_idle_ms`
+    /// `claim_idle` is neither reclaimed nor dead-lettered under it, and `claim_idle`
     /// only bounds how soon a dead worker's job is picked up. The re-claim is owner-checked
     /// (`group::claim_own`): an entry that was taken from us meanwhile stays with its taker.
     pub(super) async fn with_claim_extended<T>(
@@ -41,13 +41,13 @@ impl Consumer {
         }
     }
 
-    /// Remove consumers that are gone, at the cadence `consumer_gc_ms` asks for (the
+    /// Remove consumers that are gone, at the cadence `consumer_gc` asks for (the
     /// maintenance task runs the same cleanup at its own, usually longer, interval).
     pub(crate) async fn maintain(&self) -> Result<(), WorkerError> {
         let keys = &self.services.keys;
         let mut conn = self.services.redis.get().await?;
         let removed =
-            group::remove_idle_consumers(&mut conn, keys, &self.name, self.config.consumer_gc_ms)
+            group::remove_idle_consumers(&mut conn, keys, &self.name, self.config.consumer_gc)
                 .await?;
         if !removed.is_empty() {
             tracing::info!(consumers = ?removed, "removed gone consumers with nothing pending");
@@ -59,7 +59,7 @@ impl Consumer {
     /// consumer stops, or the process dies and takes the task with it).
     pub(crate) fn keep_alive(&self) -> AliveMark {
         let (services, name) = (self.services.clone(), self.name.clone());
-        let ttl = Duration::from_millis(self.config.consumer_gc_ms.max(1));
+        let ttl = self.config.consumer_gc.max(Duration::from_millis(1));
         let every = self.config.mark_every();
         AliveMark(tokio::spawn(async move {
             loop {

@@ -13,8 +13,8 @@ use crate::stream::consumer_group as group;
 impl Consumer {
     /// One pass. With the gate closed (a dependency is down), probe what this consumer can
     /// probe and take nothing while it stays down: `WorkerError::Paused`. Otherwise retry one
-    /// held entry, else take over an entry idle past `claim_idle_ms`, else wait up to
-    /// `block_ms` for a new one; handle what was taken. Returns how many entries were taken.
+    /// held entry, else take over an entry idle past `claim_idle`, else wait up to
+    /// `block` for a new one; handle what was taken. Returns how many entries were taken.
     pub async fn run_once(&mut self) -> Result<usize, WorkerError> {
         self.check_gate().await?;
         let mut conn = self.services.redis.get().await?;

@@ -72,7 +72,7 @@ pub(crate) enum Outcome {
 pub(crate) enum Settlement {
     /// The job is finished: acknowledge the entry.
     Ack(Finish),
-    /// Leave the entry pending: XAUTOCLAIM redelivers it after `claim_idle_ms`, which
+    /// Leave the entry pending: XAUTOCLAIM redelivers it after `claim_idle`, which
     /// doubles as a coarse backoff between deliveries.
     LeavePending(Pending),
     /// The dependency is down and the job was not tried: close the gate under the
@@ -223,7 +223,7 @@ mod tests {
                 Admit(1, Admission::Run),
             ),
             (
-                "XAUTOCLAIM takes over an entry idle past `claim_idle_ms` | yes (Redis adds 1): \
+                "XAUTOCLAIM takes over an entry idle past `claim_idle` | yes (Redis adds 1): \
                  a job that has not had `max_deliveries` yet runs",
                 Admit(LIMITS.max_deliveries, Admission::Run),
             ),
@@ -242,7 +242,7 @@ mod tests {
             (
                 "the model fails transiently past the in-process attempts … or the budget \
                  runs out, and some provider's breaker is still closed | yes | leave it \
-                 pending; XAUTOCLAIM redelivers it after `claim_idle_ms`",
+                 pending; XAUTOCLAIM redelivers it after `claim_idle`",
                 Settle(
                     Outcome::Failed("HTTP 503".into()),
                     Settlement::LeavePending(Pending::Failed("HTTP 503".into())),

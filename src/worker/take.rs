@@ -1,5 +1,5 @@
 //! Taking work: nothing while the gate is closed; else an entry this consumer holds, else
-//! one idle past `claim_idle_ms` (its worker died), else a new one.
+//! one idle past `claim_idle` (its worker died), else a new one.
 
 use super::consumer::{Consumer, WorkerError};
 use super::gate::{MODEL, POSTGRES};
@@ -19,8 +19,8 @@ pub(super) struct Taken {
 }
 
 impl Consumer {
-    /// One held entry, else an entry idle past `claim_idle_ms`, else whatever new entry
-    /// arrives within `block_ms`. Only with the gate open ([`Self::check_gate`]).
+    /// One held entry, else an entry idle past `claim_idle`, else whatever new entry
+    /// arrives within `block`. Only with the gate open ([`Self::check_gate`]).
     pub(super) async fn take(
         &mut self,
         conn: &mut deadpool_redis::Connection,
@@ -55,7 +55,7 @@ impl Consumer {
                 &self.services.keys,
                 &self.name,
                 BATCH,
-                self.config.block_ms,
+                self.config.block,
             )
             .await?;
         }
@@ -107,7 +107,7 @@ impl Consumer {
                 conn,
                 &self.services.keys,
                 &self.name,
-                self.config.claim_idle_ms,
+                self.config.claim_idle,
                 &self.cursor,
                 BATCH,
             )

@@ -145,7 +145,7 @@ fn capture() -> (
 
 async fn build_api(env: &TestEnv, redis_url: String) -> Application {
     let mut settings = env.settings.clone();
-    settings.redis_url = redis_url;
+    settings.redis_url = redis_url.into();
     Application::build(
         settings,
         Roles::of(&[Role::Api]),

@@ -218,8 +218,8 @@ async fn bodies_beyond_the_budget_get_503_unread_and_stalled_bodies_408_at_the_d
     let mut settings = env.settings.clone();
     settings.api.max_body_bytes = 64 * 1024;
     settings.api.body_budget_bytes = 64 * 1024;
-    settings.api.body_budget_wait_ms = 100;
-    settings.api.request_timeout_ms = 1_500;
+    settings.api.body_budget_wait = Duration::from_millis(100);
+    settings.api.request_timeout = Duration::from_millis(1_500);
     let app = env
         .services()
         .settings(settings)
@@ -297,7 +297,7 @@ async fn bodies_beyond_the_budget_get_503_unread_and_stalled_bodies_408_at_the_d
 async fn protocol_errors_the_http_layer_answers_itself_are_problem_json() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    settings.api.request_timeout_ms = 500;
+    settings.api.request_timeout = Duration::from_millis(500);
     let app = env
         .services()
         .settings(settings)

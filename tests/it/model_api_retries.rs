@@ -22,9 +22,9 @@ fn settings_for(base_url: &str) -> LlmSettings {
         provider: LlmProvider::Openai,
         base_url: base_url.into(),
         api_key: Some("sk-test".into()),
-        call_timeout_ms: 2_000,
-        backoff_ms: 10,
-        max_backoff_ms: 8_000,
+        call_timeout: Duration::from_secs(2),
+        backoff: Duration::from_millis(10),
+        max_backoff: Duration::from_secs(8),
         ..Settings::default().llm
     }
 }
@@ -102,9 +102,11 @@ async fn a_dripping_response_is_cut_by_the_call_timeout_and_retried() {
         every: Duration::from_millis(200),
     }]);
     let started = Instant::now();
-    let summary = call(&stub.url("/v1"), |s| s.call_timeout_ms = 500)
-        .await
-        .unwrap();
+    let summary = call(&stub.url("/v1"), |s| {
+        s.call_timeout = Duration::from_millis(500)
+    })
+    .await
+    .unwrap();
     assert_eq!(summary, "finally");
     assert_eq!(stub.requests().len(), 2);
     assert!(

@@ -46,22 +46,22 @@ fn error(status: u16, message: &str) -> Reply {
 fn settings(env: &TestEnv, primary: &HttpStub, fallback: Option<&HttpStub>) -> Settings {
     let mut s = env.settings.clone();
     s.llm.provider = LlmProvider::Openai;
-    s.llm.base_url = primary.url("/v1");
+    s.llm.base_url = primary.url("/v1").into();
     s.llm.model = PRIMARY.into();
     s.llm.api_key = Some("sk-primary-0000".into());
     s.llm.max_attempts = 2;
-    s.llm.backoff_ms = 1;
-    s.llm.max_backoff_ms = 5;
-    s.llm.call_timeout_ms = 2_000;
+    s.llm.backoff = Duration::from_millis(1);
+    s.llm.max_backoff = Duration::from_millis(5);
+    s.llm.call_timeout = Duration::from_secs(2);
     s.llm.breaker_failures = 3;
-    s.llm.breaker_cooldown_ms = 200;
+    s.llm.breaker_cooldown = Duration::from_millis(200);
     s.llm.fallback = fallback
         .map(|f| FallbackSettings {
             provider: LlmProvider::Openai,
-            base_url: f.url("/v1"),
+            base_url: f.url("/v1").into(),
             model: LOCAL.into(),
             api_key_env: None,
-            call_timeout_ms: None,
+            call_timeout: None,
         })
         .into_iter()
         .collect();
@@ -257,7 +257,7 @@ async fn with_no_fallback_a_401_makes_jobs_wait_until_a_probe_passes() {
     let mut settings = settings(&env, &primary, None);
     // One delivery per job: any delivery spent on the outage would dead-letter it.
     settings.worker.max_deliveries = 1;
-    settings.worker.claim_idle_ms = 50;
+    settings.worker.claim_idle = Duration::from_millis(50);
     let (services, mut consumer) = world(settings, &env, 2).await;
 
     assert_eq!(
@@ -376,7 +376,7 @@ async fn a_dripping_primary_is_cut_by_the_call_timeout_and_the_fallback_answers(
     .await;
     let fallback = HttpStub::start(completion("Fallback.", 3, 1)).await;
     let mut settings = settings(&env, &primary, Some(&fallback));
-    settings.llm.call_timeout_ms = 500;
+    settings.llm.call_timeout = Duration::from_millis(500);
     settings.llm.max_attempts = 1;
     let (_services, mut consumer) = world(settings, &env, 1).await;
     let started = Instant::now();

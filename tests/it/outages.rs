@@ -14,6 +14,7 @@ use chrono::Utc;
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamInfoConsumersReply, StreamPendingCountReply};
+use secrecy::ExposeSecret;
 use summaryd::api::summaries::{JobStatus, read_job};
 use summaryd::config::roles::{Role, Roles};
 use summaryd::config::{MailProvider, Settings};
@@ -104,14 +105,14 @@ async fn a_postgres_outage_of_several_claim_idle_periods_spends_no_delivery_and_
     let pg = PgCluster::start_plain(dir.path());
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    settings.database_url = pg.plain_url("summaryd");
-    summaryd::db::migrate::run(&settings.database_url, None)
+    settings.database_url = pg.plain_url("summaryd").into();
+    summaryd::db::migrate::run(settings.database_url.expose_secret(), None)
         .await
         .unwrap();
-    settings.worker.claim_idle_ms = 300;
+    settings.worker.claim_idle = Duration::from_millis(300);
     settings.worker.max_deliveries = 2;
-    settings.relay.backoff_ms = 10;
-    settings.relay.max_backoff_ms = 100;
+    settings.relay.backoff = Duration::from_millis(10);
+    settings.relay.max_backoff = Duration::from_millis(100);
     let llm = Arc::new(FakeLlm::ok());
     let mailer = Arc::new(FakeMailer::new());
     let services = env
@@ -136,7 +137,7 @@ async fn a_postgres_outage_of_several_claim_idle_periods_spends_no_delivery_and_
         "relay".into(),
         shutdown.clone(),
     ));
-    let url = settings.database_url.clone();
+    let url = settings.database_url.expose_secret().to_owned();
     let summaries = || {
         let url = url.clone();
         async move {
@@ -267,7 +268,7 @@ async fn a_postgres_outage_of_several_claim_idle_periods_spends_no_delivery_and_
 async fn a_delivery_slower_than_claim_idle_keeps_its_entry_and_calls_the_model_once() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    settings.worker.claim_idle_ms = 200;
+    settings.worker.claim_idle = Duration::from_millis(200);
     // One delivery only: a reclaim of the running delivery would dead-letter it at once.
     settings.worker.max_deliveries = 1;
     let llm = Arc::new(FakeLlm::slow(Duration::from_millis(1_200)));
@@ -329,10 +330,15 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
     let msg = job("not-ours");
     enqueue(&mut redis, &services.keys, &msg).await.unwrap();
     // "w-a" takes it; "w-b" (which the entry was reclaimed from, say) tries to bury it.
-    let taken =
-        summaryd::stream::consumer_group::read_new(&mut redis, &services.keys, "w-a", 1, 10)
-            .await
-            .unwrap();
+    let taken = summaryd::stream::consumer_group::read_new(
+        &mut redis,
+        &services.keys,
+        "w-a",
+        1,
+        Duration::from_millis(10),
+    )
+    .await
+    .unwrap();
     let exhausted = (
         "exceeded 5 deliveries",
         "processing failed on each of 5 attempts",
@@ -360,10 +366,15 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
     // A finished job's state (deleted by the acknowledgement) is not recreated.
     let done = job("done-meanwhile");
     enqueue(&mut redis, &services.keys, &done).await.unwrap();
-    let taken =
-        summaryd::stream::consumer_group::read_new(&mut redis, &services.keys, "w-a", 1, 10)
-            .await
-            .unwrap();
+    let taken = summaryd::stream::consumer_group::read_new(
+        &mut redis,
+        &services.keys,
+        "w-a",
+        1,
+        Duration::from_millis(10),
+    )
+    .await
+    .unwrap();
     let _: () = redis.del(services.keys.job(done.job_id)).await.unwrap();
     assert!(dead_letter(&mut redis, &services, "w-a", &taken[0], ("x", "x")).await);
     let exists: bool = redis.exists(services.keys.job(done.job_id)).await.unwrap();
@@ -381,9 +392,9 @@ async fn a_mail_outage_longer_than_ten_backoffs_parks_nothing_and_sends_each_row
     sink.script(outage);
     let mut settings: Settings = env.settings.clone();
     settings.mail.provider = MailProvider::Http;
-    settings.mail.http_url = Some(sink.url("/v1/emails"));
-    settings.relay.backoff_ms = 1;
-    settings.relay.max_backoff_ms = 2;
+    settings.mail.http_url = Some(sink.url("/v1/emails").into());
+    settings.relay.backoff = Duration::from_millis(1);
+    settings.relay.max_backoff = Duration::from_millis(2);
     assert_eq!(
         settings.relay.max_attempts, 10,
         "the default attempt budget"
@@ -497,8 +508,8 @@ async fn get_while_the_job_commits_and_is_acknowledged_between_its_reads_answers
 async fn consumer_cleanup_on_a_quiet_system_keeps_live_consumers_and_removes_a_killed_one() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    settings.worker.consumer_gc_ms = 300;
-    settings.worker.block_ms = 300;
+    settings.worker.consumer_gc = Duration::from_millis(300);
+    settings.worker.block = Duration::from_millis(300);
     let services = env.services().settings(settings).build();
     let mut redis = env.redis().await;
     ensure_group(&mut redis, &services.keys).await.unwrap();
@@ -658,10 +669,15 @@ async fn dlq_replay_all_skips_a_malformed_entry_and_replays_the_rest() {
         .unwrap();
     let msg = job("dlq-after-malformed");
     enqueue(&mut redis, &services.keys, &msg).await.unwrap();
-    let taken =
-        summaryd::stream::consumer_group::read_new(&mut redis, &services.keys, "w-1", 1, 10)
-            .await
-            .unwrap();
+    let taken = summaryd::stream::consumer_group::read_new(
+        &mut redis,
+        &services.keys,
+        "w-1",
+        1,
+        Duration::from_millis(10),
+    )
+    .await
+    .unwrap();
     let rejected = (
         "permanent: 400",
         "the model rejected the request (HTTP 400)",
@@ -704,8 +720,11 @@ fn dlq_replay_exits_1_when_it_skipped_a_malformed_entry() {
     });
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_summaryd"))
         .args(["dlq", "replay", "--all"])
-        .env("SUMMARYD_REDIS_URL", &env.settings.redis_url)
-        .env("SUMMARYD_DATABASE_URL", &env.settings.database_url)
+        .env("SUMMARYD_REDIS_URL", env.settings.redis_url.expose_secret())
+        .env(
+            "SUMMARYD_DATABASE_URL",
+            env.settings.database_url.expose_secret(),
+        )
         .env("SUMMARYD_KEY_PREFIX", &env.settings.key_prefix)
         .output()
         .unwrap();

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use secrecy::SecretString;
 use serde_json::json;
 use summaryd::config::{LlmProvider, LlmSettings, MailProvider, MailSettings, Settings};
 use summaryd::llm::{self, Llm, LlmError, OpenAiClient, ProviderConfig};
@@ -20,7 +21,7 @@ fn llm_settings(base_url: &str, api_key: Option<&str>) -> LlmSettings {
     let mut s = Settings::default().llm;
     s.provider = LlmProvider::Openai;
     s.base_url = base_url.into();
-    s.api_key = api_key.map(str::to_owned);
+    s.api_key = api_key.map(SecretString::from);
     s
 }
 
@@ -309,7 +310,7 @@ async fn api_key_never_appears_in_debug_errors_or_logs() {
     let mut settings = llm_settings(&stub.url("/v1"), Some(KEY));
     let client = OpenAiClient::new(&ProviderConfig::primary(&settings)).unwrap();
     let err = client.summarise("t").await.unwrap_err();
-    settings.base_url = closed_port_url("/v1");
+    settings.base_url = closed_port_url("/v1").into();
     let connect_err = OpenAiClient::new(&ProviderConfig::primary(&settings))
         .unwrap()
         .summarise("t")
@@ -400,7 +401,7 @@ async fn openai_provider_needs_a_usable_base_url() {
 async fn http_mail_posts_json_with_the_dedupe_key_as_idempotency_key() {
     let sink = HttpStub::start(Reply::json(202, json!({"id": "msg_1"}))).await;
     let mut settings = mail_settings(MailProvider::Http);
-    settings.http_url = Some(sink.url("/v1/emails"));
+    settings.http_url = Some(sink.url("/v1/emails").into());
     let mailer = mail::from_settings(&settings).unwrap();
 
     mailer
@@ -431,7 +432,7 @@ async fn http_mail_posts_json_with_the_dedupe_key_as_idempotency_key() {
 async fn http_mail_classifies_provider_answers() {
     let sink = HttpStub::start(Reply::text(503, "down")).await;
     let mut settings = mail_settings(MailProvider::Http);
-    settings.http_url = Some(sink.url("/send"));
+    settings.http_url = Some(sink.url("/send").into());
     let mailer = HttpMailer::new(&settings).unwrap();
 
     for status in [503, 500, 429, 408] {
@@ -470,7 +471,7 @@ async fn http_mail_classifies_provider_answers() {
 #[tokio::test]
 async fn http_mail_unreachable_or_stalled_provider_is_transient() {
     let mut settings = mail_settings(MailProvider::Http);
-    settings.http_url = Some(closed_port_url("/send"));
+    settings.http_url = Some(closed_port_url("/send").into());
     let got = HttpMailer::new(&settings)
         .unwrap()
         .send(&email(), "k")
@@ -481,8 +482,8 @@ async fn http_mail_unreachable_or_stalled_provider_is_transient() {
     );
 
     let stalled = HttpStub::start(Reply::Hang).await;
-    settings.http_url = Some(stalled.url("/send"));
-    settings.timeout_ms = 300;
+    settings.http_url = Some(stalled.url("/send").into());
+    settings.timeout = Duration::from_millis(300);
     let mailer = HttpMailer::new(&settings).unwrap();
     let got = tokio::time::timeout(Duration::from_secs(5), mailer.send(&email(), "k"))
         .await
@@ -494,7 +495,7 @@ async fn http_mail_unreachable_or_stalled_provider_is_transient() {
 
 fn smtp_mailer(sink: &SmtpSink) -> Arc<dyn Mailer> {
     let mut settings = mail_settings(MailProvider::Smtp);
-    settings.smtp_url = Some(sink.url());
+    settings.smtp_url = Some(sink.url().into());
     mail::from_settings(&settings).unwrap()
 }
 
@@ -575,7 +576,7 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
     );
 
     let mut settings = mail_settings(MailProvider::Smtp);
-    settings.smtp_url = Some(closed_port_url("").replace("http://", "smtp://"));
+    settings.smtp_url = Some(closed_port_url("").replace("http://", "smtp://").into());
     let got = SmtpMailer::new(&settings)
         .unwrap()
         .send(&email(), "k")
@@ -590,8 +591,8 @@ async fn smtp_replies_are_classified_transient_or_permanent() {
 async fn smtp_server_that_never_greets_is_cut_by_the_mail_timeout() {
     let silent = HttpStub::start(Reply::Hang).await;
     let mut settings = mail_settings(MailProvider::Smtp);
-    settings.smtp_url = Some(format!("smtp://{}", silent.addr));
-    settings.timeout_ms = 300;
+    settings.smtp_url = Some(format!("smtp://{}", silent.addr).into());
+    settings.timeout = Duration::from_millis(300);
     let mailer = SmtpMailer::new(&settings).unwrap();
 
     let got = tokio::time::timeout(Duration::from_secs(5), mailer.send(&email(), "k"))

@@ -1,6 +1,8 @@
 //! The relay with the real HTTP mail provider against an email API stub on loopback: the
 //! provider's answers decide whether a row is resent, parked for a person, or done.
 
+use std::time::Duration;
+
 use chrono::Utc;
 use summaryd::config::MailProvider;
 use summaryd::db::summaries::commit_with_outbox;
@@ -26,8 +28,8 @@ fn job(n: u32) -> Job {
 fn services(env: &TestEnv, sink: &HttpStub) -> RelayServices {
     let mut settings = env.settings.clone();
     settings.mail.provider = MailProvider::Http;
-    settings.mail.http_url = Some(sink.url("/v1/emails"));
-    settings.relay.backoff_ms = 0;
+    settings.mail.http_url = Some(sink.url("/v1/emails").into());
+    settings.relay.backoff = Duration::ZERO;
     let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
     env.services()
         .settings(settings)

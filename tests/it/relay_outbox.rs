@@ -28,11 +28,11 @@ const NOTIFY: &str = "team@example.com";
 /// need it expired say so), and a mail timeout far above any fake's latency.
 fn fast_settings(env: &TestEnv) -> Settings {
     let mut s = env.settings.clone();
-    s.relay.backoff_ms = 0;
-    s.relay.max_backoff_ms = 0;
-    s.relay.lease_ms = 60_000;
+    s.relay.backoff = Duration::ZERO;
+    s.relay.max_backoff = Duration::ZERO;
+    s.relay.lease = Duration::from_secs(60);
     s.relay.batch = 10;
-    s.mail.timeout_ms = 5_000;
+    s.mail.timeout = Duration::from_secs(5);
     s
 }
 
@@ -224,14 +224,9 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
     let held = [commit_job(&svc, 1).await, commit_job(&svc, 2).await];
 
     // The "dead" relay claims and never records anything.
-    let claimed = outbox::claim_due(
-        &svc.pg,
-        10,
-        settings.relay.give_up(),
-        Duration::from_millis(settings.relay.lease_ms),
-    )
-    .await
-    .unwrap();
+    let claimed = outbox::claim_due(&svc.pg, 10, settings.relay.give_up(), settings.relay.lease)
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 2);
     let lease_ok: bool = env
         .pg()
@@ -460,7 +455,7 @@ async fn a_row_never_tried_is_sent_however_old_it_is() {
 async fn a_provider_that_does_not_answer_in_time_is_a_transient_failure() {
     let env = TestEnv::new().await;
     let mut settings = fast_settings(&env);
-    settings.mail.timeout_ms = 50;
+    settings.mail.timeout = Duration::from_millis(50);
     let mailer = Arc::new(FakeMailer::with(
         vec![MailStep::DelayThenDeliver(Duration::from_secs(30))],
         MailStep::Deliver,
@@ -483,10 +478,7 @@ async fn a_provider_that_does_not_answer_in_time_is_a_transient_failure() {
 async fn a_stale_relay_cannot_undo_a_newer_claim() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
-    let (max, lease) = (
-        settings.relay.give_up(),
-        Duration::from_millis(settings.relay.lease_ms),
-    );
+    let (max, lease) = (settings.relay.give_up(), settings.relay.lease);
     let mailer = Arc::new(FakeMailer::new());
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
@@ -542,10 +534,7 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
 async fn a_stale_relays_successful_send_is_still_recorded() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
-    let (max, lease) = (
-        settings.relay.give_up(),
-        Duration::from_millis(settings.relay.lease_ms),
-    );
+    let (max, lease) = (settings.relay.give_up(), settings.relay.lease);
     let mailer = Arc::new(FakeMailer::new());
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
@@ -678,7 +667,7 @@ async fn run_wakes_from_its_idle_wait_on_shutdown() {
     let env = TestEnv::new().await;
     let mut settings = fast_settings(&env);
     // An idle wait far longer than the test: only the shutdown signal can end it.
-    settings.relay.poll_ms = 600_000;
+    settings.relay.poll = Duration::from_secs(600);
     let mailer = Arc::new(FakeMailer::new());
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
@@ -705,7 +694,8 @@ async fn run_rides_out_database_errors_and_still_stops_on_shutdown() {
     settings.database_url = format!(
         "{}/summaryd_no_such_db",
         crate::shared::test_env::pg_base_url()
-    );
+    )
+    .into();
     let mailer = Arc::new(FakeMailer::new());
     let svc = services(&env, settings, &mailer);
     let shutdown = Shutdown::new();

@@ -115,10 +115,15 @@ impl World {
     }
 
     async fn read_as(&mut self, consumer: &str) -> String {
-        let reply: Vec<group::Delivery> =
-            group::read_new(&mut self.redis, &self.services.keys, consumer, 1, 10)
-                .await
-                .unwrap();
+        let reply: Vec<group::Delivery> = group::read_new(
+            &mut self.redis,
+            &self.services.keys,
+            consumer,
+            1,
+            Duration::from_millis(10),
+        )
+        .await
+        .unwrap();
         reply[0].id.clone()
     }
 }
@@ -626,9 +631,9 @@ async fn twenty_thousand_jobs_leave_only_their_idempotency_records_in_redis() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     let redis_url = format!("redis://127.0.0.1:{}", redis_server.port);
-    settings.redis_url = redis_url.clone();
+    settings.redis_url = redis_url.clone().into();
     settings.worker.consumers = 8;
-    settings.maintenance.interval_ms = 500;
+    settings.maintenance.interval = Duration::from_millis(500);
     let text = "Revenue grew eleven percent in the third quarter. ".repeat(20);
     let mut redis = redis::Client::open(redis_url.as_str())
         .unwrap()
@@ -767,8 +772,9 @@ async fn twenty_thousand_jobs_leave_only_their_idempotency_records_in_redis() {
 async fn maintenance_works_with_what_its_roles_have() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    settings.redis_url =
-        crate::shared::http_stub::closed_port_url("").replace("http://", "redis://");
+    settings.redis_url = crate::shared::http_stub::closed_port_url("")
+        .replace("http://", "redis://")
+        .into();
     let services = env.services().settings(settings).build();
     db::summaries::commit_with_outbox(&services.pg, &job("r1"), &crate::shared::model_summary("s"))
         .await

@@ -78,8 +78,8 @@ async fn transient_errors_are_retried_until_success() {
     ));
     let metrics = Arc::new(Metrics::new().unwrap());
     let mut settings = Settings::default().llm;
-    settings.backoff_ms = 1;
-    settings.max_backoff_ms = 10;
+    settings.backoff = Duration::from_millis(1);
+    settings.max_backoff = Duration::from_millis(10);
     let chain = ModelChain::single(&settings, llm.clone(), Some(metrics.clone()));
     let result = chain.summarise("text", budget()).await;
     assert_eq!(result.unwrap().text, "the summary");

@@ -48,8 +48,8 @@ impl World {
         let env = TestEnv::new().await;
         let mut settings = env.settings.clone();
         // Fast, deterministic backoff between in-process attempts.
-        settings.llm.backoff_ms = 1;
-        settings.llm.max_backoff_ms = 5;
+        settings.llm.backoff = Duration::from_millis(1);
+        settings.llm.max_backoff = Duration::from_millis(5);
         adjust(&mut settings);
         let llm = Arc::new(llm);
         let mailer = Arc::new(FakeMailer::new());
@@ -83,7 +83,7 @@ impl World {
 
     fn consumer(&self, name: &str, claim_idle_ms: u64) -> Consumer {
         let mut c = Consumer::new(self.services.worker(), name);
-        c.config.claim_idle_ms = claim_idle_ms;
+        c.config.claim_idle = Duration::from_millis(claim_idle_ms);
         c
     }
 
@@ -616,7 +616,8 @@ async fn run_stops_promptly_on_shutdown_and_finishes_the_job_in_hand() {
 
 #[tokio::test]
 async fn idle_consumers_with_nothing_pending_are_removed_from_the_group() {
-    let mut w = World::with_settings(FakeLlm::ok(), |s| s.worker.consumer_gc_ms = 0).await;
+    let mut w =
+        World::with_settings(FakeLlm::ok(), |s| s.worker.consumer_gc = Duration::ZERO).await;
     let stream = w.services.keys.stream();
     for name in ["w-gone", "w-me"] {
         let _: i64 = redis::cmd("XGROUP")
@@ -638,7 +639,7 @@ async fn idle_consumers_with_nothing_pending_are_removed_from_the_group() {
         &mut w.redis,
         &w.services.keys,
         "w-me",
-        0,
+        Duration::ZERO,
     )
     .await
     .unwrap();

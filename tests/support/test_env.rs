@@ -6,6 +6,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 use summaryd::api::ApiServices;
 use summaryd::app::{Application, Handles};
@@ -81,16 +82,16 @@ impl TestEnv {
         )
         .await;
         let mut settings = Settings {
-            database_url: format!("{}/{db_name}", pg_base_url()),
-            redis_url: redis_url(),
+            database_url: format!("{}/{db_name}", pg_base_url()).into(),
+            redis_url: redis_url().into(),
             key_prefix,
             listen: "127.0.0.1:0".parse().unwrap(),
             ..Settings::default()
         };
         // Fast tests: short waits everywhere a real deployment would wait long.
-        settings.worker.block_ms = 50;
-        settings.relay.poll_ms = 20;
-        settings.shutdown.grace_ms = 5_000;
+        settings.worker.block = Duration::from_millis(50);
+        settings.relay.poll = Duration::from_millis(20);
+        settings.shutdown.grace = Duration::from_secs(5);
         TestEnv { db_name, settings }
     }
 
@@ -106,12 +107,12 @@ impl TestEnv {
 
     /// A direct Postgres client on this test's database, for asserting rows.
     pub async fn pg(&self) -> tokio_postgres::Client {
-        pg_connect(&self.settings.database_url).await
+        pg_connect(self.settings.database_url.expose_secret()).await
     }
 
     /// A direct Redis connection, for asserting stream state.
     pub async fn redis(&self) -> redis::aio::MultiplexedConnection {
-        redis::Client::open(self.settings.redis_url.as_str())
+        redis::Client::open(self.settings.redis_url.expose_secret())
             .unwrap()
             .get_multiplexed_async_connection()
             .await

@@ -12,6 +12,7 @@ pub mod durability;
 use std::time::Duration;
 
 use redis::{ClientTlsConfig, ConnectionAddr, TlsCertificates};
+use secrecy::ExposeSecret;
 
 use crate::config::{RedisTlsSettings, Settings};
 use crate::infra::tls::{self, TlsError};
@@ -44,7 +45,8 @@ pub enum RedisSetupError {
 
 /// The client for `settings.redis_url`, with TLS material attached for `rediss://`.
 pub fn client(settings: &Settings) -> Result<redis::Client, RedisSetupError> {
-    let plain = redis::Client::open(settings.redis_url.as_str()).map_err(RedisSetupError::Url)?;
+    let plain =
+        redis::Client::open(settings.redis_url.expose_secret()).map_err(RedisSetupError::Url)?;
     let is_tls = matches!(
         plain.get_connection_info().addr(),
         ConnectionAddr::TcpTls { .. }

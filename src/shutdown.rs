@@ -18,12 +18,12 @@ impl Shutdown {
         self.0.cancel();
     }
 
-    pub fn is_triggered(&self) -> bool {
+    pub(crate) fn is_triggered(&self) -> bool {
         self.0.is_cancelled()
     }
 
     /// Resolves once shutdown has begun.
-    pub async fn wait(&self) {
+    pub(crate) async fn wait(&self) {
         self.0.cancelled().await
     }
 }

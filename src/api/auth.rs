@@ -61,7 +61,7 @@ pub struct TokenStore {
 
 /// Why a request was not let in.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Denied {
+pub(crate) enum Denied {
     /// No or unknown token.
     Unauthenticated,
 }
@@ -131,7 +131,7 @@ impl TokenStore {
 
     /// The tenant owning `token`, if any. Its limits are enforced where jobs are accepted
     /// (`stream::tenant_limits`), so they hold across replicas.
-    pub fn authenticate(&self, token: &str) -> Result<TenantId, Denied> {
+    pub(crate) fn authenticate(&self, token: &str) -> Result<TenantId, Denied> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // Compare against every entry without stopping early.
         let mut found: Option<&Entry> = None;
@@ -146,7 +146,7 @@ impl TokenStore {
     }
 
     /// The limits the tokens file sets for `tenant` (none for an unknown one).
-    pub fn limits(&self, tenant: &TenantId) -> TenantLimits {
+    pub(crate) fn limits(&self, tenant: &TenantId) -> TenantLimits {
         self.entries
             .iter()
             .find(|e| &e.tenant == tenant)
@@ -174,13 +174,13 @@ impl Tokens {
     }
 
     /// The store requests are checked against right now.
-    pub fn current(&self) -> Arc<TokenStore> {
+    pub(crate) fn current(&self) -> Arc<TokenStore> {
         self.current.load_full()
     }
 
     /// Read the file again and switch to it. An invalid file changes nothing: the store in
     /// use stays, and the error says why. Returns the number of tenants now loaded.
-    pub fn reload(&self) -> Result<usize, AuthFileError> {
+    pub(crate) fn reload(&self) -> Result<usize, AuthFileError> {
         let store = TokenStore::load(&self.path)?;
         let tenants = store.entries.len();
         self.current.store(Arc::new(store));
@@ -190,7 +190,10 @@ impl Tokens {
 
 /// Reload `tokens` on every SIGHUP until `shutdown`. Installed even without a tokens file,
 /// so an operator's SIGHUP never kills the process (the default action of the signal).
-pub async fn reload_on_sighup(tokens: Option<Arc<Tokens>>, shutdown: crate::shutdown::Shutdown) {
+pub(crate) async fn reload_on_sighup(
+    tokens: Option<Arc<Tokens>>,
+    shutdown: crate::shutdown::Shutdown,
+) {
     use tokio::signal::unix::{SignalKind, signal};
     let mut hangups = match signal(SignalKind::hangup()) {
         Ok(s) => s,

@@ -21,7 +21,7 @@ use crate::domain::{SummaryRequest, ValidSummaryRequest};
 
 /// 415 unless the request says `application/json` (parameters allowed, charset only UTF-8,
 /// which RFC 8259 makes the only JSON encoding).
-pub fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
+pub(crate) fn require_json(req: &HttpRequest) -> Result<(), ApiError> {
     let raw = req.headers().get(CONTENT_TYPE).map(|v| v.to_str());
     let unsupported = |got: Option<String>| ApiError::UnsupportedMediaType { got };
     let value = match raw {
@@ -56,14 +56,14 @@ const LARGE_SHARE: (usize, usize) = (3, 4);
 /// whole declared size is reserved, so what the process holds is bounded by the budget,
 /// not by how many clients send at once, and a request that cannot get room is refused
 /// before any of its body is read.
-pub struct BodyBudget {
+pub(crate) struct BodyBudget {
     all: Arc<Semaphore>,
     large: Arc<Semaphore>,
     wait: Duration,
 }
 
 /// Room for one body; returned to the budget when dropped (when the handler is done).
-pub struct BodyPermit {
+pub(crate) struct BodyPermit {
     _all: OwnedSemaphorePermit,
     _large: Option<OwnedSemaphorePermit>,
 }
@@ -85,7 +85,7 @@ impl BodyBudget {
     }
 
     /// Reserve `bytes`, waiting at most the configured time for others to finish.
-    pub async fn reserve(&self, bytes: usize) -> Result<BodyPermit, ApiError> {
+    pub(crate) async fn reserve(&self, bytes: usize) -> Result<BodyPermit, ApiError> {
         let n = u32::try_from(bytes).map_err(|_| ApiError::BodyBudgetExhausted)?;
         let give_up = Instant::now() + self.wait;
         let take = |sem: &Arc<Semaphore>| {
@@ -112,7 +112,7 @@ impl BodyBudget {
 /// Collect the body within the budget and by `deadline`, refusing (413) as soon as it
 /// exceeds `limit` bytes: a declared Content-Length over the limit is refused before
 /// reading anything. Without a Content-Length (chunked), room for `limit` is reserved.
-pub async fn read_limited(
+pub(crate) async fn read_limited(
     req: &HttpRequest,
     mut payload: web::Payload,
     limit: usize,

@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use super::problem::{ApiError, PROBLEM_JSON};
 
-pub struct ProblemIo {
+pub(crate) struct ProblemIo {
     inner: TcpStream,
     /// Bytes of a rewritten answer not yet written to the socket.
     pending: Vec<u8>,

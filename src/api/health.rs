@@ -15,14 +15,14 @@ use super::state::{ApiServices, ApiState};
 const CHECK_TIMEOUT: Duration = Duration::from_millis(800);
 
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Health {
+pub(crate) struct Health {
     /// `ok` (liveness) or `ready` (readiness).
-    pub status: String,
+    pub(crate) status: String,
     /// Per dependency: `ok` or why not (readiness only). `model:<provider>` entries say
     /// whether that model provider's circuit breaker is open; they never make the process
     /// unready.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub checks: BTreeMap<String, String>,
+    pub(crate) checks: BTreeMap<String, String>,
 }
 
 #[utoipa::path(
@@ -31,7 +31,7 @@ pub struct Health {
     tag = "operations",
     responses((status = 200, description = "The process lives", body = Health))
 )]
-pub async fn healthz() -> HttpResponse {
+pub(crate) async fn healthz() -> HttpResponse {
     HttpResponse::Ok().json(Health {
         status: "ok".into(),
         checks: BTreeMap::new(),
@@ -48,7 +48,7 @@ pub async fn healthz() -> HttpResponse {
             headers(("Retry-After" = String, description = "Seconds"))),
     )
 )]
-pub async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
+pub(crate) async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, ApiError> {
     if state.shutdown.is_triggered() {
         return Err(ApiError::NotReady("shutting down".into()));
     }

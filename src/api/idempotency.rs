@@ -59,13 +59,13 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    pub fn response(&self) -> &StoredResponse {
+    pub(crate) fn response(&self) -> &StoredResponse {
         match self {
             Outcome::Fresh(r) | Outcome::Replayed(r) => r,
         }
     }
 
-    pub fn is_replay(&self) -> bool {
+    pub(crate) fn is_replay(&self) -> bool {
         matches!(self, Outcome::Replayed(_))
     }
 }

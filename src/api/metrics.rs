@@ -13,7 +13,7 @@ const UNMATCHED_ROUTE: &str = "unmatched";
 
 /// Label values with a fixed set, created at zero so that dashboards and alerts see the
 /// series (and the metric names) before the first event.
-pub fn init_series(metrics: &Metrics) {
+pub(crate) fn init_series(metrics: &Metrics) {
     for outcome in ["new", "replayed", "conflict", "mismatch"] {
         metrics.idempotency.with_label_values(&[outcome]);
     }
@@ -58,7 +58,7 @@ pub async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
 
 /// Count a finished request and its duration under its route template
 /// (`/v1/summaries/{job_id}`), never the raw path, so job ids do not become label values.
-pub fn record_request<B>(metrics: &Metrics, res: &ServiceResponse<B>, started: Instant) {
+pub(crate) fn record_request<B>(metrics: &Metrics, res: &ServiceResponse<B>, started: Instant) {
     let route = res
         .request()
         .match_pattern()
@@ -67,7 +67,7 @@ pub fn record_request<B>(metrics: &Metrics, res: &ServiceResponse<B>, started: I
 }
 
 /// Route template of a request that failed before producing a response.
-pub fn record_failed(
+pub(crate) fn record_failed(
     metrics: &Metrics,
     req_pattern: Option<String>,
     status: u16,

@@ -5,14 +5,14 @@
 
 pub mod auth;
 pub mod body;
-pub mod connection;
-pub mod health;
+pub(crate) mod connection;
+pub(crate) mod health;
 pub mod idempotency;
 pub mod metrics;
-pub mod openapi;
-pub mod problem;
-pub mod server;
-pub mod state;
+pub(crate) mod openapi;
+pub(crate) mod problem;
+pub(crate) mod server;
+pub(crate) mod state;
 pub mod summaries;
 pub mod tenant;
 
@@ -20,4 +20,3 @@ pub use idempotency::{IdempotencyStore, Outcome, StoreError, StoredResponse};
 pub use problem::{ApiError, Problem};
 pub use server::{HttpServers, app, build_server, configure, serve_until_shutdown};
 pub use state::{ApiServices, ApiState};
-pub use tenant::Tenant;

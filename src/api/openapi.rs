@@ -32,7 +32,7 @@ use super::summaries::{self, Accepted, CreateSummary, JobStatus, JobView};
         (name = "operations", description = "Health, metrics and this document (served on every role)"),
     )
 )]
-pub struct ApiDoc;
+pub(crate) struct ApiDoc;
 
 /// Built once: the document is static for the life of the process.
 static DOCUMENT: LazyLock<Result<String, String>> =
@@ -44,7 +44,7 @@ static DOCUMENT: LazyLock<Result<String, String>> =
     tag = "operations",
     responses((status = 200, description = "This OpenAPI 3.1 document", content_type = "application/json", body = Object))
 )]
-pub async fn openapi_json() -> Result<HttpResponse, ApiError> {
+pub(crate) async fn openapi_json() -> Result<HttpResponse, ApiError> {
     match &*DOCUMENT {
         Ok(doc) => Ok(HttpResponse::Ok()
             .content_type("application/json")

@@ -19,7 +19,7 @@ fn limit_name(limit: Limit) -> &'static str {
     }
 }
 
-pub const PROBLEM_JSON: &str = "application/problem+json";
+pub(crate) const PROBLEM_JSON: &str = "application/problem+json";
 
 /// Every problem's `type` is this followed by its slug: a non-resolvable `tag:` URI.
 const PROBLEM_TYPE_PREFIX: &str = "tag:summaryd,2025:problems/";
@@ -36,17 +36,17 @@ const UNAVAILABLE_RETRY_AFTER_S: u64 = 5;
 pub struct Problem {
     /// A non-resolvable `tag:` URI identifying the kind of problem (RFC 9457 §3.1.1).
     #[serde(rename = "type")]
-    pub problem_type: String,
-    pub title: String,
-    pub status: u16,
+    pub(crate) problem_type: String,
+    pub(crate) title: String,
+    pub(crate) status: u16,
     /// What went wrong and what to change.
-    pub detail: String,
+    pub(crate) detail: String,
     /// The body field at fault, for 422 validation errors.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub field: Option<String>,
+    pub(crate) field: Option<String>,
     /// The request header at fault, for 400 header errors.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub header: Option<String>,
+    pub(crate) header: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,28 +117,28 @@ pub enum ApiError {
 /// Everything one error is answered with. [`ApiError::spec`] is the one table of them,
 /// one entry per variant; the response and the body are both made from it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ProblemSpec {
-    pub status: StatusCode,
+pub(crate) struct ProblemSpec {
+    pub(crate) status: StatusCode,
     /// The last segment of the problem's type URI.
-    pub slug: &'static str,
-    pub title: &'static str,
+    pub(crate) slug: &'static str,
+    pub(crate) title: &'static str,
     /// What went wrong and what to change; never internal error text for a 5xx.
-    pub detail: String,
+    pub(crate) detail: String,
     /// The body field at fault.
-    pub field: Option<String>,
+    pub(crate) field: Option<String>,
     /// The request header at fault.
-    pub header: Option<&'static str>,
+    pub(crate) header: Option<&'static str>,
     /// `Retry-After` in seconds, where the same request can pass later.
-    pub retry_after_s: Option<u64>,
+    pub(crate) retry_after_s: Option<u64>,
     /// Another response header the status calls for (`Allow`, `WWW-Authenticate`).
-    pub response_header: Option<(HeaderName, &'static str)>,
+    pub(crate) response_header: Option<(HeaderName, &'static str)>,
     /// Close the connection after answering: the rest of the request was not read, and a
     /// client must not keep it (and its buffers) open.
-    pub close: bool,
+    pub(crate) close: bool,
     /// Whether the cause goes to the log. Server errors do, except load shedding, which is
     /// counted in the request metrics: a line each would flood the log exactly when the
     /// process is under attack.
-    pub logged: bool,
+    pub(crate) logged: bool,
 }
 
 impl ProblemSpec {
@@ -205,7 +205,7 @@ impl ProblemSpec {
 }
 
 impl ApiError {
-    pub fn validation(field: impl Into<String>, message: impl Into<String>) -> Self {
+    pub(crate) fn validation(field: impl Into<String>, message: impl Into<String>) -> Self {
         Self::Validation {
             field: field.into(),
             message: message.into(),
@@ -213,7 +213,7 @@ impl ApiError {
     }
 
     /// How each error is answered: status, type, title, detail, and the headers it adds.
-    pub fn spec(&self) -> ProblemSpec {
+    pub(crate) fn spec(&self) -> ProblemSpec {
         use ProblemSpec as P;
         use StatusCode as S;
         /// What every 503 for a dependency tells the client.
@@ -381,7 +381,7 @@ impl ApiError {
         }
     }
 
-    pub fn problem(&self) -> Problem {
+    pub(crate) fn problem(&self) -> Problem {
         self.spec().problem()
     }
 }

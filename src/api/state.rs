@@ -18,31 +18,31 @@ use crate::shutdown::Shutdown;
 /// reads (it may look at the worker's model breakers, for `/readyz`).
 #[derive(Clone)]
 pub struct ApiServices {
-    pub settings: Arc<Settings>,
-    pub keys: RedisKeys,
+    pub(crate) settings: Arc<Settings>,
+    pub(crate) keys: RedisKeys,
     /// Dedicated connections, for readiness checks and the stream gauges at scrape time.
-    pub redis: deadpool_redis::Pool,
+    pub(crate) redis: deadpool_redis::Pool,
     /// Per-thread multiplexed connections for the short commands requests make.
-    pub redis_shared: SharedRedis,
+    pub(crate) redis_shared: SharedRedis,
     /// GET reads finished summaries; the outbox gauge reads the outbox.
-    pub pg: deadpool_postgres::Pool,
-    pub metrics: Arc<Metrics>,
+    pub(crate) pg: deadpool_postgres::Pool,
+    pub(crate) metrics: Arc<Metrics>,
     /// Token mode when a tokens file is configured; `None`: tenant from `X-Tenant-Id`.
     /// SIGHUP reloads it (see `auth::reload_on_sighup`).
-    pub auth: Option<Arc<Tokens>>,
+    pub(crate) auth: Option<Arc<Tokens>>,
     /// The worker's model providers when this process runs the worker role: `/readyz`
     /// reports their breakers.
-    pub model: Option<Arc<ModelChain>>,
+    pub(crate) model: Option<Arc<ModelChain>>,
 }
 
 pub struct ApiState {
-    pub services: ApiServices,
-    pub roles: Roles,
+    pub(crate) services: ApiServices,
+    pub(crate) roles: Roles,
     /// Once triggered, /readyz answers 503 so load balancers stop sending traffic.
-    pub shutdown: Shutdown,
-    pub idempotency: IdempotencyStore,
+    pub(crate) shutdown: Shutdown,
+    pub(crate) idempotency: IdempotencyStore,
     /// Request-body bytes this process may hold at once, shared by all actix workers.
-    pub body_budget: BodyBudget,
+    pub(crate) body_budget: BodyBudget,
 }
 
 impl ApiState {

@@ -20,14 +20,18 @@ use crate::domain::{IdempotencyKey, Job, JobId, TenantId};
 use crate::infra::keys::ScopedKey;
 use crate::stream::job_state::{self, Status};
 
-pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
-pub const REPLAYED_HEADER: &str = "Idempotent-Replayed";
+pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+pub(crate) const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
 /// The body of `POST /v1/summaries`, for the OpenAPI document. Parsing goes through
 /// `domain::SummaryRequest`, which names the field at fault.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct CreateSummary {
+#[expect(
+    dead_code,
+    reason = "the body's schema for /openapi.json; the handler reads the body as domain::SummaryRequest"
+)]
+pub(crate) struct CreateSummary {
     /// The text to summarise; must not be blank, and must not contain NUL or control
     /// characters other than tab, LF and CR (the pipeline could not store or send them).
     /// The pattern says both: at least one character outside Unicode White_Space (what
@@ -36,10 +40,10 @@ pub struct CreateSummary {
         min_length = 1,
         pattern = r"^[^\u0000-\u0008\u000B\u000C\u000E-\u001F]*[^\u0000-\u0020\u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000][^\u0000-\u0008\u000B\u000C\u000E-\u001F]*$"
     )]
-    pub text: String,
+    pub(crate) text: String,
     /// Who gets the "summary ready" email.
     #[schema(format = Email)]
-    pub notify: String,
+    pub(crate) notify: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -53,15 +57,15 @@ pub enum JobStatus {
 
 /// 202 answer to a new job (and the replay of it).
 #[derive(Debug, Serialize, ToSchema)]
-pub struct Accepted {
-    pub job_id: Uuid,
-    pub status: JobStatus,
+pub(crate) struct Accepted {
+    pub(crate) job_id: Uuid,
+    pub(crate) status: JobStatus,
 }
 
 /// A job as `GET /v1/summaries/{job_id}` reports it.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct JobView {
-    pub job_id: Uuid,
+    pub(crate) job_id: Uuid,
     pub status: JobStatus,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
@@ -69,15 +73,15 @@ pub struct JobView {
     /// summariser); only for `done`, and absent for summaries stored before models were
     /// recorded.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub model: Option<String>,
+    pub(crate) model: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
+    pub(crate) error: Option<String>,
     /// When the job was accepted (RFC 3339).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub created_at: Option<DateTime<Utc>>,
+    pub(crate) created_at: Option<DateTime<Utc>>,
     /// When the summary was stored (RFC 3339); only for `done`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub completed_at: Option<DateTime<Utc>>,
+    pub(crate) completed_at: Option<DateTime<Utc>>,
 }
 
 #[utoipa::path(
@@ -109,7 +113,7 @@ pub struct JobView {
             headers(("Retry-After" = String, description = "Seconds"))),
     )
 )]
-pub async fn create(
+pub(crate) async fn create(
     req: HttpRequest,
     state: web::Data<ApiState>,
     tenant: Tenant,

@@ -13,13 +13,13 @@ use super::state::ApiState;
 use crate::api::auth::{Denied, TokenStore};
 use crate::domain::TenantId;
 
-pub const TENANT_HEADER: &str = "X-Tenant-Id";
+pub(crate) const TENANT_HEADER: &str = "X-Tenant-Id";
 const AUTHORIZATION_HEADER: &str = "Authorization";
 
 /// The one value of `name`, if sent. A header that identifies the caller or the request
 /// must not be ambiguous: a proxy that appends instead of replacing would otherwise let
 /// the first value (the client's own) win, so a repeated one is a 400 naming it.
-pub fn single_header<'a>(
+pub(crate) fn single_header<'a>(
     headers: &'a HeaderMap,
     name: &'static str,
 ) -> Result<Option<&'a HeaderValue>, ApiError> {
@@ -39,7 +39,7 @@ pub fn single_header<'a>(
 pub struct Tenant(pub TenantId);
 
 impl Tenant {
-    pub fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
+    pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
         let invalid = |message: String| ApiError::InvalidHeader {
             header: TENANT_HEADER,
             message,
@@ -54,7 +54,7 @@ impl Tenant {
     }
 
     /// Token mode: `Authorization: Bearer <token>` names the tenant.
-    pub fn from_token(headers: &HeaderMap, store: &TokenStore) -> Result<Self, ApiError> {
+    pub(crate) fn from_token(headers: &HeaderMap, store: &TokenStore) -> Result<Self, ApiError> {
         let value = single_header(headers, AUTHORIZATION_HEADER)?
             .ok_or(ApiError::Unauthorized("no Authorization header"))?
             .to_str()

@@ -23,7 +23,7 @@ const RESTART: Backoff = Backoff::new(
 /// its next failure starts the backoff from the beginning.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 
-pub struct Supervisor {
+pub(crate) struct Supervisor {
     tasks: JoinSet<()>,
     shutdown: Shutdown,
 }
@@ -38,7 +38,7 @@ impl Supervisor {
 
     /// Supervise `make()`: start it, and start it again whenever it fails, panics or
     /// returns before shutdown.
-    pub fn spawn<F, Fut, E>(&mut self, name: String, make: F)
+    pub(crate) fn spawn<F, Fut, E>(&mut self, name: String, make: F)
     where
         F: Fn() -> Fut + Send + 'static,
         Fut: Future<Output = Result<(), E>> + Send + 'static,
@@ -80,7 +80,7 @@ impl Supervisor {
     /// Wait for every task to finish after shutdown was triggered; abort what is still
     /// running after `grace`. Work a task abandons stays pending (stream) or leased
     /// (outbox) and is picked up again: nothing is lost, at worst done twice, idempotently.
-    pub async fn drain(mut self, grace: Duration) {
+    pub(crate) async fn drain(mut self, grace: Duration) {
         let deadline = Instant::now() + grace;
         loop {
             match tokio::time::timeout_at(deadline, self.tasks.join_next()).await {

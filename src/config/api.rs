@@ -17,9 +17,9 @@ pub struct ApiSettings {
     pub request_timeout: Duration,
     /// How long an idle keep-alive connection stays open.
     #[serde(rename = "keep_alive_ms", with = "Millis")]
-    pub keep_alive: Duration,
+    pub(crate) keep_alive: Duration,
     /// Open connections this process accepts at once; more wait in the kernel's backlog.
-    pub max_connections: usize,
+    pub(crate) max_connections: usize,
     /// Request-body bytes all requests of this process may hold at once.
     pub body_budget_bytes: usize,
     /// How long a request waits for room in the body budget before it gets 503.
@@ -28,7 +28,7 @@ pub struct ApiSettings {
     /// After answering a request whose body was not read (an early error), how long the
     /// connection may drain before it is closed.
     #[serde(rename = "disconnect_timeout_ms", with = "Millis")]
-    pub disconnect_timeout: Duration,
+    pub(crate) disconnect_timeout: Duration,
 }
 
 impl Default for ApiSettings {

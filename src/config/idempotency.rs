@@ -11,8 +11,8 @@ pub struct IdempotencySettings {
     /// is no in-progress marker. Kept because the contract names the variable (a warning
     /// says so at startup), and not required in a file.
     #[serde(default = "IdempotencySettings::lock_ttl_s_default")]
-    pub lock_ttl_s: u64,
-    pub result_ttl_s: u64,
+    pub(crate) lock_ttl_s: u64,
+    pub(crate) result_ttl_s: u64,
 }
 
 impl Default for IdempotencySettings {

@@ -237,7 +237,7 @@ impl Settings {
     /// Log a warning for each `SUMMARYD_*` variable that names no setting and for each
     /// given setting that has no effect; once logging is set up, which needs the settings
     /// first.
-    pub fn warn_about_ignored(&self) {
+    pub(crate) fn warn_about_ignored(&self) {
         for name in Self::ignored_env_vars() {
             tracing::warn!(variable = %name, "environment variable names no setting; ignored");
         }

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 #[serde(deny_unknown_fields)]
 pub struct RedisTlsSettings {
     /// PEM CA bundle the server's certificate must chain to; none = the system trust store.
-    pub ca_file: Option<PathBuf>,
+    pub(crate) ca_file: Option<PathBuf>,
     /// PEM client certificate (chain) and key, for servers that require mutual TLS.
-    pub client_cert_file: Option<PathBuf>,
-    pub client_key_file: Option<PathBuf>,
+    pub(crate) client_cert_file: Option<PathBuf>,
+    pub(crate) client_key_file: Option<PathBuf>,
 }

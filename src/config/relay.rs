@@ -17,7 +17,7 @@ pub struct RelaySettings {
     pub max_attempts: i32,
     /// A row failing transiently for longer than this since it was created (or retried by
     /// a person) needs a person: listed by `outbox stuck`, no longer sent by itself.
-    pub give_up_s: u64,
+    pub(crate) give_up_s: u64,
     #[serde(rename = "poll_ms", with = "Millis")]
     pub poll: Duration,
     #[serde(rename = "backoff_ms", with = "Millis")]

@@ -13,7 +13,7 @@ pub enum Role {
 impl Role {
     pub const ALL: [Role; 3] = [Role::Api, Role::Worker, Role::Relay];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Role::Api => "api",
             Role::Worker => "worker",
@@ -63,7 +63,7 @@ impl Roles {
         }
     }
 
-    pub fn has(&self, role: Role) -> bool {
+    pub(crate) fn has(&self, role: Role) -> bool {
         match role {
             Role::Api => self.api,
             Role::Worker => self.worker,
@@ -71,17 +71,17 @@ impl Roles {
         }
     }
 
-    pub fn iter(&self) -> impl Iterator<Item = Role> + '_ {
+    pub(crate) fn iter(&self) -> impl Iterator<Item = Role> + '_ {
         Role::ALL.into_iter().filter(|r| self.has(*r))
     }
 
     /// Redis is needed by the api (idempotency, enqueue) and the worker (stream).
-    pub fn needs_redis(&self) -> bool {
+    pub(crate) fn needs_redis(&self) -> bool {
         self.api || self.worker
     }
 
     /// Postgres is needed by every role (api reads summaries for GET).
-    pub fn needs_postgres(&self) -> bool {
+    pub(crate) fn needs_postgres(&self) -> bool {
         self.api || self.worker || self.relay
     }
 }

@@ -23,7 +23,7 @@ pub enum DbError {
 
 impl DbError {
     /// The SQLSTATE Postgres answered with, when it refused a statement.
-    pub fn sqlstate(&self) -> Option<&str> {
+    pub(crate) fn sqlstate(&self) -> Option<&str> {
         match self {
             Self::Query(e) | Self::Connect(PostgresError::Connect(e)) => e.code().map(|c| c.code()),
             _ => None,

@@ -23,11 +23,11 @@ use crate::domain::SummaryReady;
 #[derive(Debug, Clone, PartialEq)]
 pub struct OutboxRow {
     pub id: i64,
-    pub topic: String,
-    pub dedupe_key: String,
-    pub payload: Value,
+    pub(crate) topic: String,
+    pub(crate) dedupe_key: String,
+    pub(crate) payload: Value,
     /// Failed attempts so far (this claim not included).
-    pub attempts: i32,
+    pub(crate) attempts: i32,
     /// Proof of this claim; the marks that could undo a newer claim require it.
     pub claim_token: Uuid,
 }
@@ -44,7 +44,7 @@ pub struct StuckRow {
     pub dedupe_key: String,
     pub attempts: i32,
     pub last_error: Option<String>,
-    pub created_at: DateTime<Utc>,
+    pub(crate) created_at: DateTime<Utc>,
 }
 
 /// Postgres intervals overflow long before `u64` milliseconds do; no lease or backoff we
@@ -281,7 +281,7 @@ pub async fn delete_sent_before(
 
 /// Rows not yet sent, stuck ones included (the `summaryd_outbox_unsent` gauge); reads the
 /// `outbox_unsent` partial index, not the table.
-pub async fn count_unsent(pool: &Pool) -> Result<i64, DbError> {
+pub(crate) async fn count_unsent(pool: &Pool) -> Result<i64, DbError> {
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached("SELECT count(*) FROM outbox WHERE sent_at IS NULL")

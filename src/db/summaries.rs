@@ -8,14 +8,14 @@ use super::DbError;
 use crate::domain::{Job, JobId, ModelSummary, SummaryReady};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SummaryRow {
-    pub job_id: JobId,
-    pub tenant: String,
-    pub summary: String,
+pub(crate) struct SummaryRow {
+    pub(crate) job_id: JobId,
+    pub(crate) tenant: String,
+    pub(crate) summary: String,
     /// The model that wrote it; `None` for summaries stored before models were recorded.
-    pub model: Option<String>,
-    pub created_at: DateTime<Utc>,
-    pub completed_at: DateTime<Utc>,
+    pub(crate) model: Option<String>,
+    pub(crate) created_at: DateTime<Utc>,
+    pub(crate) completed_at: DateTime<Utc>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -27,7 +27,7 @@ pub enum CommitOutcome {
 }
 
 /// Cheap pre-check so a redelivered, already finished job skips the model call.
-pub async fn exists(pool: &Pool, job_id: JobId) -> Result<bool, DbError> {
+pub(crate) async fn exists(pool: &Pool, job_id: JobId) -> Result<bool, DbError> {
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached("SELECT 1 FROM summaries WHERE job_id = $1")
@@ -40,13 +40,13 @@ pub async fn exists(pool: &Pool, job_id: JobId) -> Result<bool, DbError> {
 
 /// The worker's readiness probe: the statement its pre-check runs, for a job id no job has,
 /// so it proves the connection, the table and the permission a delivery needs.
-pub async fn probe(pool: &Pool) -> Result<(), DbError> {
+pub(crate) async fn probe(pool: &Pool) -> Result<(), DbError> {
     exists(pool, JobId::from(uuid::Uuid::nil()))
         .await
         .map(|_| ())
 }
 
-pub async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbError> {
+pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbError> {
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached(
@@ -123,13 +123,13 @@ pub async fn commit_with_outbox(
 /// Jobs and tokens of one tenant and model (`summaryd usage`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct UsageRow {
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// `unknown` for summaries stored before models were recorded.
-    pub model: String,
-    pub jobs: i64,
+    pub(crate) model: String,
+    pub(crate) jobs: i64,
     /// Sums of what the providers reported; jobs whose provider reported nothing add 0.
-    pub prompt_tokens: i64,
-    pub completion_tokens: i64,
+    pub(crate) prompt_tokens: i64,
+    pub(crate) completion_tokens: i64,
 }
 
 /// What the model cost per tenant and model, for summaries completed within `since` (all
@@ -169,7 +169,7 @@ pub async fn usage(
 }
 
 /// Delete up to `batch` summaries completed before `cutoff`, oldest first; returns how many.
-pub async fn delete_completed_before(
+pub(crate) async fn delete_completed_before(
     pool: &Pool,
     cutoff: DateTime<Utc>,
     batch: i64,

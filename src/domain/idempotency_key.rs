@@ -8,7 +8,7 @@ use super::ValidationError;
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    pub const MIN_LEN: usize = 16;
+    pub(crate) const MIN_LEN: usize = 16;
     pub const MAX_LEN: usize = 128;
 
     pub fn parse(raw: &str) -> Result<Self, ValidationError> {

@@ -18,7 +18,7 @@ pub struct JobId(Uuid);
 impl JobId {
     /// The id of the request with this scoped key and body fingerprint. A scoped key is
     /// visible ASCII, so the newline between the two cannot be forged by either.
-    pub fn for_request(scoped_key: &str, fingerprint: &str) -> Self {
+    pub(crate) fn for_request(scoped_key: &str, fingerprint: &str) -> Self {
         Self::from_scoped_key(&format!("{scoped_key}\n{fingerprint}"))
     }
 

@@ -26,7 +26,7 @@ pub use tenant::TenantId;
 #[error("{field}: {message}")]
 pub struct ValidationError {
     pub field: &'static str,
-    pub message: String,
+    pub(crate) message: String,
 }
 
 impl ValidationError {

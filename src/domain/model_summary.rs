@@ -16,6 +16,6 @@ pub struct ModelSummary {
 /// Tokens of one model call, as the provider counted them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct TokenUsage {
-    pub prompt: u32,
-    pub completion: u32,
+    pub(crate) prompt: u32,
+    pub(crate) completion: u32,
 }

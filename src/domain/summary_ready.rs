@@ -24,7 +24,7 @@ pub struct SummaryReady {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{topic} payload is invalid: {reason}", topic = SummaryReady::TOPIC)]
 pub struct InvalidEvent {
-    pub reason: String,
+    pub(crate) reason: String,
 }
 
 impl SummaryReady {
@@ -32,7 +32,7 @@ impl SummaryReady {
     pub const TOPIC: &'static str = "email.summary_ready";
     /// The payload field holding the job id (`summaryd outbox stuck` reports it even for a
     /// payload that does not decode).
-    pub const JOB_ID_FIELD: &'static str = "job_id";
+    pub(crate) const JOB_ID_FIELD: &'static str = "job_id";
 
     pub fn new(job: &Job, summary: impl Into<String>) -> Self {
         Self {
@@ -52,7 +52,7 @@ impl SummaryReady {
 
     /// Decode a stored payload. Errors name the field at fault; an event without a summary
     /// is invalid too (there would be nothing to tell the recipient).
-    pub fn decode(payload: &serde_json::Value) -> Result<Self, InvalidEvent> {
+    pub(crate) fn decode(payload: &serde_json::Value) -> Result<Self, InvalidEvent> {
         let event: Self = serde_path_to_error::deserialize(payload).map_err(|e| InvalidEvent {
             reason: e.to_string(),
         })?;

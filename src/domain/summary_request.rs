@@ -9,8 +9,8 @@ use super::{Email, ValidationError};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SummaryRequest {
-    pub text: Option<serde_json::Value>,
-    pub notify: Option<serde_json::Value>,
+    pub(crate) text: Option<serde_json::Value>,
+    pub(crate) notify: Option<serde_json::Value>,
 }
 
 /// A request that passed validation.

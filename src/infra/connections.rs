@@ -108,14 +108,14 @@ impl SharedRedis {
 
 /// The Redis client every Redis handle of a process is built from, plain or with the TLS
 /// material for `rediss://`: one client, so the pool speaks TLS exactly when the API does.
-pub fn redis_client(settings: &Settings) -> Result<redis::Client, ConnectError> {
+pub(crate) fn redis_client(settings: &Settings) -> Result<redis::Client, ConnectError> {
     Ok(crate::infra::redis::client(settings)?)
 }
 
 /// Dedicated Redis connections, for commands that block (XREADGROUP BLOCK) or hold a
 /// connection across several steps: the worker, readiness checks, the gauges read at scrape
 /// time, the admin commands.
-pub fn redis_pool(
+pub(crate) fn redis_pool(
     settings: &Settings,
     client: &redis::Client,
 ) -> Result<deadpool_redis::Pool, ConnectError> {

@@ -1,17 +1,17 @@
 //! Helpers shared by the providers that speak HTTP (the model API and the mail API).
 
 /// Error bodies are quoted in `last_error` and logs; this keeps them to a readable line.
-pub const ERROR_EXCERPT_CHARS: usize = 300;
+pub(crate) const ERROR_EXCERPT_CHARS: usize = 300;
 
 /// The error and its causes ("error sending request: connection refused"), without the URL,
 /// whose query string may hold a token.
-pub fn describe(err: reqwest::Error) -> String {
+pub(crate) fn describe(err: reqwest::Error) -> String {
     with_causes(&err.without_url())
 }
 
 /// The error and each cause it does not already quote, joined by ": ". For errors kept with
 /// their `#[source]` whose Display should still say everything on one log line.
-pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {
@@ -26,7 +26,7 @@ pub fn with_causes(err: &(dyn std::error::Error + 'static)) -> String {
 }
 
 /// Whitespace collapsed to single spaces and cut to `ERROR_EXCERPT_CHARS` characters.
-pub fn excerpt(text: &str) -> String {
+pub(crate) fn excerpt(text: &str) -> String {
     let collapsed = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if collapsed.is_empty() {
         return "(empty body)".into();

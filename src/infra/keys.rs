@@ -21,10 +21,6 @@ impl RedisKeys {
         }
     }
 
-    pub fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
     pub fn stream(&self) -> String {
         format!("{}jobs:summaries", self.prefix)
     }

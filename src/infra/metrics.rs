@@ -11,36 +11,36 @@ use prometheus::{
 
 pub struct Metrics {
     registry: Registry,
-    pub http_requests: IntCounterVec,
+    pub(crate) http_requests: IntCounterVec,
     pub idempotency: IntCounterVec,
     pub jobs: IntCounterVec,
     pub llm_requests: IntCounterVec,
     pub llm_duration: Histogram,
     /// `summaryd_llm_tokens_total{model,kind}`: tokens the providers reported.
-    pub llm_tokens: IntCounterVec,
+    pub(crate) llm_tokens: IntCounterVec,
     /// `summaryd_llm_breaker_open{provider}`: 1 while a provider's breaker is open.
-    pub llm_breaker_open: IntGaugeVec,
-    pub http_duration: HistogramVec,
-    pub job_latency: HistogramVec,
+    pub(crate) llm_breaker_open: IntGaugeVec,
+    pub(crate) http_duration: HistogramVec,
+    pub(crate) job_latency: HistogramVec,
     /// Cluster-wide gauges: set only by the maintenance task (`src/maintenance/`), read by
     /// scrapes, so a scrape never runs a query.
-    pub stream_pending: IntGauge,
-    pub stream_lag: IntGauge,
-    pub oldest_queued_age: Gauge,
-    pub dead_letters: IntGauge,
+    pub(crate) stream_pending: IntGauge,
+    pub(crate) stream_lag: IntGauge,
+    pub(crate) oldest_queued_age: Gauge,
+    pub(crate) dead_letters: IntGauge,
     pub outbox_unsent: IntGauge,
-    pub gauges_refreshed: Gauge,
+    pub(crate) gauges_refreshed: Gauge,
     pub outbox_sent: IntCounter,
     /// `summaryd_loop_errors_total{role,kind}`: failed passes of the worker and relay loops.
     pub loop_errors: IntCounterVec,
     /// Per role, the current run of consecutive failed passes and the last reason.
     loop_streaks: Mutex<BTreeMap<&'static str, (u32, String)>>,
-    pub maintenance_runs: IntCounterVec,
+    pub(crate) maintenance_runs: IntCounterVec,
     pub maintenance_removed: IntCounterVec,
 }
 
 /// The labels of `summaryd_maintenance_removed_total`.
-pub const REMOVED_KINDS: [&str; 5] = [
+pub(crate) const REMOVED_KINDS: [&str; 5] = [
     "stream_entries",
     "dead_letters",
     "outbox_sent",
@@ -215,7 +215,7 @@ impl Metrics {
 
     /// A pass of `role`'s loop failed: count it under `kind` (a short, fixed word such as
     /// `redis` or `postgres_unavailable`) and extend the role's run of failures.
-    pub fn loop_failed(&self, role: &'static str, kind: &str, reason: &str) {
+    pub(crate) fn loop_failed(&self, role: &'static str, kind: &str, reason: &str) {
         self.loop_errors.with_label_values(&[role, kind]).inc();
         let mut streaks = self.streaks();
         let streak = streaks.entry(role).or_insert((0, String::new()));
@@ -224,7 +224,7 @@ impl Metrics {
     }
 
     /// A pass of `role`'s loop succeeded: its run of failures is over.
-    pub fn loop_succeeded(&self, role: &'static str) {
+    pub(crate) fn loop_succeeded(&self, role: &'static str) {
         self.streaks().remove(role);
     }
 
@@ -259,7 +259,7 @@ impl Metrics {
 }
 
 /// Seconds from `since` to now, for the latency histograms; 0 when the clock went back.
-pub fn seconds_since(since: chrono::DateTime<chrono::Utc>) -> f64 {
+pub(crate) fn seconds_since(since: chrono::DateTime<chrono::Utc>) -> f64 {
     let elapsed = chrono::Utc::now() - since;
     elapsed
         .num_microseconds()

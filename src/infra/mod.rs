@@ -2,14 +2,14 @@
 //! key names, redaction, telemetry and metrics. Nothing here knows what a job is for.
 
 pub mod connections;
-pub mod http_client;
+pub(crate) mod http_client;
 pub mod keys;
 pub mod metrics;
 pub mod postgres;
 pub mod redact;
-pub mod redis;
+pub(crate) mod redis;
 pub mod telemetry;
-pub mod tls;
+pub(crate) mod tls;
 
 use crate::config::Settings;
 

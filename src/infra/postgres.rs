@@ -68,7 +68,7 @@ pub enum PostgresError {
 impl PostgresError {
     /// Whether the server could not be reached or would not talk to us, as opposed to a
     /// setting that is wrong and stays wrong until someone edits it.
-    pub fn is_unavailable(&self) -> bool {
+    pub(crate) fn is_unavailable(&self) -> bool {
         match self {
             Self::Tls { .. } | Self::Connect(_) => true,
             Self::InvalidUrl(_) | Self::Build(_) | Self::TlsConfig(_) => false,
@@ -186,14 +186,14 @@ impl PgTarget {
     }
 
     /// The same server and settings, another database (for `CREATE DATABASE`).
-    pub fn with_dbname(&self, dbname: &str) -> Self {
+    pub(crate) fn with_dbname(&self, dbname: &str) -> Self {
         let mut other = self.clone();
         other.config.dbname(dbname);
         other
     }
 
     /// A deadpool manager connecting with this target's TLS.
-    pub fn manager(&self, config: ManagerConfig) -> Manager {
+    pub(crate) fn manager(&self, config: ManagerConfig) -> Manager {
         Manager::from_config(self.config.clone(), self.tls.clone(), config)
     }
 
@@ -213,7 +213,7 @@ impl PgTarget {
     }
 
     /// `host:port` for messages (never the URL: it may carry the password).
-    pub fn address(&self) -> String {
+    pub(crate) fn address(&self) -> String {
         let host = match self.config.get_hosts().first() {
             Some(Host::Tcp(h)) => h.clone(),
             #[cfg(unix)]
@@ -226,7 +226,7 @@ impl PgTarget {
 
     /// TLS failures become [`PostgresError::Tls`]: they name the server and the mode, and are not
     /// retried (a certificate does not fix itself), unlike a Postgres that is still starting.
-    pub fn classify(&self, e: tokio_postgres::Error) -> PostgresError {
+    pub(crate) fn classify(&self, e: tokio_postgres::Error) -> PostgresError {
         match tls_reason(&e) {
             Some(reason) => PostgresError::Tls {
                 addr: self.address(),
@@ -239,7 +239,7 @@ impl PgTarget {
     }
 
     /// With `prefer`, say so when the server answered in cleartext (libpq stays silent).
-    pub async fn warn_if_cleartext(&self, client: &tokio_postgres::Client) {
+    pub(crate) async fn warn_if_cleartext(&self, client: &tokio_postgres::Client) {
         if self.mode != SslMode::Prefer {
             return;
         }

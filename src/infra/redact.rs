@@ -19,7 +19,7 @@ const SECRET_PARAMS: [&str; 8] = [
 const REDACTED: &str = "<redacted>";
 
 /// `url` with its password and credential-bearing parameters replaced by `<redacted>`.
-pub fn url(url: &str) -> String {
+pub(crate) fn url(url: &str) -> String {
     let (head, query) = match url.split_once('?') {
         Some((h, q)) => (h, Some(q)),
         None => (url, None),
@@ -61,7 +61,7 @@ pub fn url(url: &str) -> String {
 /// The credentials `url` carries (its password, the values of its credential-bearing
 /// parameters), as written and percent-decoded: for scrubbing from what a server answers,
 /// which may echo the request.
-pub fn credentials(url: &str) -> Vec<String> {
+pub(crate) fn credentials(url: &str) -> Vec<String> {
     let (head, query) = url
         .split_once('?')
         .map_or((url, None), |(h, q)| (h, Some(q)));
@@ -105,7 +105,7 @@ pub fn fingerprint(value: &str) -> String {
 /// four characters, a masked key (`sk-ab**********wxyz`), or a word shaped like an API key or
 /// organisation id (`sk-…`, `org-…`). Providers quote masked keys in authentication errors;
 /// even a fragment narrows a guess, so none of it reaches logs or dead-letter reasons.
-pub fn secrets(text: &str, key: Option<&str>) -> String {
+pub(crate) fn secrets(text: &str, key: Option<&str>) -> String {
     let key = key.map(str::trim).filter(|k| !k.is_empty());
     let text = match key {
         Some(k) => text.replace(k, REDACTED),

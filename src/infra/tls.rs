@@ -45,7 +45,7 @@ pub enum TlsError {
 }
 
 /// A PEM file's bytes, with errors that name the setting it came from.
-pub fn read_pem(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+pub(crate) fn read_pem(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|source| TlsError::Read {
         setting,
         path: path.to_owned(),
@@ -54,7 +54,7 @@ pub fn read_pem(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsError>
 }
 
 /// Every certificate in a PEM file (at least one), as rustls wants them.
-pub fn certificates(
+pub(crate) fn certificates(
     setting: &'static str,
     path: &Path,
 ) -> Result<Vec<CertificateDer<'static>>, TlsError> {
@@ -73,7 +73,7 @@ pub fn certificates(
 
 /// Checks a PEM key file parses, so a wrong path fails at startup with the setting's name
 /// rather than at the first connection with the library's words.
-pub fn check_private_key(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
+pub(crate) fn check_private_key(setting: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     let pem = read_pem(setting, path)?;
     rustls::pki_types::PrivateKeyDer::from_pem_slice(&pem).map_err(|_| TlsError::NoKey {
         setting,
@@ -84,7 +84,7 @@ pub fn check_private_key(setting: &'static str, path: &Path) -> Result<Vec<u8>, 
 
 /// The trust anchors for server verification: the given CA file, or webpki's bundled
 /// Mozilla roots when none is given (public managed databases use public CAs).
-pub fn root_store(
+pub(crate) fn root_store(
     setting: &'static str,
     ca_file: Option<&Path>,
 ) -> Result<RootCertStore, TlsError> {
@@ -106,7 +106,7 @@ pub fn root_store(
 
 /// How much of the server's certificate a client checks, as libpq's `sslmode` names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verification {
+pub(crate) enum Verification {
     /// Encrypt, authenticate nobody (libpq `require` without a root certificate).
     None,
     /// The chain must lead to a trusted CA; the host name is not compared (`verify-ca`).
@@ -116,7 +116,7 @@ pub enum Verification {
 }
 
 /// A rustls client configuration verifying the server as `verification` says.
-pub fn client_config(
+pub(crate) fn client_config(
     verification: Verification,
     roots: RootCertStore,
 ) -> Result<ClientConfig, TlsError> {

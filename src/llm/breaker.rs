@@ -18,7 +18,7 @@ use crate::resilience::backoff::{Backoff, Jitter};
 /// The cooldown grows to at most this many times the first one (30 s → 4 min by default):
 /// long enough that a provider down for hours costs a probe every few minutes, short enough
 /// that its recovery is noticed within minutes.
-pub const COOLDOWN_GROWTH_CAP: u32 = 8;
+pub(crate) const COOLDOWN_GROWTH_CAP: u32 = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum BreakerState {
@@ -45,7 +45,7 @@ pub enum Transition {
 /// Permission to run the one probe of an open breaker; hand it back with the result.
 /// Dropped without a result (the probing task was cancelled), it frees the slot.
 #[derive(Debug)]
-pub struct ProbeTicket<'a> {
+pub(crate) struct ProbeTicket<'a> {
     breaker: &'a Breaker,
     done: bool,
 }
@@ -66,16 +66,16 @@ impl Breaker {
         }
     }
 
-    pub fn state(&self) -> BreakerState {
+    pub(crate) fn state(&self) -> BreakerState {
         self.lock().clone()
     }
 
-    pub fn is_open(&self) -> bool {
+    pub(crate) fn is_open(&self) -> bool {
         matches!(*self.lock(), BreakerState::Open { .. })
     }
 
     /// A call passed: the run of failures is over.
-    pub fn record_success(&self) -> Option<Transition> {
+    pub(crate) fn record_success(&self) -> Option<Transition> {
         let mut state = self.lock();
         let was_open = matches!(*state, BreakerState::Open { .. });
         *state = BreakerState::Closed { failures: 0 };
@@ -84,7 +84,11 @@ impl Breaker {
 
     /// A call failed in a way a later call may not (the provider is down, slow or
     /// rate-limiting). Opens the breaker on the `threshold`-th failure in a row.
-    pub fn record_transient_failure(&self, now: Instant, reason: &str) -> Option<Transition> {
+    pub(crate) fn record_transient_failure(
+        &self,
+        now: Instant,
+        reason: &str,
+    ) -> Option<Transition> {
         let mut state = self.lock();
         match &mut *state {
             BreakerState::Closed { failures } => {
@@ -105,7 +109,7 @@ impl Breaker {
     }
 
     /// The provider is misconfigured (401, 403, 404): open at once.
-    pub fn trip(&self, now: Instant, reason: &str) -> Option<Transition> {
+    pub(crate) fn trip(&self, now: Instant, reason: &str) -> Option<Transition> {
         let mut state = self.lock();
         if matches!(*state, BreakerState::Open { .. }) {
             return None;
@@ -116,12 +120,12 @@ impl Breaker {
     }
 
     /// Whether an open breaker's cooldown has passed and no probe runs: a probe may start.
-    pub fn probe_is_due(&self, now: Instant) -> bool {
+    pub(crate) fn probe_is_due(&self, now: Instant) -> bool {
         matches!(&*self.lock(), BreakerState::Open { probe_at, probing, .. } if !*probing && now >= *probe_at)
     }
 
     /// The one probe of an open breaker whose cooldown has passed, if none runs yet.
-    pub fn begin_probe(&self, now: Instant) -> Option<ProbeTicket<'_>> {
+    pub(crate) fn begin_probe(&self, now: Instant) -> Option<ProbeTicket<'_>> {
         let mut state = self.lock();
         match &mut *state {
             BreakerState::Open {
@@ -181,13 +185,13 @@ impl Breaker {
 
 impl ProbeTicket<'_> {
     /// The probe passed: the breaker closes.
-    pub fn passed(mut self) -> Option<Transition> {
+    pub(crate) fn passed(mut self) -> Option<Transition> {
         self.done = true;
         self.breaker.record_success()
     }
 
     /// The probe failed: the breaker stays open, and the next probe waits longer.
-    pub fn failed(mut self, now: Instant, reason: &str) {
+    pub(crate) fn failed(mut self, now: Instant, reason: &str) {
         self.done = true;
         self.breaker.probe_failed(now, reason);
     }

@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use super::{Completion, Llm, LlmError};
 
 /// Sentences in a summary: enough for the gist, short enough to read in an email.
-pub const SUMMARY_SENTENCES: usize = 3;
+pub(crate) const SUMMARY_SENTENCES: usize = 3;
 /// Upper bound of a summary in characters, so one huge sentence cannot make a huge email.
-pub const MAX_SUMMARY_CHARS: usize = 1_000;
+pub(crate) const MAX_SUMMARY_CHARS: usize = 1_000;
 
 /// Small English stopword list: words that carry no topic and would otherwise dominate.
 const STOPWORDS: &[&str] = &[

@@ -44,9 +44,9 @@ pub struct Provider {
 /// What `/readyz` says of one provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProviderStatus {
-    pub provider: String,
+    pub(crate) provider: String,
     /// `None` while its breaker is closed; why it is open otherwise.
-    pub open: Option<String>,
+    pub(crate) open: Option<String>,
 }
 
 /// Why the chain did not produce a summary.
@@ -195,12 +195,12 @@ impl ModelChain {
     }
 
     /// Whether every provider's breaker is open: no job can be summarised now.
-    pub fn all_open(&self) -> bool {
+    pub(crate) fn all_open(&self) -> bool {
         self.providers.iter().all(|p| p.breaker.is_open())
     }
 
     /// Why the open breakers are open, provider by provider.
-    pub fn outage_reason(&self) -> String {
+    pub(crate) fn outage_reason(&self) -> String {
         self.statuses()
             .into_iter()
             .filter_map(|s| s.open.map(|why| format!("{}: {why}", s.provider)))
@@ -208,7 +208,7 @@ impl ModelChain {
             .join("; ")
     }
 
-    pub fn statuses(&self) -> Vec<ProviderStatus> {
+    pub(crate) fn statuses(&self) -> Vec<ProviderStatus> {
         self.providers
             .iter()
             .map(|p| ProviderStatus {
@@ -233,7 +233,7 @@ impl ModelChain {
     /// Start the probe of every open breaker whose cooldown is over, each in its own task
     /// (bounded by the provider's call timeout), so no consumer waits for one. A breaker runs
     /// one probe at a time however many consumers ask.
-    pub fn probe_due(&self) {
+    pub(crate) fn probe_due(&self) {
         let now = Instant::now();
         for provider in &self.providers {
             if provider.breaker.probe_is_due(now) {

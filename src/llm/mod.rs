@@ -39,7 +39,7 @@ const PROVIDER_FAULT_4XX: [u16; 3] = [401, 403, 404];
 /// opens its breaker, the job's fault ends the delivery). Above the model edge it becomes a
 /// [`Disposition`] like every other adapter's error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// The provider is down, slow or rate-limiting: try again, here or on the next provider.
     Transient { retry_after: Option<Duration> },
     /// The request itself is refused (400, 413, 422, an unusable answer, input too long):
@@ -54,7 +54,7 @@ pub enum Fault {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Completion {
     pub summary: String,
-    pub usage: Option<TokenUsage>,
+    pub(crate) usage: Option<TokenUsage>,
 }
 
 impl Completion {
@@ -98,7 +98,7 @@ pub enum LlmError {
 impl LlmError {
     /// Whose fault the failure is. Unknown errors are the job's: they are bugs until logs
     /// prove otherwise, and would fail the same way every time.
-    pub fn fault(&self) -> Fault {
+    pub(crate) fn fault(&self) -> Fault {
         match self {
             LlmError::Timeout | LlmError::Connect(_) => Fault::Transient { retry_after: None },
             LlmError::Status {
@@ -161,14 +161,14 @@ pub enum LlmConfigError {
 /// errors name what to fix.
 #[derive(Debug, Clone)]
 pub struct ProviderConfig {
-    pub provider: LlmProvider,
-    pub base_url: SecretString,
-    pub model: String,
-    pub api_key: Option<SecretString>,
-    pub call_timeout: Duration,
-    pub max_tokens: u32,
+    pub(crate) provider: LlmProvider,
+    pub(crate) base_url: SecretString,
+    pub(crate) model: String,
+    pub(crate) api_key: Option<SecretString>,
+    pub(crate) call_timeout: Duration,
+    pub(crate) max_tokens: u32,
     /// `SUMMARYD_LLM` for `[llm]`, `[[llm.fallback]] #n` for a fallback.
-    pub setting: String,
+    pub(crate) setting: String,
 }
 
 impl ProviderConfig {
@@ -186,7 +186,7 @@ impl ProviderConfig {
     }
 
     /// The `number`-th fallback (from 1); its key is read from the variable it names.
-    pub fn fallback(
+    pub(crate) fn fallback(
         settings: &LlmSettings,
         fallback: &FallbackSettings,
         number: usize,
@@ -228,7 +228,7 @@ impl ProviderConfig {
     }
 
     /// The model name summaries and metrics are labelled with.
-    pub fn model_name(&self) -> &str {
+    pub(crate) fn model_name(&self) -> &str {
         match self.provider {
             LlmProvider::Builtin => "builtin",
             LlmProvider::Openai => &self.model,
@@ -237,7 +237,7 @@ impl ProviderConfig {
 
     /// The provider's name in logs, `/readyz` and `summaryd_llm_breaker_open{provider}`:
     /// its kind and model, which an operator recognises from the config.
-    pub fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         match self.provider {
             LlmProvider::Builtin => "builtin".into(),
             LlmProvider::Openai => format!("openai:{}", self.model),
@@ -265,7 +265,9 @@ impl ProviderConfig {
 }
 
 /// Every configured provider, in the order they are tried: `[llm]`, then each fallback.
-pub fn provider_configs(settings: &LlmSettings) -> Result<Vec<ProviderConfig>, LlmConfigError> {
+pub(crate) fn provider_configs(
+    settings: &LlmSettings,
+) -> Result<Vec<ProviderConfig>, LlmConfigError> {
     let mut configs = vec![ProviderConfig::primary(settings)];
     for (i, fallback) in settings.fallback.iter().enumerate() {
         configs.push(ProviderConfig::fallback(settings, fallback, i + 1)?);

@@ -103,7 +103,7 @@ impl OpenAiClient {
     }
 
     /// Whether requests carry `Authorization` (local servers often need none).
-    pub fn has_api_key(&self) -> bool {
+    pub(crate) fn has_api_key(&self) -> bool {
         self.api_key.is_some()
     }
 

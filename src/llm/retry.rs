@@ -29,7 +29,7 @@ impl Deadline {
         Self(Instant::now() + budget)
     }
 
-    pub fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.0.saturating_duration_since(Instant::now())
     }
 }
@@ -54,7 +54,7 @@ impl RetryPolicy {
     }
 
     /// `[llm]`'s policy with a provider's own call timeout (a fallback may set one).
-    pub fn for_call_timeout(settings: &LlmSettings, call_timeout: Duration) -> Self {
+    pub(crate) fn for_call_timeout(settings: &LlmSettings, call_timeout: Duration) -> Self {
         Self {
             call_timeout,
             max_attempts: settings.max_attempts.max(1),

@@ -10,7 +10,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 const RETRY_AFTER_MS: &str = "retry-after-ms";
 
 /// The server's requested wait, if it sent a parseable one. A date in the past means "now".
-pub fn from_headers(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+pub(crate) fn from_headers(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     if let Some(wait) = header(headers, RETRY_AFTER_MS).and_then(|v| non_negative(v, 1e-3)) {
         return Some(wait);
     }

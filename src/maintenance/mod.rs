@@ -114,7 +114,7 @@ impl Maintenance {
     }
 
     /// Whether these roles run maintenance at all (the api role alone does not).
-    pub fn enabled_for(roles: Roles) -> bool {
+    pub(crate) fn enabled_for(roles: Roles) -> bool {
         roles.has(Role::Worker) || roles.has(Role::Relay)
     }
 

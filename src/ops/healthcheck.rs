@@ -17,10 +17,10 @@ use crate::config::{FlagOverrides, Settings};
 pub struct HealthcheckArgs {
     /// Address to check instead of the configured one; 0.0.0.0 and [::] mean loopback.
     #[arg(long, value_name = "ADDR")]
-    pub listen: Option<SocketAddr>,
+    pub(crate) listen: Option<SocketAddr>,
     /// Deadline for the connect and for each read and write.
     #[arg(long, value_name = "MS", default_value_t = 2000)]
-    pub timeout_ms: u64,
+    pub(crate) timeout_ms: u64,
 }
 
 /// The route every role serves while the process lives (liveness, not readiness).

@@ -5,7 +5,7 @@
 pub mod dlq;
 pub mod healthcheck;
 pub mod outbox;
-pub mod output;
+pub(crate) mod output;
 pub mod token;
 pub mod usage;
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 /// `30s`, `15m`, `36h`, `14d`, `2w`: one whole number and one unit.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
         .find(|c: char| !c.is_ascii_digit())
@@ -33,12 +33,12 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 /// A record an admin command prints. `cells` follow `COLUMNS`; JSON uses the serde fields.
-pub trait Row: Serialize {
+pub(crate) trait Row: Serialize {
     const COLUMNS: &'static [&'static str];
     fn cells(&self) -> Vec<String>;
 }
 
-pub fn print_rows<R: Row>(out: &mut impl Write, rows: &[R], json: bool) -> io::Result<()> {
+pub(crate) fn print_rows<R: Row>(out: &mut impl Write, rows: &[R], json: bool) -> io::Result<()> {
     if json {
         for row in rows {
             serde_json::to_writer(&mut *out, row)?;
@@ -72,7 +72,7 @@ pub fn print_rows<R: Row>(out: &mut impl Write, rows: &[R], json: bool) -> io::R
 }
 
 /// Keep table cells on one line and reasonably short; JSON output carries the full text.
-pub fn one_line(text: &str, max_chars: usize) -> String {
+pub(crate) fn one_line(text: &str, max_chars: usize) -> String {
     let flat: String = text
         .chars()
         .map(|c| if c.is_control() { ' ' } else { c })

@@ -30,7 +30,7 @@ pub enum TokenError {
 }
 
 /// A new random token (from the thread-local CSPRNG, seeded by the operating system).
-pub fn generate() -> String {
+pub(crate) fn generate() -> String {
     hex::encode(rand::random::<[u8; TOKEN_BYTES]>())
 }
 

@@ -23,7 +23,7 @@ use crate::mail::Mailer;
 pub struct RelayServices {
     pub settings: Arc<Settings>,
     pub pg: deadpool_postgres::Pool,
-    pub mailer: Arc<dyn Mailer>,
+    pub(crate) mailer: Arc<dyn Mailer>,
     pub metrics: Arc<Metrics>,
 }
 
@@ -37,7 +37,7 @@ pub enum RelayError {
 
 impl RelayError {
     /// The `kind` label of `summaryd_loop_errors_total`.
-    pub fn kind(&self) -> &'static str {
+    pub(crate) fn kind(&self) -> &'static str {
         match self {
             RelayError::Db(DbError::Query(e)) if e.code().is_some() => "postgres_error",
             RelayError::Db(_) => "postgres_unavailable",

@@ -19,11 +19,11 @@ pub struct PassReport {
     /// Rows the provider accepted.
     pub sent: usize,
     /// Rows that failed transiently and wait for their backoff.
-    pub retrying: usize,
+    pub(crate) retrying: usize,
     /// Rows that failed permanently or past the give-up horizon: they need a person.
     pub stuck: usize,
     /// Rows whose lease ran out before the outcome was recorded (another relay owns them).
-    pub lost_claims: usize,
+    pub(crate) lost_claims: usize,
 }
 
 /// Claim due rows, send them, record the outcomes. Returns the number of rows sent.

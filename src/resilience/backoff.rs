@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// How much of each step is left to chance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Jitter {
+pub(crate) enum Jitter {
     /// The whole step, every time: for one task retrying on its own (a restart, a consumer's
     /// or the relay's error loop, the startup wait), where nobody retries in step with it.
     None,
@@ -23,26 +23,26 @@ pub enum Jitter {
 
 /// Exponential backoff: the step after `n` failures is `base · 2^n`, at most `max`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    pub base: Duration,
-    pub max: Duration,
-    pub jitter: Jitter,
+pub(crate) struct Backoff {
+    pub(crate) base: Duration,
+    pub(crate) max: Duration,
+    pub(crate) jitter: Jitter,
 }
 
 impl Backoff {
-    pub const fn new(base: Duration, max: Duration, jitter: Jitter) -> Self {
+    pub(crate) const fn new(base: Duration, max: Duration, jitter: Jitter) -> Self {
         Self { base, max, jitter }
     }
 
     /// From `base`, growing to at most `max_factor` times it.
     #[expect(clippy::disallowed_methods, reason = "growth is this module's job")]
-    pub fn growing(base: Duration, max_factor: u32, jitter: Jitter) -> Self {
+    pub(crate) fn growing(base: Duration, max_factor: u32, jitter: Jitter) -> Self {
         Self::new(base, base.saturating_mul(max_factor), jitter)
     }
 
     /// The step after `failures` earlier failures, before jitter.
     #[expect(clippy::disallowed_methods, reason = "growth is this module's job")]
-    pub fn step(&self, failures: u32) -> Duration {
+    pub(crate) fn step(&self, failures: u32) -> Duration {
         // From 32 failures on the factor stops growing; any base reached the cap long before.
         let factor = 1u32.checked_shl(failures).unwrap_or(u32::MAX);
         self.base.saturating_mul(factor).min(self.max)
@@ -50,7 +50,7 @@ impl Backoff {
 
     /// The wait before the next attempt, after `failures` earlier failures (0 before the first
     /// retry).
-    pub fn delay(&self, failures: u32) -> Duration {
+    pub(crate) fn delay(&self, failures: u32) -> Duration {
         let step = self.step(failures);
         match self.jitter {
             Jitter::None => step,

@@ -13,7 +13,7 @@ use std::time::Duration;
 /// answers it to a resend whose idempotency key it is still processing, and the next attempt
 /// gets that send's outcome). Every 5xx may pass later too; any other 4xx is the request's
 /// fault (the tables in `docs/providers.md`).
-pub const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
+pub(crate) const TRANSIENT_4XX: [u16; 3] = [408, 409, 429];
 
 /// What the caller does next with the work that failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,19 +32,19 @@ pub enum Disposition {
 }
 
 impl Disposition {
-    pub const TRANSIENT: Self = Self::Transient { retry_after: None };
+    pub(crate) const TRANSIENT: Self = Self::Transient { retry_after: None };
 
-    pub fn is_transient(&self) -> bool {
+    pub(crate) fn is_transient(&self) -> bool {
         matches!(self, Self::Transient { .. })
     }
 
-    pub fn is_unavailable(&self) -> bool {
+    pub(crate) fn is_unavailable(&self) -> bool {
         matches!(self, Self::Unavailable)
     }
 
     /// An HTTP error status: every 5xx and the [`TRANSIENT_4XX`] may pass later; any other
     /// status is the request's fault.
-    pub fn of_http_status(status: u16, retry_after: Option<Duration>) -> Self {
+    pub(crate) fn of_http_status(status: u16, retry_after: Option<Duration>) -> Self {
         if status >= 500 || TRANSIENT_4XX.contains(&status) {
             Self::Transient { retry_after }
         } else {

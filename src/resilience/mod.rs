@@ -1,5 +1,5 @@
 //! How the service waits and decides whether to try again: backoff growth and jitter, and
 //! the vocabulary for failures. Pure: nothing here does I/O.
 
-pub mod backoff;
+pub(crate) mod backoff;
 pub mod failure;

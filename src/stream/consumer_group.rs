@@ -21,7 +21,7 @@ use crate::domain::Job;
 use crate::infra::keys::{GROUP, RedisKeys};
 
 /// The XAUTOCLAIM cursor that starts (and, when returned, ends) a full scan of the PEL.
-pub const CURSOR_START: &str = "0-0";
+pub(crate) const CURSOR_START: &str = "0-0";
 
 /// One stream entry handed to this consumer.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,7 +56,7 @@ pub async fn ensure_group<C: ConnectionLike + Send + Sync>(
 /// XAUTOCLAIM entries idle for at least `min_idle`, starting at `cursor`.
 /// Returns the next cursor (`0-0` when the scan is complete), the claimed entries, and the
 /// ids that were pending but no longer exist in the stream (Redis drops them from the PEL).
-pub async fn autoclaim<C: ConnectionLike + Send + Sync>(
+pub(crate) async fn autoclaim<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,
@@ -145,7 +145,7 @@ redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', count,
 return count
 ";
 
-pub async fn claim_own<C: ConnectionLike + Send + Sync>(
+pub(crate) async fn claim_own<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,
@@ -167,7 +167,7 @@ pub async fn claim_own<C: ConnectionLike + Send + Sync>(
 ///
 /// Why not the consumer's idle time: on Redis 7.0 an XREADGROUP or XAUTOCLAIM that returns
 /// nothing does not reset it, so on a quiet system a live consumer looks as idle as a dead one.
-pub async fn mark_alive<C: ConnectionLike + Send + Sync>(
+pub(crate) async fn mark_alive<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,
@@ -184,7 +184,7 @@ pub async fn mark_alive<C: ConnectionLike + Send + Sync>(
 }
 
 /// Drop `consumer`'s mark (a consumer that stops cleanly).
-pub async fn clear_alive<C: ConnectionLike + Send + Sync>(
+pub(crate) async fn clear_alive<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,

@@ -24,11 +24,11 @@ const FAILED_AT: &str = "failed_at";
 /// One dead-lettered job as operators see it (`summaryd dlq list`).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DeadLetter {
-    pub id: String,
-    pub job_id: String,
-    pub tenant: String,
-    pub reason: String,
-    pub failed_at: String,
+    pub(crate) id: String,
+    pub(crate) job_id: String,
+    pub(crate) tenant: String,
+    pub(crate) reason: String,
+    pub(crate) failed_at: String,
 }
 
 /// Move the entry `msg_id`, pending for `consumer`, to the dead-letter stream (its original
@@ -214,7 +214,7 @@ return removed
 
 /// Dead letters taken per read and removed per script call: small, so a purge of a
 /// large dead-letter stream never blocks Redis for long.
-pub const PURGE_BATCH: usize = 200;
+pub(crate) const PURGE_BATCH: usize = 200;
 
 /// Remove every dead letter added before `cutoff_ms` (Unix milliseconds, Redis's clock: a
 /// dead letter's id is the time it was added), with its job state, in batches.
@@ -246,7 +246,7 @@ pub async fn purge_before<C: ConnectionLike + Send + Sync>(
 
 /// Remove the given dead letters (those still there) with their job state; with
 /// `cutoff_ms`, only those added before it. Returns how many were removed.
-pub async fn purge_ids<C: ConnectionLike + Send + Sync>(
+pub(crate) async fn purge_ids<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     ids: &[String],
@@ -296,7 +296,7 @@ async fn purge_entries<C: ConnectionLike + Send + Sync>(
 }
 
 /// Entries in the dead-letter stream (the `summaryd_dead_letters` gauge).
-pub async fn count<C: ConnectionLike + Send + Sync>(
+pub(crate) async fn count<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
 ) -> redis::RedisResult<u64> {

@@ -12,14 +12,14 @@ use serde_json::Map;
 
 use crate::domain::{Email, Job, JobId, TenantId};
 
-pub const JOB_ID: &str = "job_id";
-pub const TENANT: &str = "tenant";
+pub(crate) const JOB_ID: &str = "job_id";
+pub(crate) const TENANT: &str = "tenant";
 /// JSON object `{"text", "notify"}`.
-pub const PAYLOAD: &str = "payload";
-pub const CREATED_AT: &str = "created_at";
+pub(crate) const PAYLOAD: &str = "payload";
+pub(crate) const CREATED_AT: &str = "created_at";
 
 /// Every field of a job entry, in the order they are written.
-pub const FIELDS: [&str; 4] = [JOB_ID, TENANT, PAYLOAD, CREATED_AT];
+pub(crate) const FIELDS: [&str; 4] = [JOB_ID, TENANT, PAYLOAD, CREATED_AT];
 
 /// Fields of the `payload` JSON.
 const TEXT: &str = "text";
@@ -38,7 +38,7 @@ struct Payload {
 pub struct MalformedMessage(pub String);
 
 /// How times are written on entries (and copied into the job state): RFC 3339, UTC, µs.
-pub fn timestamp(at: DateTime<Utc>) -> String {
+pub(crate) fn timestamp(at: DateTime<Utc>) -> String {
     at.to_rfc3339_opts(SecondsFormat::Micros, true)
 }
 

@@ -49,10 +49,10 @@ impl Status {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct JobState {
-    pub tenant: String,
+    pub(crate) tenant: String,
     pub status: Status,
     pub error: Option<String>,
-    pub created_at: Option<DateTime<Utc>>,
+    pub(crate) created_at: Option<DateTime<Utc>>,
 }
 
 pub async fn get<C: redis::aio::ConnectionLike + Send + Sync>(
@@ -83,7 +83,7 @@ pub(crate) struct Queued {
 }
 
 impl Queued {
-    pub(crate) fn of(job: &Job) -> Self {
+    pub fn of(job: &Job) -> Self {
         Self {
             tenant: job.tenant.to_string(),
             created_at: job_entry::timestamp(job.created_at),

@@ -20,11 +20,11 @@ use crate::infra::keys::RedisKeys;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct TenantLimits {
     /// Sustained accepted jobs per second.
-    pub rate_per_s: Option<f64>,
+    pub(crate) rate_per_s: Option<f64>,
     /// Jobs that may be accepted at once above the sustained rate.
-    pub burst: Option<u32>,
+    pub(crate) burst: Option<u32>,
     /// Jobs accepted and not yet done or dead-lettered.
-    pub max_in_flight: Option<u32>,
+    pub(crate) max_in_flight: Option<u32>,
 }
 
 /// Which limit refused a request.
@@ -37,8 +37,8 @@ pub enum Limit {
 /// A refusal: which limit, and when a request could pass.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OverLimit {
-    pub limit: Limit,
-    pub retry_after: Duration,
+    pub(crate) limit: Limit,
+    pub(crate) retry_after: Duration,
 }
 
 /// How long a client over `max_in_flight` is asked to wait: a job takes seconds, and the

@@ -83,12 +83,12 @@ pub struct ConsumerConfig {
     /// delivery re-claims its entry every third of it, so it need not exceed the slowest job.
     pub claim_idle: Duration,
     /// Deliveries after which a job is dead-lettered instead of run again.
-    pub max_deliveries: u64,
+    pub(crate) max_deliveries: u64,
     /// XREADGROUP BLOCK; also bounds how long a shutdown waits for an idle consumer.
-    pub block: Duration,
+    pub(crate) block: Duration,
     /// How long a consumer's liveness mark lasts without a refresh; consumers without a
     /// mark, idle this long, with nothing pending, are removed from the group.
-    pub consumer_gc: Duration,
+    pub(crate) consumer_gc: Duration,
 }
 
 impl ConsumerConfig {
@@ -167,7 +167,7 @@ impl Consumer {
         }
     }
 
-    pub fn name(&self) -> &str {
+    pub(crate) fn name(&self) -> &str {
         &self.name
     }
 

@@ -10,9 +10,9 @@ use crate::llm::{ChainError, LlmError};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DeadReason {
     /// What the tenant is told; fixed wording per class (`docs/reference.md`, GET).
-    pub tenant: String,
+    pub(crate) tenant: String,
     /// What operators see: the class and the full detail.
-    pub operator: String,
+    pub(crate) operator: String,
 }
 
 impl DeadReason {
@@ -25,7 +25,7 @@ impl DeadReason {
     }
 
     /// A model failure that is the job's own (`llm::Fault::Job`).
-    pub fn model(err: &LlmError) -> Self {
+    pub(crate) fn model(err: &LlmError) -> Self {
         let tenant = match err {
             LlmError::Status { status, .. } => {
                 format!("the model rejected the request (HTTP {status})")
@@ -42,7 +42,7 @@ impl DeadReason {
 
     /// The model chain gave up on the job. Only the job's own fault (`ChainError::Job`)
     /// dead-letters it; the other cases are worded for an operator who asks anyway.
-    pub fn model_chain(err: &ChainError) -> Self {
+    pub(crate) fn model_chain(err: &ChainError) -> Self {
         match err {
             ChainError::Job(e) | ChainError::Transient(RetryError::Llm(e)) => Self::model(e),
             ChainError::AllOpen { .. } | ChainError::Transient(_) => {
@@ -52,7 +52,7 @@ impl DeadReason {
     }
 
     /// Postgres refused the summary's data (the permanent `DbError`s).
-    pub fn unstorable(err: &DbError) -> Self {
+    pub(crate) fn unstorable(err: &DbError) -> Self {
         let code = err.sqlstate().unwrap_or("unknown");
         let cause = match err {
             DbError::Query(e) => e
@@ -67,12 +67,12 @@ impl DeadReason {
     }
 
     /// The stream entry is not a job (written by something other than the API).
-    pub fn malformed(detail: impl std::fmt::Display) -> Self {
+    pub(crate) fn malformed(detail: impl std::fmt::Display) -> Self {
         Self::new("the queued job could not be read", detail)
     }
 
     /// Every delivery failed transiently.
-    pub fn exhausted(max_deliveries: u64) -> Self {
+    pub(crate) fn exhausted(max_deliveries: u64) -> Self {
         Self::new(
             format!("processing failed on each of {max_deliveries} attempts"),
             format!("exceeded {max_deliveries} deliveries; each one's error is in the worker logs"),

@@ -15,10 +15,10 @@ use std::sync::Mutex;
 use tokio::sync::Notify;
 
 /// The dependency name under which the consumers close the gate for Postgres.
-pub const POSTGRES: &str = "postgres";
+pub(crate) const POSTGRES: &str = "postgres";
 /// The dependency name under which the consumers close the gate while every model
 /// provider's circuit breaker is open.
-pub const MODEL: &str = "model";
+pub(crate) const MODEL: &str = "model";
 
 #[derive(Debug, Default)]
 pub struct DependencyGate {
@@ -34,7 +34,7 @@ impl DependencyGate {
     }
 
     /// `dependency` is down: consumers stop taking work until it is opened again.
-    pub fn close(&self, dependency: &'static str, reason: impl Into<String>) {
+    pub(crate) fn close(&self, dependency: &'static str, reason: impl Into<String>) {
         let reason = reason.into();
         let newly = self.lock().insert(dependency, reason.clone()).is_none();
         if newly {
@@ -43,7 +43,7 @@ impl DependencyGate {
     }
 
     /// `dependency` answers again. Returns whether it had been down.
-    pub fn open(&self, dependency: &'static str) -> bool {
+    pub(crate) fn open(&self, dependency: &'static str) -> bool {
         let was_down = self.lock().remove(dependency).is_some();
         if was_down {
             tracing::info!(dependency, "dependency back; consumers resume");
@@ -52,7 +52,7 @@ impl DependencyGate {
         was_down
     }
 
-    pub fn is_down(&self, dependency: &str) -> bool {
+    pub(crate) fn is_down(&self, dependency: &str) -> bool {
         self.lock().contains_key(dependency)
     }
 
@@ -65,7 +65,7 @@ impl DependencyGate {
     }
 
     /// Resolves when any dependency is opened again.
-    pub async fn reopened(&self) {
+    pub(crate) async fn reopened(&self) {
         self.reopened.notified().await;
     }
 

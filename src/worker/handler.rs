@@ -45,7 +45,7 @@ impl Classify for JobError {
 
 impl JobError {
     /// The dependency the consumers' gate closes under while this one is unavailable.
-    pub fn dependency(&self) -> &'static str {
+    pub(crate) fn dependency(&self) -> &'static str {
         match self {
             JobError::Model(_) => MODEL,
             JobError::Db(_) => POSTGRES,
@@ -53,7 +53,7 @@ impl JobError {
     }
 
     /// What the tenant and operators are told when this error dead-letters the job.
-    pub fn dead_reason(&self) -> DeadReason {
+    pub(crate) fn dead_reason(&self) -> DeadReason {
         match self {
             JobError::Model(e) => DeadReason::model_chain(e),
             JobError::Db(e) => DeadReason::unstorable(e),

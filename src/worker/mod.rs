@@ -6,7 +6,7 @@ mod complete;
 mod consumer;
 mod dead_reason;
 mod delivery;
-pub mod gate;
+pub(crate) mod gate;
 mod handler;
 mod liveness;
 mod run;
@@ -30,16 +30,16 @@ use crate::llm::ModelChain;
 /// the model. Cheap to clone; every consumer has its own copy.
 #[derive(Clone)]
 pub struct WorkerServices {
-    pub settings: Arc<Settings>,
+    pub(crate) settings: Arc<Settings>,
     pub keys: RedisKeys,
     /// Dedicated connections: a consumer holds one while blocked in XREADGROUP.
     pub redis: deadpool_redis::Pool,
-    pub pg: deadpool_postgres::Pool,
+    pub(crate) pg: deadpool_postgres::Pool,
     /// The providers, in order, with their breakers: one per process, shared by its
     /// consumers, so one consumer's failures open a breaker for all of them.
-    pub model: Arc<ModelChain>,
-    pub metrics: Arc<Metrics>,
+    pub(crate) model: Arc<ModelChain>,
+    pub(crate) metrics: Arc<Metrics>,
     /// One per process, shared by its consumers: one consumer seeing a dependency down
     /// stops them all (`docs/delivery.md`).
-    pub gate: Arc<DependencyGate>,
+    pub(crate) gate: Arc<DependencyGate>,
 }

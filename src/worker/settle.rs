@@ -44,7 +44,7 @@ pub(crate) enum Probe {
 /// What happened to one delivery of a job. (An entry that holds no job is dead-lettered
 /// before there is a job to account for: no delivery could ever read it.)
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub enum Outcome {
     /// The job's summary is committed: by this delivery, or found already there.
     Finished(JobOutcome),
     /// The job was tried and failed in a way a later delivery may not repeat (the model

@@ -11,14 +11,14 @@ use tracing::{info, warn};
 const SETTINGS: [&str; 4] = ["appendonly", "appendfsync", "save", "maxmemory-policy"];
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Risk {
+pub(crate) struct Risk {
     /// The Redis setting to change.
-    pub setting: &'static str,
-    pub message: String,
+    pub(crate) setting: &'static str,
+    pub(crate) message: String,
 }
 
 /// What could happen to accepted jobs under `config` (an empty list: nothing known).
-pub fn assess(config: &HashMap<String, String>) -> Vec<Risk> {
+pub(crate) fn assess(config: &HashMap<String, String>) -> Vec<Risk> {
     let get = |k: &str| config.get(k).map(String::as_str);
     let mut risks = Vec::new();
     let aof = get("appendonly") == Some("yes");

@@ -7,7 +7,7 @@
 //! trust store; `SUMMARYD_REDIS_CLIENT_CERT_FILE` + `_KEY_FILE` add a client certificate for
 //! servers that require mutual TLS.
 
-pub mod durability;
+pub(crate) mod durability;
 
 use std::time::Duration;
 
@@ -44,7 +44,7 @@ pub enum RedisSetupError {
 }
 
 /// The client for `settings.redis_url`, with TLS material attached for `rediss://`.
-pub fn client(settings: &Settings) -> Result<redis::Client, RedisSetupError> {
+pub(crate) fn client(settings: &Settings) -> Result<redis::Client, RedisSetupError> {
     let plain =
         redis::Client::open(settings.redis_url.expose_secret()).map_err(RedisSetupError::Url)?;
     let is_tls = matches!(
@@ -61,7 +61,7 @@ pub fn client(settings: &Settings) -> Result<redis::Client, RedisSetupError> {
 
 /// Reads and checks the files the settings name; `None` when the URL is plain (and then no
 /// file may be named: a CA that is silently unused would hide a cleartext connection).
-pub fn tls_certificates(
+pub(crate) fn tls_certificates(
     settings: &RedisTlsSettings,
     is_tls: bool,
 ) -> Result<Option<TlsCertificates>, RedisSetupError> {
@@ -109,7 +109,7 @@ pub fn tls_certificates(
 }
 
 /// `host:port` of the client's server: what an error may say about where it connected.
-pub fn address(client: &redis::Client) -> String {
+pub(crate) fn address(client: &redis::Client) -> String {
     client.get_connection_info().addr().to_string()
 }
 
@@ -120,7 +120,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// certificate the server refuses) is returned as an error, because no retry will fix it;
 /// a Redis that is down or slow is only logged, since the roles cope with that already.
 /// Returns the connection when one was made, for the durability check.
-pub async fn probe(
+pub(crate) async fn probe(
     client: &redis::Client,
 ) -> Result<Option<redis::aio::MultiplexedConnection>, RedisSetupError> {
     let config = redis::AsyncConnectionConfig::new()
@@ -174,7 +174,7 @@ fn tls_failure(err: &redis::RedisError) -> Option<String> {
 
 /// The startup step for every role that uses Redis: probe the connection (a TLS failure
 /// stops startup) and, for roles that accept or take jobs, report the durability settings.
-pub async fn check_at_startup(
+pub(crate) async fn check_at_startup(
     settings: &Settings,
     check_durability: bool,
 ) -> Result<(), RedisSetupError> {

@@ -42,6 +42,7 @@ pub use retention::RetentionSettings;
 pub use shutdown::ShutdownSettings;
 pub use worker::WorkerSettings;
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -317,8 +318,8 @@ impl Settings {
 
 /// Every setting's path (`listen`, `llm.base_url`, …), derived from the settings type itself
 /// so the env filter can never drift from the fields.
-fn known_paths() -> std::collections::HashSet<String> {
-    let mut paths = std::collections::HashSet::new();
+fn known_paths() -> HashSet<String> {
+    let mut paths = HashSet::new();
     if let Ok(serde_json::Value::Object(top)) = serde_json::to_value(Settings::default()) {
         for (key, value) in top {
             match value {

@@ -126,7 +126,7 @@ def rules(objects, where):
         errors.append(f"{where}: no Deployment")
     autoscaled = {o["spec"]["scaleTargetRef"]["name"] for o in by_kind.get("HorizontalPodAutoscaler", [])}
     autoscaled |= {o["spec"]["scaleTargetRef"]["name"] for o in by_kind.get("ScaledObject", [])}
-    keys_rs = (REPO / "src" / "keys.rs").read_text()
+    keys_rs = (REPO / "src" / "infra" / "keys.rs").read_text()
     for d in deployments:
         name = f"{where}: Deployment/{d['metadata']['name']}"
         pod = d["spec"]["template"]

@@ -34,7 +34,7 @@ pub fn check_tls_files(settings: &Settings) -> Result<(), TlsFilesError> {
         .trim_start()
         .starts_with("rediss://");
     redis::tls_certificates(&settings.redis, is_tls).map_err(TlsFilesError::Redis)?;
-    // The URL's own sslmode/sslrootcert are checked where it is parsed (db::connect).
+    // The URL's own sslmode/sslrootcert are checked where it is parsed (`PgTarget::parse`).
     if let Some(ca) = &settings.database.ca_file {
         tls::certificates("SUMMARYD_DATABASE_CA_FILE", ca).map_err(TlsFilesError::Database)?;
     }

@@ -79,6 +79,9 @@ const WITHOUT_EFFECT: [(&str, &str); 2] = [
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
+    /// The loader's own messages, rewritten to name env variables. Kept as text, not as
+    /// the figment error: figment quotes the offending value, which may be a URL with its
+    /// password or a key, and a kept source would carry it into every error chain.
     #[error("invalid configuration: {0}")]
     Invalid(String),
     #[error("invalid configuration: {setting}: {reason}")]

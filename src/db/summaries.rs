@@ -38,12 +38,27 @@ pub(crate) async fn exists(pool: &Pool, job_id: JobId) -> Result<bool, DbError> 
         .is_some())
 }
 
-/// The worker's readiness probe: the statement its pre-check runs, for a job id no job has,
-/// so it proves the connection, the table and the permission a delivery needs.
+/// Whether a delivery could commit now: the writes `commit_with_outbox` makes, for a job
+/// id no job has, rolled back. A read would pass on a Postgres that refuses writes (a
+/// replica after a failover, a full disk, a revoked privilege) and let every delivery fail
+/// at the commit and count; the writes meet each of those refusals the way a commit does.
 pub(crate) async fn probe(pool: &Pool) -> Result<(), DbError> {
-    exists(pool, JobId::from(uuid::Uuid::nil()))
-        .await
-        .map(|_| ())
+    let mut client = pool.get().await?;
+    let tx = client.transaction().await?;
+    tx.execute(
+        "INSERT INTO summaries (job_id, tenant, summary, created_at) \
+         VALUES ($1, '', '', now()) ON CONFLICT (job_id) DO NOTHING",
+        &[&JobId::NIL.as_uuid()],
+    )
+    .await?;
+    tx.execute(
+        "INSERT INTO outbox (topic, dedupe_key, payload) \
+         VALUES ('probe', 'probe', '{}') ON CONFLICT (dedupe_key) DO NOTHING",
+        &[],
+    )
+    .await?;
+    tx.rollback().await?;
+    Ok(())
 }
 
 pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbError> {

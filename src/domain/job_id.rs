@@ -16,6 +16,9 @@ const JOB_NAMESPACE: Uuid = Uuid::from_u128(0x6a0c_1f8e_5b7d_4c2a_9e31_7d44_b2f0
 pub struct JobId(Uuid);
 
 impl JobId {
+    /// No request's id (a v5 id is never nil): stands for "no job" where a key is needed.
+    pub(crate) const NIL: JobId = JobId(Uuid::nil());
+
     /// The id of the request with this scoped key and body fingerprint. A scoped key is
     /// visible ASCII, so the newline between the two cannot be forged by either.
     pub(crate) fn for_request(scoped_key: &str, fingerprint: &str) -> Self {

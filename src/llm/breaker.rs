@@ -141,6 +141,28 @@ impl Breaker {
         }
     }
 
+    /// Permission to probe an open breaker now, cooldown or not, if no probe runs: a job's
+    /// own calls just opened it, and whether that was the provider or the job only a probe
+    /// can tell. Its failure keeps the schedule ([`ProbeTicket::failed`] would grow it).
+    pub(crate) fn begin_confirmation(&self) -> Option<ProbeTicket<'_>> {
+        let mut state = self.lock();
+        match &mut *state {
+            BreakerState::Open { probing, .. } if !*probing => {
+                *probing = true;
+                Some(ProbeTicket {
+                    breaker: self,
+                    done: false,
+                })
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether a probe of the open breaker runs right now.
+    pub(crate) fn is_probing(&self) -> bool {
+        matches!(&*self.lock(), BreakerState::Open { probing: true, .. })
+    }
+
     fn probe_failed(&self, now: Instant, reason: &str) {
         let mut state = self.lock();
         if let BreakerState::Open {
@@ -194,6 +216,12 @@ impl ProbeTicket<'_> {
     pub(crate) fn failed(mut self, now: Instant, reason: &str) {
         self.done = true;
         self.breaker.probe_failed(now, reason);
+    }
+
+    /// A confirmation failed: the breaker stays open on the schedule it opened with.
+    pub(crate) fn still_down(mut self) {
+        self.done = true;
+        self.breaker.probe_abandoned();
     }
 }
 

@@ -16,6 +16,7 @@
 //! costs a few tokens per cooldown during an outage, and nothing otherwise.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -59,8 +60,12 @@ pub enum ChainError {
     /// not count, and no job is taken until a probe closes a breaker.
     ///
     /// `reason` sums up every open breaker (what each last met), not one error to keep.
+    ///
+    /// `called`: whether this delivery called a provider before they all opened. Then its
+    /// own calls may have opened them (a text a guardrail answers 403, or that crashes the
+    /// model), and the worker asks a probe which it was ([`ModelChain::confirm_outage`]).
     #[error("every model provider is unavailable: {reason}")]
-    AllOpen { reason: String },
+    AllOpen { reason: String, called: bool },
     /// Tried and failed in a way a later delivery may not repeat, while some provider is
     /// still usable: the job stays pending.
     #[error(transparent)]
@@ -156,18 +161,24 @@ impl ModelChain {
         deadline: Deadline,
     ) -> Result<ModelSummary, ChainError> {
         let mut last = None;
+        let mut called = false;
         for (i, provider) in self.providers.iter().enumerate() {
             if provider.breaker.is_open() {
                 continue;
             }
+            let observer = Counted {
+                provider,
+                calls: AtomicU32::new(0),
+            };
             let attempted = retry::complete_with_retries(
                 provider.llm.as_ref(),
                 text,
                 deadline,
                 &provider.policy,
-                Some(provider.as_ref()),
+                Some(&observer),
             )
             .await;
+            called |= observer.calls.load(Ordering::Relaxed) > 0;
             let err = match attempted {
                 Ok(completion) => return Ok(provider.summary(completion)),
                 Err(RetryError::Llm(e)) if e.fault() == Fault::Job => {
@@ -187,6 +198,7 @@ impl ModelChain {
         if self.all_open() {
             return Err(ChainError::AllOpen {
                 reason: self.outage_reason(),
+                called,
             });
         }
         Err(ChainError::Transient(
@@ -230,6 +242,21 @@ impl ModelChain {
             .collect()
     }
 
+    /// Whether every provider is down, asked right after a delivery's own calls opened the
+    /// last breaker: probe each open one now, cooldown or not (one probe per breaker at a
+    /// time; a probe already running is waited for). `Ok` when some provider answers, so its
+    /// breaker is closed again and the job, not the provider, is at fault; `Err` with the
+    /// outage when none does. A failed confirmation leaves each breaker's schedule as it was,
+    /// so a burst of deliveries meeting one outage does not stretch the cooldown.
+    pub(crate) async fn confirm_outage(&self) -> Result<(), String> {
+        for provider in &self.providers {
+            if provider.confirm().await {
+                return Ok(());
+            }
+        }
+        Err(self.outage_reason())
+    }
+
     /// Start the probe of every open breaker whose cooldown is over, each in its own task
     /// (bounded by the provider's call timeout), so no consumer waits for one. A breaker runs
     /// one probe at a time however many consumers ask.
@@ -269,6 +296,38 @@ impl Provider {
                 ticket.failed(Instant::now(), &e.to_string());
             }
             _ => self.apply(ticket.passed()),
+        }
+    }
+
+    /// Whether this provider answers now: closed already, or an immediate probe passes (then
+    /// it is closed). A probe someone else runs is waited for, within the call timeout.
+    async fn confirm(&self) -> bool {
+        let waited_until = Instant::now() + self.policy.call_timeout;
+        loop {
+            if !self.breaker.is_open() {
+                return true;
+            }
+            if let Some(ticket) = self.breaker.begin_confirmation() {
+                let started = Instant::now();
+                let result = retry::bounded(self.policy.call_timeout, self.llm.probe()).await;
+                self.record_call(result.as_ref().map(|usage| *usage), started.elapsed());
+                return match result {
+                    Err(e) if e.fault() != Fault::Job => {
+                        tracing::warn!(provider = %self.label, error = %e, "model provider is down: the probe after a delivery opened its breaker failed too");
+                        ticket.still_down();
+                        false
+                    }
+                    _ => {
+                        tracing::warn!(provider = %self.label, "model provider answers: the delivery that opened its breaker is at fault itself; its delivery counts");
+                        self.apply(ticket.passed());
+                        true
+                    }
+                };
+            }
+            if Instant::now() >= waited_until || !self.breaker.is_probing() {
+                return !self.breaker.is_open();
+            }
+            tokio::time::sleep(CONFIRM_POLL).await;
         }
     }
 
@@ -330,6 +389,26 @@ impl AttemptObserver for Provider {
             },
         };
         self.apply(transition);
+    }
+}
+
+/// How often a confirmation looks whether a probe someone else runs has ended.
+const CONFIRM_POLL: Duration = Duration::from_millis(20);
+
+/// A provider's observer for one delivery that also counts the calls it let through.
+struct Counted<'a> {
+    provider: &'a Provider,
+    calls: AtomicU32,
+}
+
+impl AttemptObserver for Counted<'_> {
+    fn may_attempt(&self) -> bool {
+        self.provider.may_attempt()
+    }
+
+    fn observe(&self, result: &Result<Completion, LlmError>, elapsed: Duration) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        self.provider.observe(result, elapsed);
     }
 }
 
@@ -519,7 +598,7 @@ mod tests {
         let chain = chain(&[("a", &only)], None);
         let err = chain.summarise("t", deadline()).await.unwrap_err();
         assert!(
-            matches!(&err, ChainError::AllOpen { reason } if reason.contains("openai:a") && reason.contains("401")),
+            matches!(&err, ChainError::AllOpen { reason, .. } if reason.contains("openai:a") && reason.contains("401")),
             "{err:?}"
         );
         assert!(chain.all_open());

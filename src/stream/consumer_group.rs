@@ -16,8 +16,8 @@ use redis::streams::{
     StreamPendingCountReply, StreamReadOptions, StreamReadReply,
 };
 
-use super::{job_state, tenant_limits};
-use crate::domain::Job;
+use super::{job_entry, job_state, tenant_limits};
+use crate::domain::{Job, JobId};
 use crate::infra::keys::{GROUP, RedisKeys};
 
 /// The XAUTOCLAIM cursor that starts (and, when returned, ends) a full scan of the PEL.
@@ -92,7 +92,13 @@ pub async fn read_new<C: ConnectionLike + Send + Sync>(
     let options = StreamReadOptions::default()
         .group(GROUP, consumer)
         .count(count)
-        .block(usize::try_from(millis(block)).unwrap_or(usize::MAX));
+;
+    // BLOCK 0 would wait forever: a zero `block` reads what is there and returns.
+    let options = if block.is_zero() {
+        options
+    } else {
+        options.block(usize::try_from(millis(block)).unwrap_or(usize::MAX))
+    };
     let reply: Option<StreamReadReply> = conn
         .xread_options(&[keys.stream()], &[">"], &options)
         .await?;
@@ -121,45 +127,97 @@ pub async fn delivery_count<C: ConnectionLike + Send + Sync>(
         .map(|p| u64::try_from(p.times_delivered).unwrap_or(u64::MAX)))
 }
 
+/// How [`claim_own`] sets the delivery count of the entry it re-claims. Counts are set, not
+/// moved: a call whose reply was lost can be sent again and lands on the same count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ClaimCount {
+    /// Leave the count: a running delivery extending its claim.
+    Keep,
+    /// Set it: the retry of a held entry, as the delivery it stands for. Only from the
+    /// count one below or as a repeat; a count that moved otherwise (the entry was claimed
+    /// meanwhile) answers `None`, as an entry that is not ours.
+    Set(u64),
+    /// Refund a delivery that did not get to finish the job: set the count to `to`, unless
+    /// the job has had `limit` refunds already (counted in its job state, which a refund
+    /// needs: without one nothing bounds the refunds, so none is given).
+    Refund { to: u64, limit: u64 },
+}
+
+/// What [`claim_own`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reclaimed {
+    /// The delivery count now.
+    pub(crate) count: u64,
+    /// Whether a [`ClaimCount::Refund`] was given (false: the count was left as it was).
+    pub(crate) refunded: bool,
+}
+
 /// Re-claim an entry this consumer holds, only if it still holds it: reset its idle time
-/// (so no XAUTOCLAIM takes it from a live delivery) and move its delivery count by
-/// `adjust`. Owner-checked in one script, because a plain XCLAIM would take the entry from
-/// whoever reclaimed it meanwhile.
+/// (so no XAUTOCLAIM takes it from a live delivery) and set its delivery count as `count`
+/// says. Owner-checked in one script, because a plain XCLAIM would take the entry from
+/// whoever reclaimed it meanwhile. `None` when the entry is no longer pending for
+/// `consumer` (acknowledged, dead-lettered or reclaimed by another consumer): then nothing
+/// was changed.
 ///
-/// - `0`: extend the claim of a running delivery.
-/// - `-1`: refund a delivery that never tried the job (a dependency was down).
-/// - `+1`: hand the held entry to this consumer again as a counted delivery.
-///
-/// Returns the delivery count after the change, or `None` when the entry is no longer
-/// pending for `consumer` (acknowledged, dead-lettered or reclaimed by another consumer):
-/// then nothing was changed.
-///
-/// KEYS[1] job stream   ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id   ARGV[4] adjust
+/// KEYS[1] job stream   KEYS[2] job state
+/// ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id   ARGV[4] keep | set | refund
+/// ARGV[5] the count to set   ARGV[6] the refunds field (`job_state`)   ARGV[7] refund limit
 static CLAIM_OWN: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(CLAIM_OWN_LUA));
 const CLAIM_OWN_LUA: &str = r"
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #pending == 0 then return false end
-local count = tonumber(pending[1][4]) + tonumber(ARGV[4])
+local count = tonumber(pending[1][4])
+local refunded = 0
+if ARGV[4] == 'set' then
+  local to = tonumber(ARGV[5])
+  -- Set lands once: from the count before (to - 1 after a counted delivery, or the refunded
+  -- one's) or as a repeat. Any other count moved without us: our view of it is stale.
+  if count ~= to and count + 1 ~= to then return false end
+  count = to
+elseif ARGV[4] == 'refund' and redis.call('EXISTS', KEYS[2]) == 1 then
+  local used = tonumber(redis.call('HGET', KEYS[2], ARGV[6]) or '0') or 0
+  if used < tonumber(ARGV[7]) then
+    redis.call('HSET', KEYS[2], ARGV[6], used + 1)
+    count = tonumber(ARGV[5])
+    refunded = 1
+  end
+end
 if count < 0 then count = 0 end
 redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', count, 'JUSTID')
-return count
+return {count, refunded}
 ";
 
 pub(crate) async fn claim_own<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,
-    msg_id: &str,
-    adjust: i64,
-) -> redis::RedisResult<Option<u64>> {
-    CLAIM_OWN
+    delivery: &Delivery,
+    count: ClaimCount,
+) -> redis::RedisResult<Option<Reclaimed>> {
+    let (mode, to, limit) = match count {
+        ClaimCount::Keep => ("keep", 0, 0),
+        ClaimCount::Set(to) => ("set", to, 0),
+        ClaimCount::Refund { to, limit } => ("refund", to, limit),
+    };
+    // An entry without a job id has no state: the nil id's key, which no job has, makes a
+    // refund refused.
+    let job_id = job_entry::job_id(&delivery.fields).unwrap_or(JobId::NIL);
+    let reply: Option<(u64, u8)> = CLAIM_OWN
         .key(keys.stream())
+        .key(keys.job(job_id))
         .arg(GROUP)
         .arg(consumer)
-        .arg(msg_id)
-        .arg(adjust)
+        .arg(&delivery.id)
+        .arg(mode)
+        .arg(to)
+        .arg(job_state::REFUNDS)
+        .arg(limit)
         .invoke_async(conn)
-        .await
+        .await?;
+    Ok(reply.map(|(count, refunded)| Reclaimed {
+        count,
+        refunded: refunded == 1,
+    }))
 }
 
 /// Mark `consumer` alive for `ttl`. The process running the consumer refreshes the mark

@@ -20,6 +20,9 @@ const STATUS: &str = "status";
 const CREATED_AT: &str = "created_at";
 /// Why the job was dead-lettered; only while it is `failed`.
 const ERROR: &str = "error";
+/// How many of the job's deliveries were refunded (not counted: an outage or a shutdown cut
+/// them short). Bounded, so no path refunds one job without end; a replay starts it over.
+pub(crate) const REFUNDS: &str = "refunds";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -95,11 +98,12 @@ impl Queued {
         Self { tenant, created_at }
     }
 
-    fn fields(&self) -> [(&'static str, &str); 3] {
+    fn fields(&self) -> [(&'static str, &str); 4] {
         [
             (TENANT, self.tenant.as_str()),
             (STATUS, Status::Queued.as_str()),
             (CREATED_AT, self.created_at.as_str()),
+            (REFUNDS, "0"),
         ]
     }
 

@@ -1,9 +1,9 @@
 //! Carrying a [`Settlement`] out: the Redis calls, metrics and log lines each decision of
 //! `settle.rs` stands for, and nothing that decides.
 
-use super::consumer::{Consumer, WorkerError};
+use super::consumer::{Consumer, WorkerError, Work};
 use super::dead_reason::DeadReason;
-use super::settle::{Finish, Pending, Recount, Refund, Settlement, retry_after};
+use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
 use crate::domain::Job;
 use crate::stream::consumer_group::{self as group, Delivery};
 use crate::stream::dead_letters;
@@ -49,38 +49,62 @@ impl Consumer {
                 dependency,
                 down,
                 reason,
+                refund,
+                summary,
             } => {
                 self.count("retry");
                 self.gate.close(dependency, down);
-                let refund = match group::claim_own(
-                    conn,
-                    &self.services.keys,
-                    &self.name,
-                    &delivery.id,
-                    Recount::Refund.delta(),
-                )
-                .await
-                {
-                    Ok(Some(_)) => Refund::Refunded,
-                    Ok(None) => Refund::NotOurs,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "could not refund the delivery; its retry takes its place");
-                        Refund::Failed
+                let refunded = self.refund(conn, delivery, refund).await;
+                match retry_after(refunded, refund, &self.limits()) {
+                    Some(retry) if refunded == Refund::Denied => {
+                        tracing::warn!(dependency, %reason, count = retry.count, "job not finished: dependency down; the job has had its refunds, so this delivery counts");
+                        self.hold(delivery.clone(), Some(retry.count), Work::Run(summary), retry.wait);
                     }
-                };
-                if let Some(recount) = retry_after(refund) {
-                    tracing::warn!(dependency, %reason, "job not tried: dependency down; it is retried once it is back, and this delivery does not count");
-                    self.hold(delivery.clone(), recount);
+                    Some(retry) => {
+                        tracing::warn!(dependency, %reason, "job not finished: dependency down; it is retried once it is back, and this delivery does not count");
+                        self.hold(delivery.clone(), Some(retry.count), Work::Run(summary), retry.wait);
+                    }
+                    None => {}
                 }
             }
-            Settlement::RetryCounted { dependency, reason } => {
+            Settlement::RetryCounted {
+                dependency,
+                reason,
+                retry,
+                summary,
+            } => {
                 self.count("retry");
-                tracing::warn!(dependency, %reason, "job failed on a dependency that answers again; retrying it as another delivery");
-                self.hold(delivery.clone(), Recount::Count);
+                tracing::warn!(dependency, %reason, retry_in_ms = retry.wait.as_millis() as u64, "job failed on a dependency that answers; retrying it as another delivery");
+                self.hold(delivery.clone(), Some(retry.count), Work::Run(summary), retry.wait);
             }
+            Settlement::Refund(refund) => {
+                self.count("retry");
+                let refunded = self.refund(conn, delivery, refund).await;
+                tracing::warn!(?refunded, "delivery cut short by shutdown; the entry is left for the next consumer");
+            }
+            Settlement::Drop => {}
             Settlement::DeadLetter(reason) => self.dead_letter(conn, delivery, &reason).await?,
         }
         Ok(())
+    }
+
+    /// Refund a delivery (`claim_own`): what became of the refund.
+    async fn refund(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        delivery: &Delivery,
+        refund: RefundOf,
+    ) -> Refund {
+        let claim = refund.claim();
+        match group::claim_own(conn, &self.services.keys, &self.name, delivery, claim).await {
+            Ok(Some(reclaimed)) if reclaimed.refunded => Refund::Refunded,
+            Ok(Some(_)) => Refund::Denied,
+            Ok(None) => Refund::NotOurs,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not refund the delivery; its retry takes its place");
+                Refund::Failed
+            }
+        }
     }
 
     pub(super) async fn dead_letter(

@@ -9,11 +9,15 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use super::WorkerServices;
 use super::gate::{DependencyGate, POSTGRES};
-use super::settle::Recount;
+use super::settle::Settlement;
 use crate::config::WorkerSettings;
+use crate::domain::ModelSummary;
 use crate::resilience::backoff::{Backoff, Jitter};
+use crate::shutdown::Shutdown;
 use crate::stream::consumer_group::{self as group, CURSOR_START, Delivery};
 
 /// Pause after a failed pass, from 1 s doubling up to 10 s, so a Redis outage is not a busy
@@ -35,6 +39,9 @@ const PROBE_BACKOFF: Backoff = Backoff::new(
 /// At most this long between two runs of consumer cleanup: a couple of cheap commands, and
 /// gone consumers only cost a line in XINFO meanwhile. Shorter when `consumer_gc` is.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
+/// How long before the end of the shutdown grace a running delivery is cut short, so its
+/// refund reaches Redis before the task is aborted.
+const STOP_MARGIN: Duration = Duration::from_secs(2);
 /// Floor on how often a running delivery extends its claim, so a tiny `claim_idle` (as
 /// in tests that reclaim at once) does not turn the extension into a busy loop.
 const MIN_EXTEND_EVERY: Duration = Duration::from_millis(10);
@@ -129,10 +136,16 @@ pub struct Consumer {
     /// XAUTOCLAIM cursor, kept across calls so each call continues the scan instead of
     /// rescanning the whole PEL from the start.
     pub(super) cursor: String,
-    /// Entries in this consumer's PEL that a dependency outage (or a Redis error) kept from
-    /// being tried. They are retried before any other work as soon as the gate is open, so
-    /// they wait seconds after a recovery, not `claim_idle`.
+    /// Entries in this consumer's PEL to retry: a dependency outage (or a Redis error) kept
+    /// them from being finished, or their counted retry waits a backoff. Retried as soon as
+    /// they are due and the gate is open, so they wait seconds after a recovery, not
+    /// `claim_idle`.
     pub(super) held: VecDeque<Held>,
+    /// Whether the last entry taken was a held one: the next take prefers new work, so held
+    /// entries never starve it.
+    pub(super) took_held: bool,
+    /// Shutdown, with how long a running delivery may go on after it (`liveness.rs`).
+    pub(super) stop: Option<(Shutdown, Duration)>,
     /// Shared by every consumer of the process: one consumer seeing Postgres down stops all.
     pub(super) gate: Arc<DependencyGate>,
 }
@@ -140,8 +153,23 @@ pub struct Consumer {
 /// An entry this consumer still holds, to retry.
 pub(super) struct Held {
     pub(super) delivery: Delivery,
-    /// How its delivery count moves when it is handed out again.
-    pub(super) recount: Recount,
+    /// The delivery count its retry is handed out with (`None`: the count it has).
+    pub(super) count: Option<u64>,
+    pub(super) work: Work,
+    /// Not before this (a counted retry's backoff); entries not yet due leave the consumer
+    /// free to take other work.
+    pub(super) due: Instant,
+}
+
+/// What a delivery does with its entry.
+#[derive(Debug)]
+pub(super) enum Work {
+    /// Run the job, with the summary an earlier delivery was given by the model but could
+    /// not commit, so this one does not pay for it again.
+    Run(Option<ModelSummary>),
+    /// Only carry out what an earlier delivery decided (acknowledge, dead-letter, refund):
+    /// Redis failed while it did, and running the job again would call the model again.
+    Settle(Settlement),
 }
 
 /// `host-pid-index`: unique per process and task, so two consumers never share a PEL.
@@ -163,8 +191,16 @@ impl Consumer {
             config,
             cursor: CURSOR_START.into(),
             held: VecDeque::new(),
+            took_held: false,
+            stop: None,
             gate,
         }
+    }
+
+    /// Cut a running delivery short once `shutdown` has run for `grace` less a margin, and
+    /// refund it, before the supervisor aborts the task at `grace`.
+    pub fn stop_on(&mut self, shutdown: Shutdown, grace: Duration) {
+        self.stop = Some((shutdown, grace.saturating_sub(STOP_MARGIN.min(grace / 2))));
     }
 
     pub(crate) fn name(&self) -> &str {
@@ -177,8 +213,22 @@ impl Consumer {
         Ok(())
     }
 
-    /// Keep `delivery` to retry before any other work, its count moved by `recount`.
-    pub(super) fn hold(&mut self, delivery: Delivery, recount: Recount) {
-        self.held.push_back(Held { delivery, recount });
+    /// Keep `delivery` to retry after `wait`, handed out with `count`: before new work once
+    /// due, though never twice in a row while new work waits (`take.rs`).
+    pub(super) fn hold(
+        &mut self,
+        delivery: Delivery,
+        count: Option<u64>,
+        work: Work,
+        wait: Duration,
+    ) {
+        // An entry is held once: a newer decision replaces an older one.
+        self.held.retain(|held| held.delivery.id != delivery.id);
+        self.held.push_back(Held {
+            delivery,
+            count,
+            work,
+            due: Instant::now() + wait,
+        });
     }
 }

@@ -104,6 +104,7 @@ mod tests {
         );
         let outage = DeadReason::model_chain(&ChainError::AllOpen {
             reason: "openai:a: 401".into(),
+            called: false,
         });
         assert_eq!(outage.tenant, "the model could not be reached in time");
         assert!(

@@ -4,79 +4,154 @@
 
 use tracing::Instrument;
 
-use super::consumer::{Consumer, WorkerError};
+use std::time::Duration;
+
+use super::consumer::{Consumer, WorkerError, Work};
 use super::dead_reason::DeadReason;
 use super::gate::{MODEL, POSTGRES};
-use super::handler::handle_summary_job;
-use super::settle::{Admission, Limits, Outcome, Probe, admit, settle};
+use super::handler::{JobError, Unfinished, handle_summary_job_from};
+use super::liveness::Ran;
+use super::settle::{
+    Admission, Limits, ModelCheck, Outcome, Probe, Settlement, admit, model_check, settle,
+};
 use super::take::Taken;
 use crate::db::summaries;
-use crate::domain::Job;
+use crate::domain::{Job, ModelSummary};
 use crate::resilience::failure::{Classify, Disposition};
-use crate::stream::consumer_group as group;
+use crate::stream::consumer_group::{self as group, Delivery};
 use crate::stream::job_entry;
 
 impl Consumer {
     /// Run `taken` and carry out what its outcome means. `Err` only when Redis failed on
-    /// the way: the entry is still this consumer's then.
+    /// the way: the entry is then held to retry what was left.
     pub(super) async fn deliver(
         &mut self,
         conn: &mut deadpool_redis::Connection,
-        taken: &Taken,
+        taken: Taken,
     ) -> Result<(), WorkerError> {
-        let delivery = &taken.delivery;
-        let deliveries = match taken.deliveries {
-            Some(count) => count,
-            None => match group::delivery_count(conn, &self.services.keys, &delivery.id).await? {
-                Some(count) => count,
-                // Acknowledged by another consumer since we took it: nothing left to do.
-                None => return Ok(()),
-            },
-        };
-        let limits = Limits {
-            max_deliveries: self.config.max_deliveries,
-        };
+        let Taken {
+            delivery,
+            deliveries,
+            work,
+        } = taken;
         let job = match job_entry::from_fields(&delivery.fields) {
             Ok(job) => job,
             Err(malformed) => {
-                return self
-                    .dead_letter(conn, delivery, &DeadReason::malformed(malformed))
-                    .await;
+                let reason = DeadReason::malformed(malformed);
+                return match self.dead_letter(conn, &delivery, &reason).await {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        let redo = Work::Settle(Settlement::DeadLetter(reason));
+                        self.hold(delivery, None, redo, Duration::ZERO);
+                        Err(e)
+                    }
+                };
             }
         };
+        let summary = match work {
+            Work::Settle(settlement) => {
+                return self
+                    .settle_or_hold(conn, delivery, &job, deliveries, settlement)
+                    .await;
+            }
+            Work::Run(summary) => summary,
+        };
+        let deliveries = match deliveries {
+            Some(count) => count,
+            None => match group::delivery_count(conn, &self.services.keys, &delivery.id).await {
+                Ok(Some(count)) => count,
+                // Acknowledged by another consumer since we took it: nothing left to do.
+                Ok(None) => return Ok(()),
+                Err(e) => {
+                    // Not tried: the retry takes this delivery's place, with its count.
+                    self.hold(delivery, None, Work::Run(summary), Duration::ZERO);
+                    return Err(e.into());
+                }
+            },
+        };
+        let limits = self.limits();
         let span =
             tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries);
         async {
             let outcome = match admit(deliveries, &limits) {
-                Admission::Run => self.run_job(conn, &delivery.id, &job).await,
+                Admission::Run => self.run_job(conn, &delivery, &job, summary).await,
                 Admission::GiveUp => self.look_for_commit(&job).await,
             };
-            let settlement = settle(outcome, &limits);
-            self.carry_out(conn, delivery, &job, settlement).await
+            let settlement = settle(outcome, deliveries, &limits);
+            self.settle_or_hold(conn, delivery, &job, Some(deliveries), settlement)
+                .await
         }
         .instrument(span)
         .await
     }
 
-    /// The job, its claim extended while it runs.
+    /// Carry `settlement` out; when Redis fails on the way, hold the entry to carry it out
+    /// again, not to run the job again.
+    async fn settle_or_hold(
+        &mut self,
+        conn: &mut deadpool_redis::Connection,
+        delivery: Delivery,
+        job: &Job,
+        deliveries: Option<u64>,
+        settlement: Settlement,
+    ) -> Result<(), WorkerError> {
+        match self
+            .carry_out(conn, &delivery, job, settlement.clone())
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                self.hold(
+                    delivery,
+                    deliveries,
+                    Work::Settle(settlement),
+                    Duration::ZERO,
+                );
+                Err(e)
+            }
+        }
+    }
+
+    pub(super) fn limits(&self) -> Limits {
+        Limits::new(self.config.max_deliveries, self.config.claim_idle)
+    }
+
+    /// The job, its claim extended while it runs, starting from `summary` when an earlier
+    /// delivery got one.
     async fn run_job(
         &self,
         conn: &mut deadpool_redis::Connection,
-        msg_id: &str,
+        delivery: &Delivery,
         job: &Job,
+        summary: Option<ModelSummary>,
     ) -> Outcome {
         let services = self.services.clone();
-        let handled = self
-            .with_claim_extended(conn, msg_id, handle_summary_job(&services, job))
+        let ran = self
+            .with_claim_extended(
+                conn,
+                delivery,
+                handle_summary_job_from(&services, job, summary),
+            )
             .await;
+        let handled = match ran {
+            Ran::Finished(handled) => handled,
+            Ran::CutShort => return Outcome::CutShort,
+            Ran::ClaimLost => return Outcome::ClaimLost,
+        };
         match handled {
             Ok(finished) => Outcome::Finished(finished),
-            Err(err) => match err.disposition() {
-                Disposition::Transient { .. } => Outcome::Failed(err.to_string()),
+            Err(Unfinished { error, summary }) => match error.disposition() {
+                Disposition::Transient { .. } => Outcome::Failed(error.to_string()),
                 Disposition::Unavailable => {
-                    self.stopped_at(err.dependency(), err.to_string()).await
+                    let probe = self.probe_after(&error).await;
+                    Outcome::Unavailable {
+                        dependency: error.dependency(),
+                        reason: error.to_string(),
+                        probe,
+                        summary,
+                    }
                 }
-                Disposition::Permanent => Outcome::Rejected(err.dead_reason()),
+                Disposition::Permanent => Outcome::Rejected(error.dead_reason()),
             },
         }
     }
@@ -86,34 +161,46 @@ impl Consumer {
         match summaries::exists(&self.services.pg, job.job_id).await {
             Ok(true) => Outcome::CommittedEarlier,
             Ok(false) => Outcome::Exhausted,
-            Err(e) if e.is_unavailable() => self.stopped_at(POSTGRES, e.to_string()).await,
+            Err(e) if e.is_unavailable() => Outcome::Unavailable {
+                dependency: POSTGRES,
+                probe: self.probe_postgres().await,
+                reason: e.to_string(),
+                summary: None,
+            },
             Err(e) => Outcome::Unchecked(e.to_string()),
         }
     }
 
-    /// The delivery stopped at `dependency`; whether that means the dependency is down is
-    /// for a probe right now to say, since the failure may also be this job's own.
-    async fn stopped_at(&self, dependency: &'static str, reason: String) -> Outcome {
-        let probe = match self.probe(dependency).await {
-            Ok(()) => Probe::Answers,
-            Err(down) => Probe::Down(down),
-        };
-        Outcome::Unavailable {
-            dependency,
-            reason,
-            probe,
+    /// Whether the dependency `error` stopped at is down, asked right now, since the failure
+    /// may also be the job's own.
+    ///
+    /// The model: a delivery that called no provider (every breaker was open before it
+    /// could) did not try the job, so the model counts as down. One whose own calls opened
+    /// the last breaker asks a probe at once: a provider that answers it means this job
+    /// is at fault (a text a guardrail refuses, or that makes the model fail), and its
+    /// breaker closes again so the other jobs go on.
+    async fn probe_after(&self, error: &JobError) -> Probe {
+        if error.dependency() == POSTGRES {
+            return self.probe_postgres().await;
+        }
+        match model_check(error.called_model()) {
+            ModelCheck::Confirm => match self.services.model.confirm_outage().await {
+                Ok(()) => {
+                    // Wake the consumers that paused when the breaker opened.
+                    self.gate.open(MODEL);
+                    Probe::Answers
+                }
+                Err(down) => Probe::Down(down),
+            },
+            ModelCheck::Down => Probe::Down(self.services.model.outage_reason()),
         }
     }
 
-    /// Whether `dependency` answers right now (`Err` with why not). Dependencies this
-    /// consumer cannot check count as answering.
-    async fn probe(&self, dependency: &'static str) -> Result<(), String> {
-        match dependency {
-            POSTGRES => summaries::probe(&self.services.pg)
-                .await
-                .map_err(|e| e.to_string()),
-            MODEL if self.services.model.all_open() => Err(self.services.model.outage_reason()),
-            _ => Ok(()),
+    /// Postgres's write path, as a delivery uses it (`summaries::probe`).
+    pub(super) async fn probe_postgres(&self) -> Probe {
+        match summaries::probe(&self.services.pg).await {
+            Ok(()) => Probe::Answers,
+            Err(e) => Probe::Down(e.to_string()),
         }
     }
 }

@@ -6,7 +6,7 @@ use super::dead_reason::DeadReason;
 use super::gate::{MODEL, POSTGRES};
 use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome};
-use crate::domain::Job;
+use crate::domain::{Job, ModelSummary};
 use crate::llm::ChainError;
 use crate::llm::retry::Deadline;
 use crate::resilience::failure::{Classify, Disposition};
@@ -52,6 +52,11 @@ impl JobError {
         }
     }
 
+    /// Whether this delivery called a model provider before every breaker was open.
+    pub(crate) fn called_model(&self) -> bool {
+        matches!(self, JobError::Model(ChainError::AllOpen { called: true, .. }))
+    }
+
     /// What the tenant and operators are told when this error dead-letters the job.
     pub(crate) fn dead_reason(&self) -> DeadReason {
         match self {
@@ -67,21 +72,57 @@ pub async fn handle_summary_job(
     services: &WorkerServices,
     job: &Job,
 ) -> Result<JobOutcome, JobError> {
+    handle_summary_job_from(services, job, None).await.map_err(|failed| failed.error)
+}
+
+/// A delivery that did not finish its job, with the summary the model wrote when it got
+/// that far: a retry that is handed it does not pay the model again.
+#[derive(Debug)]
+pub(crate) struct Unfinished {
+    pub(crate) error: JobError,
+    pub(crate) summary: Option<ModelSummary>,
+}
+
+impl<E: Into<JobError>> From<E> for Unfinished {
+    fn from(error: E) -> Self {
+        Self {
+            error: error.into(),
+            summary: None,
+        }
+    }
+}
+
+/// [`handle_summary_job`], starting from `summary` when an earlier delivery got one.
+pub(crate) async fn handle_summary_job_from(
+    services: &WorkerServices,
+    job: &Job,
+    summary: Option<ModelSummary>,
+) -> Result<JobOutcome, Unfinished> {
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `commit_with_outbox` is the guarantee; this only saves money.
     if summaries::exists(&services.pg, job.job_id).await? {
         return Ok(JobOutcome::Duplicate);
     }
 
-    let deadline = Deadline::after(services.settings.job_budget);
-    let summary = services.model.summarise(&job.text, deadline).await?;
+    let summary = match summary {
+        Some(summary) => summary,
+        None => {
+            let deadline = Deadline::after(services.settings.job_budget);
+            services.model.summarise(&job.text, deadline).await?
+        }
+    };
 
-    // A commit that fails because Postgres went away is unavailable too: the model was
-    // paid, but the job did nothing wrong, and the retry after recovery pays it once more
-    // rather than spending a delivery on the outage. Data Postgres refuses is permanent.
-    match summaries::commit_with_outbox(&services.pg, job, &summary).await? {
-        CommitOutcome::Inserted => Ok(JobOutcome::Done),
-        CommitOutcome::Duplicate => Ok(JobOutcome::Duplicate),
+    // A commit that fails because Postgres went away (or refuses writes) is unavailable too:
+    // the job did nothing wrong, and the summary it paid for goes with the held entry, so
+    // the retry after recovery commits it without another model call. Data Postgres
+    // refuses is permanent.
+    match summaries::commit_with_outbox(&services.pg, job, &summary).await {
+        Ok(CommitOutcome::Inserted) => Ok(JobOutcome::Done),
+        Ok(CommitOutcome::Duplicate) => Ok(JobOutcome::Duplicate),
+        Err(error) => Err(Unfinished {
+            error: error.into(),
+            summary: Some(summary),
+        }),
     }
 }
 
@@ -105,6 +146,7 @@ mod tests {
         );
         let outage = JobError::from(ChainError::AllOpen {
             reason: "openai:a: 401".into(),
+            called: false,
         });
         assert_eq!(outage.disposition(), Disposition::Unavailable);
         assert_eq!(outage.dependency(), MODEL);

@@ -7,33 +7,50 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::consumer::{Consumer, ERROR_BACKOFF, WorkerError};
-use super::settle::Recount;
-use crate::stream::consumer_group as group;
+use crate::stream::consumer_group::{self as group, ClaimCount, Delivery};
 
 impl Consumer {
     /// Run `work` (one delivery) while re-claiming its entry every `extend_every`, so the
     /// entry never looks idle to XAUTOCLAIM while the delivery runs: a delivery slower than
     /// `claim_idle` is neither reclaimed nor dead-lettered under it, and `claim_idle`
     /// only bounds how soon a dead worker's job is picked up. The re-claim is owner-checked
-    /// (`group::claim_own`): an entry that was taken from us meanwhile stays with its taker.
+    /// (`group::claim_own`): an entry that was taken from us meanwhile stays with its taker,
+    /// and the delivery stops there, so it does not go on paying for a model call that is
+    /// now someone else's. A shutdown lets it run until just before the grace period ends.
     pub(super) async fn with_claim_extended<T>(
         &self,
         conn: &mut deadpool_redis::Connection,
-        msg_id: &str,
+        delivery: &Delivery,
         work: impl Future<Output = T>,
-    ) -> T {
+    ) -> Ran<T> {
         let every = self.config.extend_every();
         let mut work = std::pin::pin!(work);
         let mut next = Instant::now() + every;
+        let stop = self.stop.clone();
+        let mut cut_short = std::pin::pin!(async move {
+            match stop {
+                Some((shutdown, after)) => {
+                    shutdown.wait().await;
+                    tokio::time::sleep(after).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        });
         loop {
             tokio::select! {
-                out = &mut work => return out,
+                out = &mut work => return Ran::Finished(out),
+                () = &mut cut_short => {
+                    tracing::warn!("shutdown grace nearly over: cutting the delivery short");
+                    return Ran::CutShort;
+                }
                 () = tokio::time::sleep_until(next) => {
                     next = Instant::now() + every;
-                    match group::claim_own(conn, &self.services.keys, &self.name, msg_id, Recount::Keep.delta()).await {
+                    match group::claim_own(conn, &self.services.keys, &self.name, delivery, ClaimCount::Keep).await {
                         Ok(Some(_)) => {}
-                        // Finishing is still right: the commit is idempotent.
-                        Ok(None) => tracing::warn!("entry no longer pending for this consumer while its delivery runs"),
+                        Ok(None) => {
+                            tracing::warn!("entry no longer pending for this consumer: stopping its delivery");
+                            return Ran::ClaimLost;
+                        }
                         Err(e) => tracing::warn!(error = %e, "could not extend the claim of a running delivery"),
                     }
                 }
@@ -87,4 +104,13 @@ impl Drop for AliveMark {
     fn drop(&mut self) {
         self.0.abort();
     }
+}
+
+/// How a delivery run under [`Consumer::with_claim_extended`] ended.
+pub(super) enum Ran<T> {
+    Finished(T),
+    /// Shutdown's grace was nearly over.
+    CutShort,
+    /// The entry stopped being this consumer's.
+    ClaimLost,
 }

@@ -6,7 +6,6 @@ use tokio::time::Instant;
 use super::WorkerServices;
 use super::consumer::{Consumer, WorkerError};
 use super::gate::MODEL;
-use super::settle::Recount;
 use crate::shutdown::Shutdown;
 use crate::stream::consumer_group as group;
 
@@ -21,20 +20,18 @@ impl Consumer {
         let taken = self.take(&mut conn).await?;
         let n = taken.len();
         for taken in taken {
-            if let Err(e) = self.deliver(&mut conn, &taken).await {
-                // Redis failed mid-delivery: the entry is still ours; retry it once Redis
-                // answers, in place of this delivery (it may not have been tried).
-                self.hold(taken.delivery, Recount::Keep);
-                return Err(e);
-            }
+            // Redis failed mid-delivery: the entry is still ours, and `deliver` held it to
+            // retry what was left once Redis answers.
+            self.deliver(&mut conn, taken).await?;
         }
         Ok(n)
     }
 }
 
 /// Run one consumer until shutdown. Shutdown is checked between passes: no new work is
-/// taken after it, and the job in hand finishes (the supervisor aborts us after the grace
-/// period; an aborted job simply stays pending and is reclaimed).
+/// taken after it, and the job in hand may finish until just before the grace period ends;
+/// then it is cut short and its delivery refunded (it was never allowed to finish), so
+/// rolling deploys spend no job's deliveries.
 pub async fn run(
     services: WorkerServices,
     name: String,
@@ -43,6 +40,7 @@ pub async fn run(
     let metrics = services.metrics.clone();
     let gate = services.gate.clone();
     let mut consumer = Consumer::new(services.clone(), name);
+    consumer.stop_on(shutdown.clone(), services.settings.shutdown.grace);
     let alive = consumer.keep_alive();
     let mut failures: u32 = 0;
     let mut group_ready = false;

@@ -1,10 +1,12 @@
-//! Taking work: nothing while the gate is closed; else an entry this consumer holds, else
-//! one idle past `claim_idle` (its worker died), else a new one.
+//! Taking work: nothing while the gate is closed; else an entry this consumer holds and
+//! whose retry is due, else one idle past `claim_idle` (its worker died), else a new one.
 
-use super::consumer::{Consumer, WorkerError};
+use tokio::time::Instant;
+
+use super::consumer::{Consumer, Held, WorkerError, Work};
 use super::gate::{MODEL, POSTGRES};
-use crate::db::summaries;
-use crate::stream::consumer_group::{self as group, CURSOR_START, Delivery};
+use super::settle::Probe;
+use crate::stream::consumer_group::{self as group, CURSOR_START, ClaimCount, Delivery};
 
 /// Entries taken per read or claim. One: a consumer processes its entries one after the
 /// other, so a prefetched entry would sit idle in our PEL and could be reclaimed (and paid
@@ -16,56 +18,84 @@ pub(super) struct Taken {
     pub(super) delivery: Delivery,
     /// Its delivery count, when taking it told us (re-claiming a held entry does).
     pub(super) deliveries: Option<u64>,
+    pub(super) work: Work,
 }
 
 impl Consumer {
-    /// One held entry, else an entry idle past `claim_idle`, else whatever new entry
-    /// arrives within `block`. Only with the gate open ([`Self::check_gate`]).
+    /// A held entry that is due, else an entry idle past `claim_idle`, else whatever new
+    /// entry arrives within `block` (or until a held entry is due). Only with the gate open
+    /// ([`Self::check_gate`]). After a held entry the next take looks for other work first,
+    /// so entries that keep being held cannot starve new ones.
     pub(super) async fn take(
         &mut self,
         conn: &mut deadpool_redis::Connection,
     ) -> Result<Vec<Taken>, WorkerError> {
-        if let Some(held) = self.held.pop_front() {
-            let id = held.delivery.id.clone();
-            let recounted = group::claim_own(
-                conn,
-                &self.services.keys,
-                &self.name,
-                &id,
-                held.recount.delta(),
-            )
-            .await;
-            return match recounted {
-                Ok(Some(count)) => Ok(vec![Taken {
-                    delivery: held.delivery,
-                    deliveries: Some(count),
-                }]),
-                // Finished or reclaimed elsewhere meanwhile: not ours to retry.
-                Ok(None) => Ok(Vec::new()),
-                Err(e) => {
-                    self.held.push_front(held);
-                    Err(e.into())
-                }
-            };
+        let now = Instant::now();
+        let due = self.held.iter().position(|held| held.due <= now);
+        if let Some(index) = due.filter(|_| !self.took_held)
+            && let Some(held) = self.held.remove(index)
+        {
+            self.took_held = true;
+            return self.retake(conn, held).await;
         }
+        self.took_held = false;
         let mut deliveries = self.claim_idle(conn).await?;
         if deliveries.is_empty() {
-            deliveries = group::read_new(
-                conn,
-                &self.services.keys,
-                &self.name,
-                BATCH,
-                self.config.block,
-            )
-            .await?;
+            // Wait for new work only until the next held entry is due (not at all when one
+            // is due already).
+            let block = self
+                .held
+                .iter()
+                .map(|held| held.due.saturating_duration_since(now))
+                .min()
+                .map_or(self.config.block, |until| until.min(self.config.block));
+            deliveries =
+                group::read_new(conn, &self.services.keys, &self.name, BATCH, block).await?;
         }
+        // Our own claim of an entry we hold (it sat idle past `claim_idle`) supersedes the
+        // held retry, which would otherwise run it twice.
+        self.held
+            .retain(|held| !deliveries.iter().any(|d| d.id == held.delivery.id));
         Ok(deliveries
             .into_iter()
             .map(|delivery| Taken {
                 delivery,
                 deliveries: None,
+                work: Work::Run(None),
             })
             .collect())
+    }
+
+    /// Hand a held entry out again, with the count its retry carries; nothing when it is no
+    /// longer ours (finished or reclaimed elsewhere meanwhile).
+    async fn retake(
+        &mut self,
+        conn: &mut deadpool_redis::Connection,
+        held: Held,
+    ) -> Result<Vec<Taken>, WorkerError> {
+        if let Work::Settle(_) = held.work {
+            // What is left is owner-checked or idempotent by itself.
+            return Ok(vec![Taken {
+                delivery: held.delivery,
+                deliveries: held.count,
+                work: held.work,
+            }]);
+        }
+        let count = held.count.map_or(ClaimCount::Keep, ClaimCount::Set);
+        match group::claim_own(conn, &self.services.keys, &self.name, &held.delivery, count).await
+        {
+            Ok(Some(reclaimed)) => Ok(vec![Taken {
+                delivery: held.delivery,
+                deliveries: Some(reclaimed.count),
+                work: held.work,
+            }]),
+            Ok(None) => Ok(Vec::new()),
+            Err(e) => {
+                // The count is set, not moved: sending the same claim again is safe.
+                self.held.push_front(held);
+                Err(e.into())
+            }
+        }
     }
 
     /// Probe the dependencies that are down and this consumer can check; `Paused` while any
@@ -73,11 +103,11 @@ impl Consumer {
     /// then no entry is taken or claimed, so no delivery count moves during the outage.
     pub(super) async fn check_gate(&self) -> Result<(), WorkerError> {
         if self.gate.is_down(POSTGRES) {
-            match summaries::probe(&self.services.pg).await {
-                Ok(()) => {
+            match self.probe_postgres().await {
+                Probe::Answers => {
                     self.gate.open(POSTGRES);
                 }
-                Err(e) => self.gate.close(POSTGRES, e.to_string()),
+                Probe::Down(why) => self.gate.close(POSTGRES, why),
             }
         }
         let model = &self.services.model;

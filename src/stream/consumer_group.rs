@@ -91,8 +91,7 @@ pub async fn read_new<C: ConnectionLike + Send + Sync>(
 ) -> redis::RedisResult<Vec<Delivery>> {
     let options = StreamReadOptions::default()
         .group(GROUP, consumer)
-        .count(count)
-;
+        .count(count);
     // BLOCK 0 would wait forever: a zero `block` reads what is there and returns.
     let options = if block.is_zero() {
         options
@@ -130,7 +129,7 @@ pub async fn delivery_count<C: ConnectionLike + Send + Sync>(
 /// How [`claim_own`] sets the delivery count of the entry it re-claims. Counts are set, not
 /// moved: a call whose reply was lost can be sent again and lands on the same count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ClaimCount {
+pub enum ClaimCount {
     /// Leave the count: a running delivery extending its claim.
     Keep,
     /// Set it: the retry of a held entry, as the delivery it stands for. Only from the
@@ -145,11 +144,11 @@ pub(crate) enum ClaimCount {
 
 /// What [`claim_own`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reclaimed {
+pub struct Reclaimed {
     /// The delivery count now.
-    pub(crate) count: u64,
+    pub count: u64,
     /// Whether a [`ClaimCount::Refund`] was given (false: the count was left as it was).
-    pub(crate) refunded: bool,
+    pub refunded: bool,
 }
 
 /// Re-claim an entry this consumer holds, only if it still holds it: reset its idle time
@@ -187,7 +186,7 @@ redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[3], 'RETRYCOUNT', count,
 return {count, refunded}
 ";
 
-pub(crate) async fn claim_own<C: ConnectionLike + Send + Sync>(
+pub async fn claim_own<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,

@@ -22,7 +22,7 @@ const CREATED_AT: &str = "created_at";
 const ERROR: &str = "error";
 /// How many of the job's deliveries were refunded (not counted: an outage or a shutdown cut
 /// them short). Bounded, so no path refunds one job without end; a replay starts it over.
-pub(crate) const REFUNDS: &str = "refunds";
+pub const REFUNDS: &str = "refunds";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {

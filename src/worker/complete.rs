@@ -1,7 +1,7 @@
 //! Carrying a [`Settlement`] out: the Redis calls, metrics and log lines each decision of
 //! `settle.rs` stands for, and nothing that decides.
 
-use super::consumer::{Consumer, WorkerError, Work};
+use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
 use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
 use crate::domain::Job;
@@ -58,11 +58,21 @@ impl Consumer {
                 match retry_after(refunded, refund, &self.limits()) {
                     Some(retry) if refunded == Refund::Denied => {
                         tracing::warn!(dependency, %reason, count = retry.count, "job not finished: dependency down; the job has had its refunds, so this delivery counts");
-                        self.hold(delivery.clone(), Some(retry.count), Work::Run(summary), retry.wait);
+                        self.hold(
+                            delivery.clone(),
+                            Some(retry.count),
+                            Work::Run(summary),
+                            retry.wait,
+                        );
                     }
                     Some(retry) => {
                         tracing::warn!(dependency, %reason, "job not finished: dependency down; it is retried once it is back, and this delivery does not count");
-                        self.hold(delivery.clone(), Some(retry.count), Work::Run(summary), retry.wait);
+                        self.hold(
+                            delivery.clone(),
+                            Some(retry.count),
+                            Work::Run(summary),
+                            retry.wait,
+                        );
                     }
                     None => {}
                 }
@@ -75,12 +85,20 @@ impl Consumer {
             } => {
                 self.count("retry");
                 tracing::warn!(dependency, %reason, retry_in_ms = retry.wait.as_millis() as u64, "job failed on a dependency that answers; retrying it as another delivery");
-                self.hold(delivery.clone(), Some(retry.count), Work::Run(summary), retry.wait);
+                self.hold(
+                    delivery.clone(),
+                    Some(retry.count),
+                    Work::Run(summary),
+                    retry.wait,
+                );
             }
             Settlement::Refund(refund) => {
                 self.count("retry");
                 let refunded = self.refund(conn, delivery, refund).await;
-                tracing::warn!(?refunded, "delivery cut short by shutdown; the entry is left for the next consumer");
+                tracing::warn!(
+                    ?refunded,
+                    "delivery cut short by shutdown; the entry is left for the next consumer"
+                );
             }
             Settlement::Drop => {}
             Settlement::DeadLetter(reason) => self.dead_letter(conn, delivery, &reason).await?,

@@ -6,7 +6,7 @@ use tracing::Instrument;
 
 use std::time::Duration;
 
-use super::consumer::{Consumer, WorkerError, Work};
+use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
 use super::gate::{MODEL, POSTGRES};
 use super::handler::{JobError, Unfinished, handle_summary_job_from};

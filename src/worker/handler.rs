@@ -54,7 +54,10 @@ impl JobError {
 
     /// Whether this delivery called a model provider before every breaker was open.
     pub(crate) fn called_model(&self) -> bool {
-        matches!(self, JobError::Model(ChainError::AllOpen { called: true, .. }))
+        matches!(
+            self,
+            JobError::Model(ChainError::AllOpen { called: true, .. })
+        )
     }
 
     /// What the tenant and operators are told when this error dead-letters the job.
@@ -72,7 +75,9 @@ pub async fn handle_summary_job(
     services: &WorkerServices,
     job: &Job,
 ) -> Result<JobOutcome, JobError> {
-    handle_summary_job_from(services, job, None).await.map_err(|failed| failed.error)
+    handle_summary_job_from(services, job, None)
+        .await
+        .map_err(|failed| failed.error)
 }
 
 /// A delivery that did not finish its job, with the summary the model wrote when it got

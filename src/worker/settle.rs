@@ -312,6 +312,7 @@ mod tests {
     }
 
     /// One decision the accounting makes, with what it must come to.
+    #[allow(clippy::large_enum_variant, reason = "a short table built once per test")]
     enum Case {
         Admit(u64, Admission),
         /// The outcome of the job's n-th delivery.
@@ -457,11 +458,19 @@ mod tests {
             (
                 "the same, but Postgres answers the write probe | yes | retry it after a \
                  backoff as another counted delivery, with the summary",
-                Settle(unavailable(POSTGRES, Probe::Answers), 1, counted(POSTGRES, 2, 1)),
+                Settle(
+                    unavailable(POSTGRES, Probe::Answers),
+                    1,
+                    counted(POSTGRES, 2, 1),
+                ),
             ),
             (
                 "a counted retry waits 1 s, doubling per delivery",
-                Settle(unavailable(POSTGRES, Probe::Answers), 4, counted(POSTGRES, 5, 8)),
+                Settle(
+                    unavailable(POSTGRES, Probe::Answers),
+                    4,
+                    counted(POSTGRES, 5, 8),
+                ),
             ),
             (
                 "a counted retry waits at most 30 s (and at most half of `claim_idle_ms`)",
@@ -596,16 +605,11 @@ mod tests {
                     format!("{want:?}"),
                 ),
                 RetryAfter(refund, deliveries, want) => (
-                    format!(
-                        "{:?}",
-                        retry_after(refund, refund_of(deliveries), &limits)
-                    ),
+                    format!("{:?}", retry_after(refund, refund_of(deliveries), &limits)),
                     format!("{want:?}"),
                 ),
                 Claim(refund, want) => (format!("{:?}", refund.claim()), format!("{want:?}")),
-                Check(called, want) => {
-                    (format!("{:?}", model_check(called)), format!("{want:?}"))
-                }
+                Check(called, want) => (format!("{:?}", model_check(called)), format!("{want:?}")),
             };
             if got != want {
                 wrong.push(format!("{rule}\n    got  {got}\n    want {want}"));

@@ -3,7 +3,7 @@
 
 use tokio::time::Instant;
 
-use super::consumer::{Consumer, Held, WorkerError, Work};
+use super::consumer::{Consumer, Held, Work, WorkerError};
 use super::gate::{MODEL, POSTGRES};
 use super::settle::Probe;
 use crate::stream::consumer_group::{self as group, CURSOR_START, ClaimCount, Delivery};
@@ -82,8 +82,7 @@ impl Consumer {
             }]);
         }
         let count = held.count.map_or(ClaimCount::Keep, ClaimCount::Set);
-        match group::claim_own(conn, &self.services.keys, &self.name, &held.delivery, count).await
-        {
+        match group::claim_own(conn, &self.services.keys, &self.name, &held.delivery, count).await {
             Ok(Some(reclaimed)) => Ok(vec![Taken {
                 delivery: held.delivery,
                 deliveries: Some(reclaimed.count),

@@ -20,6 +20,7 @@ mod relay_http_mail;
 mod relay_outbox;
 mod retention;
 mod retry_policy;
+mod stalls;
 mod tenant_limits;
 mod worker;
 

@@ -65,6 +65,11 @@ impl FakeLlm {
         self.calls.load(Ordering::SeqCst)
     }
 
+    /// Calls running now (a call whose caller gave up is no longer running).
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::SeqCst)
+    }
+
     pub fn max_in_flight(&self) -> usize {
         self.max_in_flight.load(Ordering::SeqCst)
     }

@@ -312,7 +312,10 @@ mod tests {
     }
 
     /// One decision the accounting makes, with what it must come to.
-    #[allow(clippy::large_enum_variant, reason = "a short table built once per test")]
+    #[allow(
+        clippy::large_enum_variant,
+        reason = "a short table built once per test"
+    )]
     enum Case {
         Admit(u64, Admission),
         /// The outcome of the job's n-th delivery.

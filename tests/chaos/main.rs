@@ -21,6 +21,7 @@ mod kill_worker;
 mod model_outage;
 mod outages;
 mod pg_drop;
+mod poison;
 mod redis_restart;
 mod sigterm;
 

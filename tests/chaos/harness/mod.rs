@@ -278,6 +278,17 @@ impl World {
     /// Wait until every accepted job is summarised, mailed and acknowledged, then check
     /// the exactly-once effects exactly. Returns the numbers for the test's report.
     pub async fn assert_exactly_once(&self, accepted: &[Accepted], client: &ApiClient) -> Report {
+        self.assert_exactly_once_but(accepted, &[], client).await
+    }
+
+    /// [`Self::assert_exactly_once`] for `accepted`, while the jobs of `poisoned` (accepted
+    /// too, kept apart) are dead-lettered, each once, and reported `failed`.
+    pub async fn assert_exactly_once_but(
+        &self,
+        accepted: &[Accepted],
+        poisoned: &[Accepted],
+        client: &ApiClient,
+    ) -> Report {
         // Same key → same job id, always (replays included).
         let mut by_key: BTreeMap<&str, &str> = BTreeMap::new();
         for a in accepted {
@@ -354,7 +365,16 @@ impl World {
                 "email for {job_id} does not carry its own summary: {text}"
             );
         }
-        assert_eq!(self.dead_letters().await, 0, "nothing dead-lettered");
+        assert_eq!(
+            self.dead_letters().await,
+            poisoned.len() as u64,
+            "nothing dead-lettered but the poisoned jobs"
+        );
+        for poison in poisoned {
+            let (status, body) = get_with_patience(client, &poison.job_id).await;
+            assert_eq!(status, 200, "GET {}: {body}", poison.job_id);
+            assert_eq!(body["status"], "failed", "GET {}: {body}", poison.job_id);
+        }
 
         for id in &job_ids {
             let (status, body) = get_with_patience(client, id).await;

@@ -63,6 +63,8 @@ struct State {
     /// Breaker probes (one completion token), answered or not.
     probes: AtomicUsize,
     in_flight: AtomicUsize,
+    /// Markers answered with a fixed status whatever the behaviour (a poisonous text).
+    refused: Mutex<HashMap<String, u16>>,
 }
 
 pub struct ModelServer {
@@ -96,6 +98,15 @@ impl ModelServer {
     /// `SUMMARYD_LLM_BASE_URL` for this server.
     pub fn base_url(&self) -> String {
         self.server.url("/v1")
+    }
+
+    /// Answer every call for `marker` with `status` (a guardrail's 403 for one text).
+    pub fn refuse(&self, marker: &str, status: u16) {
+        self.state
+            .refused
+            .lock()
+            .unwrap()
+            .insert(marker.to_owned(), status);
     }
 
     pub fn set_behavior(&self, behavior: ModelBehavior) {
@@ -164,6 +175,9 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
         .unwrap()
         .entry(marker.clone())
         .or_default() += 1;
+    if let Some(status) = state.refused.lock().unwrap().get(&marker) {
+        return Reply::json(*status, json!({"error": {"message": "refused by policy"}}));
+    }
     state.in_flight.fetch_add(1, Ordering::SeqCst);
     let _gauge = InFlight(&state.in_flight);
     let behavior = state.behavior.lock().unwrap().clone().expect("behavior");

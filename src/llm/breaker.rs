@@ -31,6 +31,9 @@ pub enum BreakerState {
         probe_at: Instant,
         probes_failed: u32,
         probing: bool,
+        /// A delivery's confirmation probe found the provider down since it opened: the next
+        /// delivery that asks takes that answer instead of probing again.
+        confirmed_down: bool,
         reason: String,
     },
 }
@@ -144,10 +147,16 @@ impl Breaker {
     /// Permission to probe an open breaker now, cooldown or not, if no probe runs: a job's
     /// own calls just opened it, and whether that was the provider or the job only a probe
     /// can tell. Its failure keeps the schedule ([`ProbeTicket::failed`] would grow it).
+    /// `None` while a probe runs, and once a confirmation found the provider down since it
+    /// opened (one confirmation per opening, however many deliveries ask).
     pub(crate) fn begin_confirmation(&self) -> Option<ProbeTicket<'_>> {
         let mut state = self.lock();
         match &mut *state {
-            BreakerState::Open { probing, .. } if !*probing => {
+            BreakerState::Open {
+                probing,
+                confirmed_down,
+                ..
+            } if !*probing && !*confirmed_down => {
                 *probing = true;
                 Some(ProbeTicket {
                     breaker: self,
@@ -168,13 +177,21 @@ impl Breaker {
         if let BreakerState::Open {
             since,
             probes_failed,
+            confirmed_down,
             ..
         } = &*state
         {
             let (since, failed) = (*since, probes_failed.saturating_add(1));
+            let confirmed = *confirmed_down;
             let mut next = self.opened(now, failed, reason.to_owned());
-            if let BreakerState::Open { since: s, .. } = &mut next {
+            if let BreakerState::Open {
+                since: s,
+                confirmed_down: c,
+                ..
+            } = &mut next
+            {
                 *s = since;
+                *c = confirmed;
             }
             *state = next;
         }
@@ -193,6 +210,7 @@ impl Breaker {
             probe_at: now + self.cooldown.delay(probes_failed),
             probes_failed,
             probing: false,
+            confirmed_down: false,
             reason,
         }
     }
@@ -221,7 +239,15 @@ impl ProbeTicket<'_> {
     /// A confirmation failed: the breaker stays open on the schedule it opened with.
     pub(crate) fn still_down(mut self) {
         self.done = true;
-        self.breaker.probe_abandoned();
+        if let BreakerState::Open {
+            probing,
+            confirmed_down,
+            ..
+        } = &mut *self.breaker.lock()
+        {
+            *probing = false;
+            *confirmed_down = true;
+        }
     }
 }
 
@@ -348,6 +374,40 @@ mod tests {
         assert!(b.is_open());
         assert_eq!(probe_at(&b), t0 + S);
         assert!(b.begin_probe(t0 + S).is_some(), "free again");
+    }
+
+    #[test]
+    fn one_confirmation_per_opening_and_it_keeps_the_schedule() {
+        let t0 = Instant::now();
+        let b = Breaker::new(1, S);
+        assert!(
+            b.begin_confirmation().is_none(),
+            "nothing to confirm while closed"
+        );
+        b.trip(t0, "403");
+        let scheduled = probe_at(&b);
+        let ticket = b.begin_confirmation().expect("the first confirmation");
+        assert!(b.begin_confirmation().is_none(), "one at a time");
+        assert!(b.is_probing());
+        ticket.still_down();
+        assert!(!b.is_probing());
+        assert_eq!(
+            probe_at(&b),
+            scheduled,
+            "a failed confirmation keeps the schedule"
+        );
+        assert!(b.begin_confirmation().is_none(), "its answer stands");
+        // The scheduled probe fails: the answer still stands.
+        b.begin_probe(scheduled)
+            .expect("due")
+            .failed(scheduled, "503");
+        assert!(b.begin_confirmation().is_none());
+        // Closed and opened again: a new opening gets its confirmation.
+        b.record_success();
+        b.trip(scheduled, "403");
+        let ticket = b.begin_confirmation().expect("a new opening");
+        assert_eq!(ticket.passed(), Some(Transition::Closed));
+        assert!(!b.is_open());
     }
 
     #[test]

@@ -300,34 +300,32 @@ impl Provider {
     }
 
     /// Whether this provider answers now: closed already, or an immediate probe passes (then
-    /// it is closed). A probe someone else runs is waited for, within the call timeout.
+    /// it is closed). A probe someone else runs is waited for (within the call timeout) and
+    /// its answer taken; after a confirmation found it down, that answer stands until the
+    /// breaker's own probe decides.
     async fn confirm(&self) -> bool {
         let waited_until = Instant::now() + self.policy.call_timeout;
-        loop {
-            if !self.breaker.is_open() {
-                return true;
-            }
-            if let Some(ticket) = self.breaker.begin_confirmation() {
-                let started = Instant::now();
-                let result = retry::bounded(self.policy.call_timeout, self.llm.probe()).await;
-                self.record_call(result.as_ref().map(|usage| *usage), started.elapsed());
-                return match result {
-                    Err(e) if e.fault() != Fault::Job => {
-                        tracing::warn!(provider = %self.label, error = %e, "model provider is down: the probe after a delivery opened its breaker failed too");
-                        ticket.still_down();
-                        false
-                    }
-                    _ => {
-                        tracing::warn!(provider = %self.label, "model provider answers: the delivery that opened its breaker is at fault itself; its delivery counts");
-                        self.apply(ticket.passed());
-                        true
-                    }
-                };
-            }
-            if Instant::now() >= waited_until || !self.breaker.is_probing() {
-                return !self.breaker.is_open();
-            }
+        // Someone else's probe is waited for and its answer taken.
+        while self.breaker.is_probing() && Instant::now() < waited_until {
             tokio::time::sleep(CONFIRM_POLL).await;
+        }
+        let Some(ticket) = self.breaker.begin_confirmation() else {
+            return !self.breaker.is_open();
+        };
+        let started = Instant::now();
+        let result = retry::bounded(self.policy.call_timeout, self.llm.probe()).await;
+        self.record_call(result.as_ref().map(|usage| *usage), started.elapsed());
+        match result {
+            Err(e) if e.fault() != Fault::Job => {
+                tracing::warn!(provider = %self.label, error = %e, "model provider is down: the probe after a delivery opened its breaker failed too");
+                ticket.still_down();
+                false
+            }
+            _ => {
+                tracing::warn!(provider = %self.label, "model provider answers: the delivery that opened its breaker is at fault itself; its delivery counts");
+                self.apply(ticket.passed());
+                true
+            }
         }
     }
 

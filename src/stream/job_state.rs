@@ -23,6 +23,9 @@ const ERROR: &str = "error";
 /// How many of the job's deliveries were refunded (not counted: an outage or a shutdown cut
 /// them short). Bounded, so no path refunds one job without end; a replay starts it over.
 pub const REFUNDS: &str = "refunds";
+/// Why the job's last counted delivery failed, for the dead letter's reason should its
+/// deliveries run out (empty: none failed yet).
+const LAST_FAILURE: &str = "last_failure";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -56,6 +59,7 @@ pub struct JobState {
     pub status: Status,
     pub error: Option<String>,
     pub(crate) created_at: Option<DateTime<Utc>>,
+    pub(crate) last_failure: Option<String>,
 }
 
 pub async fn get<C: redis::aio::ConnectionLike + Send + Sync>(
@@ -75,7 +79,31 @@ pub async fn get<C: redis::aio::ConnectionLike + Send + Sync>(
             .get(CREATED_AT)
             .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
             .map(|d| d.with_timezone(&Utc)),
+        last_failure: map.get(LAST_FAILURE).filter(|s| !s.is_empty()).cloned(),
     }))
+}
+
+/// Note why a counted delivery of the job failed, if the job still has its state (a
+/// finished job's state is gone and must not come back as a hash with no tenant).
+pub(crate) async fn note_failure<C: redis::aio::ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    job_id: JobId,
+    reason: &str,
+) -> redis::RedisResult<()> {
+    static NOTE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "if redis.call('EXISTS', KEYS[1]) == 1 then \
+               redis.call('HSET', KEYS[1], ARGV[1], ARGV[2]) end return 1",
+        )
+    });
+    let _: i64 = NOTE
+        .key(keys.job(job_id))
+        .arg(LAST_FAILURE)
+        .arg(reason)
+        .invoke_async(conn)
+        .await?;
+    Ok(())
 }
 
 /// The state of a job that is (again) on the stream: tenant, `queued`, when it was
@@ -98,12 +126,13 @@ impl Queued {
         Self { tenant, created_at }
     }
 
-    fn fields(&self) -> [(&'static str, &str); 4] {
+    fn fields(&self) -> [(&'static str, &str); 5] {
         [
             (TENANT, self.tenant.as_str()),
             (STATUS, Status::Queued.as_str()),
             (CREATED_AT, self.created_at.as_str()),
             (REFUNDS, "0"),
+            (LAST_FAILURE, ""),
         ]
     }
 

@@ -6,7 +6,7 @@ use super::dead_reason::DeadReason;
 use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
 use crate::domain::Job;
 use crate::stream::consumer_group::{self as group, Delivery};
-use crate::stream::dead_letters;
+use crate::stream::{dead_letters, job_state};
 
 impl Consumer {
     /// `Err` when Redis failed: the entry is still this consumer's then.
@@ -40,6 +40,7 @@ impl Consumer {
             Settlement::LeavePending(Pending::Failed(reason)) => {
                 self.count("retry");
                 tracing::warn!(%reason, "job failed; will be redelivered");
+                self.note_failure(conn, job, &reason).await;
             }
             Settlement::LeavePending(Pending::Unchecked(error)) => {
                 self.count("retry");
@@ -58,6 +59,7 @@ impl Consumer {
                 match retry_after(refunded, refund, &self.limits()) {
                     Some(retry) if refunded == Refund::Denied => {
                         tracing::warn!(dependency, %reason, count = retry.count, "job not finished: dependency down; the job has had its refunds, so this delivery counts");
+                        self.note_failure(conn, job, &reason).await;
                         self.hold(
                             delivery.clone(),
                             Some(retry.count),
@@ -85,6 +87,10 @@ impl Consumer {
             } => {
                 self.count("retry");
                 tracing::warn!(dependency, %reason, retry_in_ms = retry.wait.as_millis() as u64, "job failed on a dependency that answers; retrying it as another delivery");
+                let why = format!(
+                    "{reason} ({dependency} answered a probe right after: the job is at fault)"
+                );
+                self.note_failure(conn, job, &why).await;
                 self.hold(
                     delivery.clone(),
                     Some(retry.count),
@@ -148,6 +154,15 @@ impl Consumer {
             tracing::warn!(msg_id = %delivery.id, reason = %reason.operator, "not dead-lettered: the entry is no longer pending for this consumer");
         }
         Ok(())
+    }
+
+    /// Keep why a counted delivery failed for the dead letter's reason. Best effort: a
+    /// Redis that fails here fails the next step too, and the reason only says less.
+    async fn note_failure(&self, conn: &mut deadpool_redis::Connection, job: &Job, reason: &str) {
+        if let Err(e) = job_state::note_failure(conn, &self.services.keys, job.job_id, reason).await
+        {
+            tracing::debug!(error = %e, "could not note why the delivery failed");
+        }
     }
 
     /// `summaryd_jobs_total{outcome}`.

@@ -40,8 +40,9 @@ const PROBE_BACKOFF: Backoff = Backoff::new(
 /// gone consumers only cost a line in XINFO meanwhile. Shorter when `consumer_gc` is.
 const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
 /// How long before the end of the shutdown grace a running delivery is cut short, so its
-/// refund reaches Redis before the task is aborted.
-const STOP_MARGIN: Duration = Duration::from_secs(2);
+/// refund (one Redis call) reaches Redis before the task is aborted. At most a quarter of
+/// the grace.
+const STOP_MARGIN: Duration = Duration::from_millis(500);
 /// Floor on how often a running delivery extends its claim, so a tiny `claim_idle` (as
 /// in tests that reclaim at once) does not turn the extension into a busy loop.
 const MIN_EXTEND_EVERY: Duration = Duration::from_millis(10);
@@ -200,7 +201,7 @@ impl Consumer {
     /// Cut a running delivery short once `shutdown` has run for `grace` less a margin, and
     /// refund it, before the supervisor aborts the task at `grace`.
     pub fn stop_on(&mut self, shutdown: Shutdown, grace: Duration) {
-        self.stop = Some((shutdown, grace.saturating_sub(STOP_MARGIN.min(grace / 2))));
+        self.stop = Some((shutdown, grace.saturating_sub(STOP_MARGIN.min(grace / 4))));
     }
 
     pub(crate) fn name(&self) -> &str {

@@ -72,10 +72,17 @@ impl DeadReason {
     }
 
     /// Every delivery failed transiently.
-    pub(crate) fn exhausted(max_deliveries: u64) -> Self {
+    /// Out of deliveries; `last`: why the last counted one failed, when it was noted.
+    pub(crate) fn exhausted(max_deliveries: u64, last: Option<&str>) -> Self {
+        let detail = match last {
+            Some(last) => format!("exceeded {max_deliveries} deliveries; the last failed: {last}"),
+            None => format!(
+                "exceeded {max_deliveries} deliveries; each one's error is in the worker logs"
+            ),
+        };
         Self::new(
             format!("processing failed on each of {max_deliveries} attempts"),
-            format!("exceeded {max_deliveries} deliveries; each one's error is in the worker logs"),
+            detail,
         )
     }
 }

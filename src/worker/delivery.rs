@@ -19,7 +19,7 @@ use crate::db::summaries;
 use crate::domain::{Job, ModelSummary};
 use crate::resilience::failure::{Classify, Disposition};
 use crate::stream::consumer_group::{self as group, Delivery};
-use crate::stream::job_entry;
+use crate::stream::{job_entry, job_state};
 
 impl Consumer {
     /// Run `taken` and carry out what its outcome means. `Err` only when Redis failed on
@@ -75,7 +75,7 @@ impl Consumer {
         async {
             let outcome = match admit(deliveries, &limits) {
                 Admission::Run => self.run_job(conn, &delivery, &job, summary).await,
-                Admission::GiveUp => self.look_for_commit(&job).await,
+                Admission::GiveUp => self.look_for_commit(conn, &job).await,
             };
             let settlement = settle(outcome, deliveries, &limits);
             self.settle_or_hold(conn, delivery, &job, Some(deliveries), settlement)
@@ -157,10 +157,19 @@ impl Consumer {
     }
 
     /// Out of deliveries: whether an earlier delivery committed the job.
-    async fn look_for_commit(&self, job: &Job) -> Outcome {
+    async fn look_for_commit(&self, conn: &mut deadpool_redis::Connection, job: &Job) -> Outcome {
         match summaries::exists(&self.services.pg, job.job_id).await {
             Ok(true) => Outcome::CommittedEarlier,
-            Ok(false) => Outcome::Exhausted,
+            Ok(false) => {
+                // The dead letter says why, where the last failure was noted; without it, it
+                // still goes (its reason only says less).
+                let last = job_state::get(conn, &self.services.keys, job.job_id)
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|state| state.last_failure);
+                Outcome::Exhausted(last)
+            }
             Err(e) if e.is_unavailable() => Outcome::Unavailable {
                 dependency: POSTGRES,
                 probe: self.probe_postgres().await,

@@ -111,8 +111,9 @@ pub enum Outcome {
     ClaimLost,
     /// Out of deliveries, and an earlier delivery had committed the summary.
     CommittedEarlier,
-    /// Out of deliveries, and nothing was committed.
-    Exhausted,
+    /// Out of deliveries, and nothing was committed; why the last counted one failed, when
+    /// that was noted.
+    Exhausted(Option<String>),
     /// Out of deliveries, and looking for a summary failed (other than by an outage).
     Unchecked(String),
 }
@@ -214,7 +215,10 @@ pub(crate) fn settle(outcome: Outcome, deliveries: u64, limits: &Limits) -> Sett
         Outcome::CutShort => Settlement::Refund(refund(deliveries, limits)),
         Outcome::ClaimLost => Settlement::Drop,
         Outcome::CommittedEarlier => Settlement::Ack(Finish::AckLost),
-        Outcome::Exhausted => Settlement::DeadLetter(DeadReason::exhausted(limits.max_deliveries)),
+        Outcome::Exhausted(last) => Settlement::DeadLetter(DeadReason::exhausted(
+            limits.max_deliveries,
+            last.as_deref(),
+        )),
         Outcome::Unchecked(reason) => Settlement::LeavePending(Pending::Unchecked(reason)),
     }
 }
@@ -401,9 +405,9 @@ mod tests {
                 "after `SUMMARYD_WORKER_MAX_DELIVERIES` of them the job is dead-lettered \
                  (with why, in the tenant's wording)",
                 Settle(
-                    Outcome::Exhausted,
+                    Outcome::Exhausted(Some("HTTP 403".into())),
                     MAX + 1,
-                    Settlement::DeadLetter(DeadReason::exhausted(MAX)),
+                    Settlement::DeadLetter(DeadReason::exhausted(MAX, Some("HTTP 403"))),
                 ),
             ),
             (

@@ -253,6 +253,21 @@ impl World {
         reply.map_or(0, |r| r.count() as u64)
     }
 
+    /// The delivery count of every pending entry, oldest first.
+    pub async fn delivery_counts(&self) -> Vec<u64> {
+        let mut conn = self.redis_conn().await;
+        let reply: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
+            .arg(self.keys().stream())
+            .arg(GROUP)
+            .arg("-")
+            .arg("+")
+            .arg(100)
+            .query_async(&mut conn)
+            .await
+            .expect("XPENDING");
+        reply.ids.iter().map(|p| p.times_delivered as u64).collect()
+    }
+
     pub async fn dead_letters(&self) -> u64 {
         let mut conn = self.redis_conn().await;
         redis::cmd("XLEN")

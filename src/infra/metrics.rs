@@ -262,13 +262,15 @@ impl Metrics {
 /// when a read fails or the process cannot make it at all (a relay-only process has no
 /// Redis, so it never exports the stream gauges).
 ///
-/// Absent rather than 0 or the last value because the alerts combine replicas with `max`:
-/// a 0 the process never measured pulls nothing down but tells a dashboard the queue is
-/// empty, and a value kept from before an outage looks current while the queue grows.
-/// A missing series is what Prometheus means by "not measured".
+/// Absent rather than 0 or the last value: when the only replicas scraped are ones that
+/// cannot measure the queue (every worker down), an unmeasured 0 is all the alerts' `max`
+/// sees and the queue looks empty; a value kept from before a failed read looks current
+/// while the queue grows. A missing series is what Prometheus means by "not measured".
 ///
 /// A plain `Gauge` is exported as 0 from registration, so this is a vector with no labels:
-/// its one series exists only between a `set` and a `clear`.
+/// its one series exists only between a `set` and a `clear`. (Registering per role would
+/// need the roles before the registry exists, and unregistering a collector on a failed
+/// read would race scrapes and re-registration.)
 pub struct MeasuredGauge<P: Atomic + 'static>(GenericGaugeVec<P>);
 
 impl<P: Atomic + 'static> MeasuredGauge<P> {

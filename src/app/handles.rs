@@ -90,13 +90,13 @@ impl Handles {
         }
     }
 
-    /// The maintenance task's share for a process with `roles`: Redis only with the worker
-    /// role (a relay-only process has no stream to look after, and may have no Redis).
+    /// The maintenance task's share for a process with `roles`: Redis with the api or the
+    /// worker role, the roles that use it (a relay-only process may have no Redis at all).
     pub fn maintenance(&self, roles: Roles) -> Maintenance {
         Maintenance::new(
             &self.settings,
             self.pg.clone(),
-            roles.has(Role::Worker).then(|| self.redis.clone()),
+            (roles.has(Role::Api) || roles.has(Role::Worker)).then(|| self.redis.clone()),
             self.keys.clone(),
             self.metrics.clone(),
         )

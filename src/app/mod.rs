@@ -259,12 +259,13 @@ impl Application {
                 });
             }
         }
-        if crate::maintenance::Maintenance::enabled_for(roles) {
-            let (maintenance, shutdown) = (handles.maintenance(roles), shutdown.clone());
-            supervisor.spawn("maintenance".into(), move || {
-                maintenance.clone().run(shutdown.clone())
-            });
-        }
+        // Every role: each refreshes the gauges it can measure (an api-only process reports
+        // the queue it feeds even with no worker running), and retention goes on wherever
+        // the advisory lock lands.
+        let (maintenance, maintenance_shutdown) = (handles.maintenance(roles), shutdown.clone());
+        supervisor.spawn("maintenance".into(), move || {
+            maintenance.clone().run(maintenance_shutdown.clone())
+        });
         info!(%roles, port, ops_port, "summaryd started");
 
         let http_result = tokio::select! {

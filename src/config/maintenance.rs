@@ -1,4 +1,4 @@
-//! `[maintenance]`: the housekeeping every worker or relay process runs
+//! `[maintenance]`: the housekeeping every process runs
 //! (`SUMMARYD_MAINTENANCE_*`).
 
 use std::time::Duration;

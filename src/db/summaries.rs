@@ -38,6 +38,26 @@ pub(crate) async fn exists(pool: &Pool, job_id: JobId) -> Result<bool, DbError> 
         .is_some())
 }
 
+/// Which of `jobs` have a summary row (finished), in one query: the in-flight sweep asks
+/// about a batch of members at a time.
+pub(crate) async fn existing(
+    pool: &Pool,
+    jobs: &[JobId],
+) -> Result<std::collections::HashSet<JobId>, DbError> {
+    if jobs.is_empty() {
+        return Ok(Default::default());
+    }
+    let ids: Vec<uuid::Uuid> = jobs.iter().map(JobId::as_uuid).collect();
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached("SELECT job_id FROM summaries WHERE job_id = ANY($1)")
+        .await?;
+    let rows = client.query(&stmt, &[&ids]).await?;
+    rows.iter()
+        .map(|row| Ok(JobId::from(row.try_get::<_, uuid::Uuid>(0)?)))
+        .collect()
+}
+
 /// Whether a delivery could commit now: the writes `commit_with_outbox` makes, for a job
 /// id no job has, rolled back. A read would pass on a Postgres that refuses writes (a
 /// replica after a failover, a full disk, a revoked privilege) and let every delivery fail

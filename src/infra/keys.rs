@@ -47,6 +47,26 @@ impl RedisKeys {
         format!("{}tenant:{tenant}:in_flight", self.prefix)
     }
 
+    /// SCAN pattern matching every tenant's in-flight set (the maintenance sweep finds
+    /// them so), the prefix escaped so its own glob characters match only themselves.
+    pub(crate) fn in_flight_pattern(&self) -> String {
+        let mut escaped = String::with_capacity(self.prefix.len());
+        for c in self.prefix.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                escaped.push('\\');
+            }
+            escaped.push(c);
+        }
+        format!("{escaped}tenant:*:in_flight")
+    }
+
+    /// The tenant whose in-flight set `key` is, if it is one.
+    pub(crate) fn in_flight_tenant<'k>(&self, key: &'k str) -> Option<&'k str> {
+        key.strip_prefix(self.prefix.as_str())?
+            .strip_prefix("tenant:")?
+            .strip_suffix(":in_flight")
+    }
+
     /// A tenant's rate-limit state (GCRA: the theoretical arrival time, in µs).
     pub fn rate(&self, tenant: &str) -> String {
         format!("{}tenant:{tenant}:rate", self.prefix)

@@ -4,9 +4,10 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use prometheus::core::{Atomic, AtomicF64, AtomicI64, GenericGaugeVec};
 use prometheus::{
-    Encoder, Gauge, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
-    IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub struct Metrics {
@@ -23,13 +24,14 @@ pub struct Metrics {
     pub(crate) http_duration: HistogramVec,
     pub(crate) job_latency: HistogramVec,
     /// Cluster-wide gauges: set only by the maintenance task (`src/maintenance/`), read by
-    /// scrapes, so a scrape never runs a query.
-    pub(crate) stream_pending: IntGauge,
-    pub(crate) stream_lag: IntGauge,
-    pub(crate) oldest_queued_age: Gauge,
-    pub(crate) dead_letters: IntGauge,
-    pub outbox_unsent: IntGauge,
-    pub(crate) gauges_refreshed: Gauge,
+    /// scrapes, so a scrape never runs a query. Each is exported only while this process
+    /// has measured it (see [`MeasuredGauge`]).
+    pub(crate) stream_pending: MeasuredGauge<AtomicI64>,
+    pub(crate) stream_lag: MeasuredGauge<AtomicI64>,
+    pub(crate) oldest_queued_age: MeasuredGauge<AtomicF64>,
+    pub(crate) dead_letters: MeasuredGauge<AtomicI64>,
+    pub outbox_unsent: MeasuredGauge<AtomicI64>,
+    pub(crate) gauges_refreshed: MeasuredGauge<AtomicF64>,
     pub outbox_sent: IntCounter,
     /// `summaryd_loop_errors_total{role,kind}`: failed passes of the worker and relay loops.
     pub loop_errors: IntCounterVec,
@@ -40,12 +42,13 @@ pub struct Metrics {
 }
 
 /// The labels of `summaryd_maintenance_removed_total`.
-pub(crate) const REMOVED_KINDS: [&str; 5] = [
+pub(crate) const REMOVED_KINDS: [&str; 6] = [
     "stream_entries",
     "dead_letters",
     "outbox_sent",
     "summaries",
     "consumers",
+    "in_flight",
 ];
 
 /// A role whose last this many passes all failed is reported not ready (with the reason),
@@ -64,11 +67,6 @@ impl Metrics {
                 registry.register(Box::new(c.clone()))?;
                 Ok(c)
             };
-        let gauge = |name: &str, help: &str| -> Result<IntGauge, prometheus::Error> {
-            let g = IntGauge::new(name, help)?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
-        };
         let http_requests = counter_vec(
             "summaryd_http_requests_total",
             "HTTP requests by route template and status code",
@@ -129,22 +127,20 @@ impl Metrics {
                 3600.0, 7200.0,
             ],
         )?;
-        let float_gauge = |name: &str, help: &str| -> Result<Gauge, prometheus::Error> {
-            let g = Gauge::new(name, help)?;
-            registry.register(Box::new(g.clone()))?;
-            Ok(g)
-        };
-        let stream_lag = gauge(
+        let stream_lag = MeasuredGauge::register(
+            &registry,
             "summaryd_stream_lag",
-            "Job stream entries not yet delivered to any consumer (cluster-wide)",
+            "Job stream entries not yet delivered to any consumer (cluster-wide; only from processes with Redis, absent while the read fails)",
         )?;
-        let oldest_queued_age = float_gauge(
+        let oldest_queued_age = MeasuredGauge::register(
+            &registry,
             "summaryd_oldest_queued_age_seconds",
-            "Age of the oldest unfinished job stream entry, pending or not yet delivered; 0 when none (cluster-wide)",
+            "Age of the oldest unfinished job stream entry, pending or not yet delivered; 0 when none (cluster-wide; only from processes with Redis, absent while the read fails)",
         )?;
-        let gauges_refreshed = float_gauge(
+        let gauges_refreshed = MeasuredGauge::register(
+            &registry,
             "summaryd_gauges_refreshed_timestamp_seconds",
-            "Unix time the cluster-wide gauges of this process were last refreshed",
+            "Unix time every cluster-wide gauge this process can measure was last refreshed; absent until the first full refresh",
         )?;
         let maintenance_runs = counter_vec(
             "summaryd_maintenance_runs_total",
@@ -153,20 +149,23 @@ impl Metrics {
         )?;
         let maintenance_removed = counter_vec(
             "summaryd_maintenance_removed_total",
-            "What maintenance removed: stream_entries, dead_letters, outbox_sent, summaries, consumers",
+            "What maintenance removed: stream_entries, dead_letters, outbox_sent, summaries, consumers, in_flight (tenant in-flight set members whose job had finished or was gone)",
             &["what"],
         )?;
-        let stream_pending = gauge(
+        let stream_pending = MeasuredGauge::register(
+            &registry,
             "summaryd_stream_pending",
-            "Job stream entries delivered to a consumer and not yet acknowledged (cluster-wide)",
+            "Job stream entries delivered to a consumer and not yet acknowledged (cluster-wide; only from processes with Redis, absent while the read fails)",
         )?;
-        let dead_letters = gauge(
+        let dead_letters = MeasuredGauge::register(
+            &registry,
             "summaryd_dead_letters",
-            "Entries in the dead-letter stream (cluster-wide)",
+            "Entries in the dead-letter stream (cluster-wide; only from processes with Redis, absent while the read fails)",
         )?;
-        let outbox_unsent = gauge(
+        let outbox_unsent = MeasuredGauge::register(
+            &registry,
             "summaryd_outbox_unsent",
-            "Outbox rows not yet sent, stuck ones included (cluster-wide)",
+            "Outbox rows not yet sent, stuck ones included (cluster-wide; absent while the read fails)",
         )?;
         let outbox_sent = IntCounter::new("summaryd_outbox_sent_total", "Outbox rows sent")?;
         registry.register(Box::new(outbox_sent.clone()))?;
@@ -255,6 +254,56 @@ impl Metrics {
             return String::new();
         }
         String::from_utf8(buf).unwrap_or_default()
+    }
+}
+
+/// A gauge of a value this process reads from elsewhere (Redis, Postgres), exported only
+/// while it holds a measurement: absent until the first read succeeds, and removed again
+/// when a read fails or the process cannot make it at all (a relay-only process has no
+/// Redis, so it never exports the stream gauges).
+///
+/// Absent rather than 0 or the last value: when the only replicas scraped are ones that
+/// cannot measure the queue (every worker down), an unmeasured 0 is all the alerts' `max`
+/// sees and the queue looks empty; a value kept from before a failed read looks current
+/// while the queue grows. A missing series is what Prometheus means by "not measured".
+///
+/// A plain `Gauge` is exported as 0 from registration, so this is a vector with no labels:
+/// its one series exists only between a `set` and a `clear`. (Registering per role would
+/// need the roles before the registry exists, and unregistering a collector on a failed
+/// read would race scrapes and re-registration.)
+pub struct MeasuredGauge<P: Atomic + 'static>(GenericGaugeVec<P>);
+
+impl<P: Atomic + 'static> MeasuredGauge<P> {
+    fn register(registry: &Registry, name: &str, help: &str) -> Result<Self, prometheus::Error> {
+        let vec = GenericGaugeVec::<P>::new(Opts::new(name, help), &[])?;
+        registry.register(Box::new(vec.clone()))?;
+        Ok(Self(vec))
+    }
+
+    /// A fresh measurement: exported from now on.
+    pub(crate) fn set(&self, value: P::T) {
+        // The only error is a label count other than the vector's (none), ruled out here.
+        if let Ok(gauge) = self.0.get_metric_with_label_values::<&str>(&[]) {
+            gauge.set(value);
+        }
+    }
+
+    /// No current measurement: the series disappears from `/metrics`.
+    pub(crate) fn clear(&self) {
+        // Removing a series that is not there is the only error, and means the same.
+        let _ = self.0.remove_label_values::<&str>(&[]);
+    }
+
+    /// The exported value, `None` while absent. Reads what a scrape would, so it never
+    /// creates the series.
+    pub fn get(&self) -> Option<f64> {
+        use prometheus::core::Collector;
+        self.0
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| metric.get_gauge().get_value())
+            .next()
     }
 }
 

@@ -1,6 +1,7 @@
 //! Cleanup of what finished work leaves in Redis: stream entries an acknowledgement left
 //! behind, and consumers whose process is gone.
 
+use redis::AsyncCommands;
 use tracing::{info, warn};
 
 use super::{Maintenance, MaintenanceError, Report};
@@ -33,10 +34,21 @@ impl Maintenance {
         &self,
         conn: &mut deadpool_redis::Connection,
     ) -> Result<u64, MaintenanceError> {
+        // Before the first worker started there is no group (and maybe no stream) yet, and
+        // so no consumer to remove: an api replica running alone is not failing.
+        let stream_exists: bool = conn.exists(self.keys.stream()).await?;
+        if !stream_exists {
+            return Ok(0);
+        }
         // No consumer of this process is exempt by name: each live consumer keeps its own
         // liveness mark fresh, and the cleanup never removes a consumer that has one.
         let removed =
-            consumer_group::remove_idle_consumers(conn, &self.keys, "", self.consumer_gc).await?;
+            match consumer_group::remove_idle_consumers(conn, &self.keys, "", self.consumer_gc)
+                .await
+            {
+                Err(e) if e.code() == Some("NOGROUP") => return Ok(0),
+                other => other?,
+            };
         if !removed.is_empty() {
             info!(consumers = ?removed, "removed gone consumers with nothing pending");
         }

@@ -1,8 +1,15 @@
 //! The cluster-wide gauges `/metrics` serves: the stream's backlog and dead letters (from
-//! Redis) and the unsent outbox rows (from Postgres). Every replica refreshes them itself, so
-//! every replica exports the same values (aggregate them with `max`, never `sum`); a scrape
-//! only renders what the last refresh cached, so no number of scrapes can load Redis or
-//! Postgres.
+//! Redis) and the unsent outbox rows (from Postgres). Every process that can read a source
+//! refreshes its gauges itself (the api and worker have Redis and Postgres, a relay-only
+//! process only Postgres), so every process exports the same values (aggregate them with
+//! `max`, never `sum`); a scrape only renders what the last refresh cached, so no number of
+//! scrapes can load Redis or Postgres.
+//!
+//! A gauge is exported only while this process holds a measurement of it: one it cannot
+//! read at all (the stream gauges on a relay-only process) is never exported, and one whose
+//! read fails is removed until a read succeeds again. Never a 0 nobody measured, and never
+//! a value from before an outage that looks current: either would keep the queue alerts
+//! quiet while jobs wait.
 
 use std::time::Duration;
 
@@ -14,8 +21,9 @@ use crate::stream::dead_letters;
 
 impl Maintenance {
     /// Read the cluster-wide values into the gauges. Each source is read separately, so
-    /// Redis being down does not stop the outbox gauge and vice versa; a gauge whose
-    /// source fails keeps its last value (and the refresh timestamp says how old it is).
+    /// Redis being down does not stop the outbox gauge and vice versa; the gauges of a
+    /// source that fails are removed (and the refresh timestamp says when all were last
+    /// read).
     pub(super) async fn refresh_gauges(&self, report: &mut Report) -> Result<(), MaintenanceError> {
         let m = &self.metrics;
         let mut result = Ok(());
@@ -28,8 +36,10 @@ impl Maintenance {
             };
             match redis_part.await {
                 Ok((backlog, dead)) => {
-                    if let Some(lag) = backlog.lag {
-                        m.stream_lag.set(clamp(lag));
+                    match backlog.lag {
+                        Some(lag) => m.stream_lag.set(clamp(lag)),
+                        // Redis could not tell this time: no number is better than a guess.
+                        None => m.stream_lag.clear(),
                     }
                     m.stream_pending.set(clamp(backlog.pending));
                     m.oldest_queued_age
@@ -37,12 +47,19 @@ impl Maintenance {
                     m.dead_letters.set(clamp(dead));
                     Self::record_trimmed(report, backlog.trimmed);
                 }
-                Err(e) => result = Err(e),
+                Err(e) => {
+                    m.stream_lag.clear();
+                    m.stream_pending.clear();
+                    m.oldest_queued_age.clear();
+                    m.dead_letters.clear();
+                    result = Err(e);
+                }
             }
         }
         match db::outbox::count_unsent(&self.pg).await {
             Ok(n) => m.outbox_unsent.set(n),
             Err(e) => {
+                m.outbox_unsent.clear();
                 result = result.and(Err(e.into()));
             }
         }

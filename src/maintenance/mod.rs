@@ -1,21 +1,28 @@
-//! The one periodic housekeeping task of a worker or relay process, one file per service:
-//! `gauges.rs` refreshes the cluster-wide gauges `/metrics` serves, `cleanup.rs` removes
-//! finished stream entries left behind and consumers that are gone, and `retention.rs`
-//! deletes what is past its retention horizon. This file runs them: every pass refreshes
-//! the gauges on every replica, then one replica at a time (the one holding the advisory
-//! lock below) removes gone consumers and applies retention.
+//! The one periodic housekeeping task of every process, one file per service: `gauges.rs`
+//! refreshes the cluster-wide gauges `/metrics` serves, `cleanup.rs` removes finished
+//! stream entries left behind and consumers that are gone, `retention.rs` deletes what is
+//! past its retention horizon, and `in_flight.rs` removes tenants' in-flight members whose
+//! job finished or is gone. This file runs them: every pass refreshes the gauges on every
+//! replica, then one replica at a time (the one holding the advisory lock below) does the
+//! rest.
+//!
+//! Every role runs it, with what the role has: the api and the worker have Redis and
+//! Postgres, a relay-only process only Postgres (outbox gauge and Postgres retention). So
+//! an api replica reports the queue it feeds even when no worker runs at all, which is
+//! exactly when the queue alerts must see it.
 
 mod cleanup;
 mod gauges;
+mod in_flight;
 mod retention;
 
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use tracing::{info, warn};
 
-use crate::config::roles::{Role, Roles};
 use crate::config::{RetentionSettings, Settings};
 use crate::db::DbError;
 use crate::infra::keys::RedisKeys;
@@ -26,7 +33,7 @@ use crate::shutdown::Shutdown;
 /// database, so deployments on separate databases never contend.
 ///
 /// A Postgres advisory lock rather than a Redis lease: every role that runs maintenance
-/// has Postgres (a relay-only process has no Redis); Postgres releases the lock itself
+/// has Postgres (a relay-only process may have no Redis); Postgres releases the lock itself
 /// when the holder's connection ends, so a killed replica never blocks the others until a
 /// lease runs out and no lease length or clock has to be trusted; and taken with
 /// `pg_try_advisory_xact_lock` it belongs to a transaction, so it cannot leak on a pooled
@@ -66,16 +73,19 @@ pub struct Report {
     pub outbox_sent: u64,
     pub summaries: u64,
     pub consumers: u64,
+    /// Members of tenants' in-flight sets whose job had finished or was gone.
+    pub in_flight: u64,
 }
 
 impl Report {
-    fn removed(&self) -> [(&'static str, u64); 5] {
+    fn removed(&self) -> [(&'static str, u64); 6] {
         [
             ("stream_entries", self.stream_entries),
             ("dead_letters", self.dead_letters),
             ("outbox_sent", self.outbox_sent),
             ("summaries", self.summaries),
             ("consumers", self.consumers),
+            ("in_flight", self.in_flight),
         ]
     }
 }
@@ -84,17 +94,21 @@ impl Report {
 #[derive(Clone)]
 pub struct Maintenance {
     pg: deadpool_postgres::Pool,
-    /// Only with the worker role: a relay-only process has no Redis to look after.
+    /// With the api or worker role; a relay-only process has no Redis to read or look after,
+    /// so it never exports the stream gauges.
     redis: Option<deadpool_redis::Pool>,
     keys: RedisKeys,
     metrics: Arc<Metrics>,
     retention: RetentionSettings,
     consumer_gc: Duration,
     interval: Duration,
+    /// Where the in-flight sweep's SCAN of the keyspace goes on at the next pass: one pass
+    /// scans a bounded part of it (`in_flight.rs`).
+    sweep_cursor: Arc<AtomicU64>,
 }
 
 impl Maintenance {
-    /// `redis` only when the process runs the worker role.
+    /// `redis` only when the process has Redis (the api or worker role).
     pub fn new(
         settings: &Settings,
         pg: deadpool_postgres::Pool,
@@ -110,12 +124,8 @@ impl Maintenance {
             retention: settings.retention.clone(),
             consumer_gc: settings.worker.consumer_gc,
             interval: settings.maintenance.interval,
+            sweep_cursor: Arc::new(AtomicU64::new(0)),
         }
-    }
-
-    /// Whether these roles run maintenance at all (the api role alone does not).
-    pub(crate) fn enabled_for(roles: Roles) -> bool {
-        roles.has(Role::Worker) || roles.has(Role::Relay)
     }
 
     /// One pass at the current time.
@@ -156,6 +166,7 @@ impl Maintenance {
                 outbox_sent = report.outbox_sent,
                 summaries = report.summaries,
                 consumers = report.consumers,
+                in_flight = report.in_flight,
                 "maintenance removed finished work"
             );
         }
@@ -208,6 +219,7 @@ impl Maintenance {
         let mut conn = redis.get().await?;
         report.consumers = self.remove_gone_consumers(&mut conn).await?;
         report.dead_letters = self.purge_dead_letters(&mut conn, now).await?;
+        report.in_flight = self.sweep_in_flight(&mut conn).await?;
         Ok(())
     }
 

@@ -7,12 +7,18 @@
 //! limit, so it is never charged or refused, and a refused request writes nothing. The
 //! in-flight set gains the job id in the same step that enqueues it and loses it in the step
 //! that finishes it (ack, dead-letter); `dlq replay` adds it back. This module owns the
-//! arguments the script receives and those writes.
+//! arguments the script receives and those writes, and the reads and the removal of the
+//! maintenance sweep that takes out members those steps left behind (a version that did not
+//! remove them, an operator's manual XACK).
 
+use std::collections::HashSet;
+use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::{Pipeline, ScriptInvocation};
+use redis::aio::ConnectionLike;
+use redis::{Pipeline, Script, ScriptInvocation};
 
+use super::job_entry;
 use crate::domain::JobId;
 use crate::infra::keys::RedisKeys;
 
@@ -114,6 +120,178 @@ pub(crate) fn add_finished(pipe: &mut Pipeline, keys: &RedisKeys, tenant: &str, 
         .ignore();
 }
 
+/// Keys per SCAN call, members per SSCAN call and per removal script, stream entries per
+/// page of the stream scan: small, so no single command of the sweep holds Redis for long.
+pub(crate) const SWEEP_BATCH: usize = 200;
+
+/// One step of a SCAN over the keyspace for tenants' in-flight sets: the next cursor (0 when
+/// the scan is complete) and the set keys of this step.
+pub(crate) async fn scan_sets<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    cursor: u64,
+) -> redis::RedisResult<(u64, Vec<String>)> {
+    redis::cmd("SCAN")
+        .arg(cursor)
+        .arg("MATCH")
+        .arg(keys.in_flight_pattern())
+        .arg("COUNT")
+        .arg(SWEEP_BATCH)
+        .arg("TYPE")
+        .arg("set")
+        .query_async(conn)
+        .await
+}
+
+/// One step of an SSCAN over one in-flight set: the next cursor (0 at the end) and members.
+pub(crate) async fn scan_members<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    set: &str,
+    cursor: u64,
+) -> redis::RedisResult<(u64, Vec<String>)> {
+    redis::cmd("SSCAN")
+        .arg(set)
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(SWEEP_BATCH)
+        .query_async(conn)
+        .await
+}
+
+/// Which of `jobs` still have their job state (in the order given), in one round trip.
+/// Only whether the hash exists: any state at all means the job may be on a stream.
+pub(crate) async fn have_state<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    jobs: &[JobId],
+) -> redis::RedisResult<Vec<bool>> {
+    if jobs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for job in jobs {
+        pipe.exists(keys.job(*job));
+    }
+    pipe.query_async(conn).await
+}
+
+/// One page of a stream's job ids: entries after `after` (from the start when `None`), at
+/// most [`SWEEP_BATCH`]; returns the last entry id of the page ('' when empty), how many
+/// entries it had, and the job ids of those entries. The ids are picked out in Redis, so a page of entries carrying
+/// long texts does not cross the network.
+///
+/// KEYS[1] stream   ARGV[1] exclusive start ('-' for the first page)   ARGV[2] count
+/// ARGV[3] the job id field
+static JOB_IDS_PAGE: LazyLock<Script> = LazyLock::new(|| Script::new(JOB_IDS_PAGE_LUA));
+const JOB_IDS_PAGE_LUA: &str = r"
+local entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', tonumber(ARGV[2]))
+local out = {'', tostring(#entries)}
+for _, e in ipairs(entries) do
+  out[1] = e[1]
+  local f = e[2]
+  for i = 1, #f, 2 do
+    if f[i] == ARGV[3] then out[#out + 1] = f[i + 1] end
+  end
+end
+return out
+";
+
+/// Of `candidates`, those whose job has an entry on the job stream or the dead-letter stream,
+/// read page by page and stopping once every candidate is found. Reads every unfinished
+/// entry in the worst case, so the sweep calls it only for members that already look gone.
+pub(crate) async fn on_streams<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    candidates: &HashSet<JobId>,
+) -> redis::RedisResult<HashSet<JobId>> {
+    let mut found = HashSet::new();
+    for stream in [keys.stream(), keys.dead_letters()] {
+        let mut start = "-".to_owned();
+        while found.len() < candidates.len() {
+            let page: Vec<String> = JOB_IDS_PAGE
+                .key(&stream)
+                .arg(&start)
+                .arg(SWEEP_BATCH)
+                .arg(job_entry::JOB_ID)
+                .invoke_async(conn)
+                .await?;
+            let [last, entries, ids @ ..] = page.as_slice() else {
+                break;
+            };
+            found.extend(
+                ids.iter()
+                    .filter_map(|id| id.parse::<JobId>().ok())
+                    .filter(|id| candidates.contains(id)),
+            );
+            if last.is_empty() || entries.parse::<usize>().unwrap_or(0) < SWEEP_BATCH {
+                break;
+            }
+            start = format!("({last}");
+        }
+    }
+    Ok(found)
+}
+
+/// A member the sweep found left behind, and how sure it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Leaked {
+    /// The job has its summary (finished for good), or the member is not a job id at all:
+    /// removed as it is.
+    Finished(String),
+    /// The job had no state and no stream entry when the sweep looked: removed only if it
+    /// still has no state, checked in the removing script itself.
+    Gone { member: String, job: JobId },
+}
+
+/// Remove leaked members of one in-flight set; returns how many this call removed.
+///
+/// Race-free against an enqueue or a `dlq replay` of the same job running meanwhile: both
+/// write the job's state in the same atomic step as they add the member, and the script
+/// re-checks that state before each SREM of a gone member, so a job put back on a stream
+/// after the sweep looked keeps its member. A finished member needs no re-check: a job
+/// with a summary is finished for good, and a later acceptance under the same id is a
+/// duplicate the worker answers without a model call.
+///
+/// KEYS[1] the in-flight set   KEYS[2 ..] job-state hashes
+/// ARGV pairs: member, index into KEYS of its job state (0: remove without a check)
+static REMOVE_LEAKED: LazyLock<Script> = LazyLock::new(|| Script::new(REMOVE_LEAKED_LUA));
+const REMOVE_LEAKED_LUA: &str = r"
+local removed = 0
+for i = 1, #ARGV, 2 do
+  local k = tonumber(ARGV[i + 1])
+  if k == 0 or redis.call('EXISTS', KEYS[k]) == 0 then
+    removed = removed + redis.call('SREM', KEYS[1], ARGV[i])
+  end
+end
+return removed
+";
+
+pub(crate) async fn remove_leaked<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    set: &str,
+    leaked: &[Leaked],
+) -> redis::RedisResult<u64> {
+    if leaked.is_empty() {
+        return Ok(0);
+    }
+    let mut invocation = REMOVE_LEAKED.prepare_invoke();
+    invocation.key(set);
+    let mut next_key = 2;
+    for member in leaked {
+        match member {
+            Leaked::Finished(member) => {
+                invocation.arg(member).arg(0);
+            }
+            Leaked::Gone { member, job } => {
+                invocation.key(keys.job(*job)).arg(member).arg(next_key);
+                next_key += 1;
+            }
+        }
+    }
+    invocation.invoke_async(conn).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -127,5 +305,15 @@ mod tests {
         assert_eq!(l.burst(), 3.0);
         assert_eq!(l.interval_us(), 400_000.0);
         assert_eq!(TenantLimits::default().interval_us(), 0.0);
+    }
+
+    #[test]
+    fn the_sweep_pattern_matches_in_flight_sets_of_this_prefix_only() {
+        let keys = RedisKeys::new("t*[1]:");
+        assert_eq!(keys.in_flight_pattern(), r"t\*\[1\]:tenant:*:in_flight");
+        let set = keys.in_flight("acme");
+        assert_eq!(keys.in_flight_tenant(&set), Some("acme"));
+        assert_eq!(keys.in_flight_tenant(&keys.rate("acme")), None);
+        assert_eq!(keys.in_flight_tenant("other:tenant:acme:in_flight"), None);
     }
 }

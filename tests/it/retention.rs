@@ -781,14 +781,14 @@ async fn maintenance_works_with_what_its_roles_have() {
         .unwrap();
     let relay = services.maintenance(Roles::of(&[summaryd::config::roles::Role::Relay]));
     assert!(relay.run_once().await.unwrap().led);
-    assert_eq!(services.metrics.outbox_unsent.get(), 1);
+    assert_eq!(services.metrics.outbox_unsent.get(), Some(1.0));
 
     db::summaries::commit_with_outbox(&services.pg, &job("r2"), &crate::shared::model_summary("s"))
         .await
         .unwrap();
     let worker = services.maintenance(Roles::of(&[summaryd::config::roles::Role::Worker]));
     assert!(worker.run_once().await.is_err(), "Redis is down");
-    assert_eq!(services.metrics.outbox_unsent.get(), 2);
+    assert_eq!(services.metrics.outbox_unsent.get(), Some(2.0));
     let text = services.metrics.render();
     assert_eq!(
         sample(&text, r#"summaryd_maintenance_runs_total{outcome="error"}"#),

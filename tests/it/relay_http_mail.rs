@@ -102,7 +102,6 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
         serde_json::json!({"error": "recipient domain not verified"}),
     )]);
     let services = services(&env, &sink);
-    let give_up = services.settings.relay.give_up();
     let msg = job(2);
     commit_with_outbox(
         &services.pg,
@@ -114,7 +113,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
 
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     let mut stuck = Vec::new();
-    ops::outbox::stuck(&services.pg, give_up, true, &mut stuck)
+    ops::outbox::stuck(&services.pg, true, &mut stuck)
         .await
         .unwrap();
     let stuck = String::from_utf8(stuck).unwrap();
@@ -125,7 +124,7 @@ async fn a_400_parks_the_row_for_a_person_and_outbox_retry_sends_it_to_a_healthy
     assert_eq!(relay_once(&services).await.unwrap(), 0);
     assert_eq!(sink.requests().len(), 1);
 
-    let n = ops::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
+    let n = ops::outbox::retry(&services.pg, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 1);

@@ -217,7 +217,7 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
                 warn!(id = row.id, dedupe_key = %row.dedupe_key, error = %err,
                     "outbox send refused: the mail provider is misconfigured; the row waits");
             } else {
-                lost_claim(row, &err);
+                log_lost_claim(row, &err);
             }
             // Scrubbed where it was made (mail/); scrubbed again because `/readyz` shows it
             // to whoever can reach the ops port.
@@ -273,9 +273,13 @@ fn row_backoff(relay: &RelaySettings) -> Backoff {
 }
 
 fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
+    log_lost_claim(row, err);
+    Outcome::LostClaim
+}
+
+fn log_lost_claim(row: &OutboxRow, err: &str) {
     warn!(id = row.id, dedupe_key = %row.dedupe_key, error = %err,
         "outbox lease expired before the failure was recorded; the row's new owner decides");
-    Outcome::LostClaim
 }
 
 /// Compose and hand the row to the provider once, under a wall-clock cap. Returns the

@@ -42,6 +42,7 @@ DOCUMENTED = {
     "summaryd_http_request_duration_seconds",
     "summaryd_llm_tokens_total",
     "summaryd_llm_breaker_open",
+    "summaryd_mail_breaker_open",
     "summaryd_loop_errors_total",
     "summaryd_gauges_refreshed_timestamp_seconds",
     "summaryd_maintenance_runs_total",

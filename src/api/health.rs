@@ -9,6 +9,7 @@ use utoipa::ToSchema;
 
 use super::problem::{ApiError, Problem};
 use super::state::{ApiServices, ApiState};
+use crate::config::roles::Role;
 
 /// Kubelet's default probe timeout is 1 s; each check must answer well inside it, and the
 /// checks run concurrently, so a dead dependency cannot make the probe itself time out.
@@ -20,7 +21,8 @@ pub(crate) struct Health {
     pub(crate) status: String,
     /// Per dependency: `ok` or why not (readiness only). `model:<provider>` entries say
     /// whether that model provider's circuit breaker is open; they never make the process
-    /// unready.
+    /// unready. `mail` appears while the mail provider refuses the relay as misconfigured
+    /// (in a process that also serves the API, which stays ready).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub(crate) checks: BTreeMap<String, String>,
 }
@@ -44,7 +46,7 @@ pub(crate) async fn healthz() -> HttpResponse {
     tag = "operations",
     responses(
         (status = 200, description = "The dependencies of the enabled roles answer (api, worker: Redis and Postgres; relay: Postgres)", body = Health),
-        (status = 503, description = "A dependency does not answer, the worker or relay loop failed its last passes (the detail says which and why), or shutdown has begun", body = Problem, content_type = "application/problem+json",
+        (status = 503, description = "A dependency does not answer, the worker or relay loop failed its last passes, the mail provider refuses the relay of a process without the api role as misconfigured (the detail says which and why), or shutdown has begun", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
     )
 )]
@@ -85,13 +87,30 @@ pub(crate) async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, A
     // (a missing table, a stream key of the wrong type): say which, and why.
     let mut broken = Vec::new();
     for (role, passes, reason) in services.metrics.failing_loops() {
-        let enabled = role
-            .parse::<crate::config::roles::Role>()
-            .is_ok_and(|r| roles.has(r));
+        let enabled = role.parse::<Role>().is_ok_and(|r| roles.has(r));
         if enabled {
             let why = format!("{passes} consecutive failed passes; last: {reason}");
             broken.push(format!("{role} loop: {why}"));
         }
+    }
+    // The mail provider refusing our credentials or URL pauses the relay: rows wait until a
+    // person fixes the configuration (a restart will not). A process without the api role
+    // says so by being unready, which also stops a rollout that brought the wrong setting.
+    // One that serves the API stays ready and says it in its body: taking it out of the
+    // load balancer would turn emails that wait into summaries nobody can request.
+    let mail = roles
+        .has(Role::Relay)
+        .then(|| services.metrics.mail_misconfigured())
+        .flatten()
+        .map(|reason| {
+            format!(
+                "mail provider misconfigured, relay paused (rows wait and are retried, none is parked): {reason}"
+            )
+        });
+    if let Some(why) = &mail
+        && !roles.has(Role::Api)
+    {
+        broken.push(why.clone());
     }
     if !failing.is_empty() || !broken.is_empty() {
         let mut reasons = Vec::new();
@@ -101,8 +120,11 @@ pub(crate) async fn readyz(state: web::Data<ApiState>) -> Result<HttpResponse, A
         reasons.extend(broken);
         return Err(ApiError::NotReady(reasons.join("; ")));
     }
-    if roles.has(crate::config::roles::Role::Worker) {
+    if roles.has(Role::Worker) {
         checks.extend(model_checks(services));
+    }
+    if let Some(why) = mail {
+        checks.insert("mail".to_owned(), why);
     }
     Ok(HttpResponse::Ok().json(Health {
         status: "ready".into(),

@@ -16,7 +16,7 @@ use crate::infra::metrics::Metrics;
 use crate::llm::ModelChain;
 use crate::mail::Mailer;
 use crate::maintenance::Maintenance;
-use crate::relay::RelayServices;
+use crate::relay::{MailBreaker, RelayServices};
 use crate::worker::{DependencyGate, WorkerServices};
 
 #[derive(Clone)]
@@ -30,6 +30,9 @@ pub struct Handles {
     /// Whether this process's consumers may take work (closed while a dependency is down);
     /// one per process, so every consumer stops when one sees the dependency go.
     pub worker_gate: Arc<DependencyGate>,
+    /// Whether this process's relay tasks may claim rows (open while the mail provider
+    /// refuses us as misconfigured); one per process, like the worker gate.
+    pub mail_breaker: Arc<MailBreaker>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -50,6 +53,7 @@ impl Handles {
             pg: connections::pg_pool(&settings)?,
             metrics: Arc::new(Metrics::new()?),
             worker_gate: Arc::new(DependencyGate::new()),
+            mail_breaker: Arc::new(MailBreaker::new(&settings.relay)),
             settings: Arc::new(settings),
         })
     }
@@ -87,6 +91,7 @@ impl Handles {
             pg: self.pg.clone(),
             mailer,
             metrics: self.metrics.clone(),
+            mail_breaker: self.mail_breaker.clone(),
         }
     }
 

@@ -15,8 +15,8 @@ pub struct RelaySettings {
     /// required in a file.
     #[serde(default = "RelaySettings::max_attempts_default")]
     pub max_attempts: i32,
-    /// A row failing transiently for longer than this since it was created (or retried by
-    /// a person) needs a person: listed by `outbox stuck`, no longer sent by itself.
+    /// A row failing transiently for longer than this since its first failure needs a
+    /// person: the next failure parks it (`outbox stuck`), and it is no longer sent by itself.
     pub(crate) give_up_s: u64,
     #[serde(rename = "poll_ms", with = "Millis")]
     pub poll: Duration,

@@ -32,9 +32,9 @@ pub struct OutboxRow {
     pub claim_token: Uuid,
 }
 
-/// A row that needs a person (`summaryd outbox stuck`): failed permanently, or still failing
-/// transiently past the give-up horizon (`SUMMARYD_RELAY_GIVE_UP_S` since it was created or
-/// last retried by a person).
+/// A row that needs a person (`summaryd outbox stuck`): failed permanently, or failed
+/// transiently again past the give-up horizon (`SUMMARYD_RELAY_GIVE_UP_S` since its first
+/// failure).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct StuckRow {
     pub id: i64,
@@ -55,46 +55,40 @@ fn interval_ms(d: Duration) -> i64 {
     i64::try_from(d.as_millis()).map_or(MAX_INTERVAL_MS, |ms| ms.min(MAX_INTERVAL_MS))
 }
 
-/// A row that has failed and has kept failing for longer than the give-up horizon (`$1`,
-/// milliseconds). Rows never tried are never past it: a relay that was down for a day still
-/// sends what piled up. Transient failures alone never park a row before the horizon, so a
-/// provider outage shorter than it needs nobody.
-const PAST_GIVE_UP: &str = "(attempts > 0 AND coalesce(retry_from, created_at) \
-                            <= now() - $1::bigint * interval '1 millisecond')";
+/// No relay holds the row: never leased, or its lease ran out (its relay died or gave up).
+const NOT_LEASED: &str = "(claimed_until IS NULL OR claimed_until < now())";
 
 /// Lease up to `batch` due rows to the caller, oldest first, in one statement.
 ///
 /// `FOR UPDATE SKIP LOCKED` makes concurrent relays skip rows another claim is taking right
 /// now, and the lease condition makes them skip rows another relay holds; the row locks last
 /// only for this statement. Rows of a relay that crashed come back once `lease` has passed.
-/// Rows past `give_up` are left for a person.
+/// Parked rows (`failed_at`) are left for a person. A row is parked only by a failure, never
+/// by waiting: a row whose horizon ran out while the relay was down or paused (the mail
+/// provider misconfigured) is tried once more, and only a failure then parks it.
 pub async fn claim_due(
     pool: &Pool,
     batch: i64,
-    give_up: Duration,
     lease: Duration,
 ) -> Result<Vec<OutboxRow>, DbError> {
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached(&format!(
             "UPDATE outbox \
-                SET claimed_until = now() + $3::bigint * interval '1 millisecond', \
+                SET claimed_until = now() + $2::bigint * interval '1 millisecond', \
                     claim_token = gen_random_uuid() \
               WHERE id IN ( \
                     SELECT id FROM outbox \
                      WHERE sent_at IS NULL AND failed_at IS NULL \
-                       AND NOT {PAST_GIVE_UP} \
                        AND next_attempt_at <= now() \
-                       AND (claimed_until IS NULL OR claimed_until < now()) \
+                       AND {NOT_LEASED} \
                      ORDER BY id \
-                     LIMIT $2 \
+                     LIMIT $1 \
                      FOR UPDATE SKIP LOCKED) \
           RETURNING id, topic, dedupe_key, payload, attempts, claim_token"
         ))
         .await?;
-    let rows = client
-        .query(&stmt, &[&interval_ms(give_up), &batch, &interval_ms(lease)])
-        .await?;
+    let rows = client.query(&stmt, &[&batch, &interval_ms(lease)]).await?;
     let mut claimed: Vec<OutboxRow> = rows.iter().map(outbox_row).collect::<Result<_, _>>()?;
     // RETURNING follows no particular order; keep "oldest first" for the caller.
     claimed.sort_by_key(|r| r.id);
@@ -140,6 +134,11 @@ pub struct TransientMark {
 
 /// A failure a later attempt may fix: count it and make the row due again after `backoff`.
 ///
+/// The row's first failure starts its give-up horizon (`first_failed_at`); a failure
+/// recorded once `give_up` has passed since then parks the row for a person instead. The
+/// horizon counts from the first failure, not from the row's creation: a row that waited
+/// in a backlog longer than the horizon is not parked by its first 429.
+///
 /// Returns the row's state after this failure, or `None` when the claim is no longer ours
 /// (lease expired and the row was re-claimed or finished): then nothing is changed.
 pub async fn mark_failed_transient(
@@ -151,15 +150,21 @@ pub async fn mark_failed_transient(
     give_up: Duration,
 ) -> Result<Option<TransientMark>, DbError> {
     let client = pool.get().await?;
+    // On the right of SET, `first_failed_at` is the value before this update: NULL on the
+    // first failure, which therefore never parks the row.
     let stmt = client
-        .prepare_cached(&format!(
+        .prepare_cached(
             "UPDATE outbox \
                 SET attempts = attempts + 1, last_error = $4, \
                     next_attempt_at = now() + $5::bigint * interval '1 millisecond', \
+                    first_failed_at = coalesce(first_failed_at, now()), \
+                    failed_at = CASE WHEN first_failed_at \
+                                          <= now() - $1::bigint * interval '1 millisecond' \
+                                     THEN now() END, \
                     claimed_until = NULL, claim_token = NULL \
               WHERE id = $2 AND claim_token = $3 AND sent_at IS NULL \
-          RETURNING attempts, {PAST_GIVE_UP}"
-        ))
+          RETURNING attempts, failed_at IS NOT NULL",
+        )
         .await?;
     let row = client
         .query_opt(
@@ -182,6 +187,35 @@ pub async fn mark_failed_transient(
     })
 }
 
+/// The mail provider refused the send as misconfigured (its credentials, its URL): nothing
+/// about this row was tried. Release the row to be sent again after `backoff`, with the
+/// provider's answer as `last_error`, without counting an attempt or touching the give-up
+/// horizon: such a row waits for the provider however long it takes, and is never parked.
+///
+/// Returns false when the claim is no longer ours; then nothing is changed.
+pub async fn mark_provider_unavailable(
+    pool: &Pool,
+    id: i64,
+    claim_token: Uuid,
+    error: &str,
+    backoff: Duration,
+) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE outbox \
+                SET last_error = $3, \
+                    next_attempt_at = now() + $4::bigint * interval '1 millisecond', \
+                    claimed_until = NULL, claim_token = NULL \
+              WHERE id = $1 AND claim_token = $2 AND sent_at IS NULL",
+        )
+        .await?;
+    let n = client
+        .execute(&stmt, &[&id, &claim_token, &error, &interval_ms(backoff)])
+        .await?;
+    Ok(n == 1)
+}
+
 /// A failure no retry can fix: park the row for a person (`summaryd outbox stuck`).
 ///
 /// Returns false when the claim is no longer ours; then nothing is changed.
@@ -196,6 +230,7 @@ pub async fn mark_failed_permanent(
         .prepare_cached(
             "UPDATE outbox \
                 SET attempts = attempts + 1, last_error = $3, failed_at = now(), \
+                    first_failed_at = coalesce(first_failed_at, now()), \
                     claimed_until = NULL, claim_token = NULL \
               WHERE id = $1 AND claim_token = $2 AND sent_at IS NULL",
         )
@@ -203,22 +238,20 @@ pub async fn mark_failed_permanent(
     Ok(client.execute(&stmt, &[&id, &claim_token, &error]).await? == 1)
 }
 
-/// Unsent rows the relay will not pick up again by itself (`$1` is the give-up horizon).
-fn stuck_rows() -> String {
-    format!("sent_at IS NULL AND (failed_at IS NOT NULL OR {PAST_GIVE_UP})")
-}
+/// Unsent rows the relay will not pick up again by itself: parked by a permanent failure or
+/// by a transient failure past the give-up horizon.
+const STUCK: &str = "(sent_at IS NULL AND failed_at IS NOT NULL)";
 
-/// Rows that need a person, oldest first. `give_up` is the relay's current horizon.
-pub async fn stuck(pool: &Pool, give_up: Duration) -> Result<Vec<StuckRow>, DbError> {
+/// Rows that need a person, oldest first.
+pub async fn stuck(pool: &Pool) -> Result<Vec<StuckRow>, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
             &format!(
-                "SELECT id, payload->>($2::text), topic, dedupe_key, attempts, last_error, created_at \
-                   FROM outbox WHERE {} ORDER BY id",
-                stuck_rows()
+                "SELECT id, payload->>($1::text), topic, dedupe_key, attempts, last_error, created_at \
+                   FROM outbox WHERE {STUCK} ORDER BY id"
             ),
-            &[&interval_ms(give_up), &SummaryReady::JOB_ID_FIELD],
+            &[&SummaryReady::JOB_ID_FIELD],
         )
         .await?;
     rows.iter()
@@ -236,31 +269,29 @@ pub async fn stuck(pool: &Pool, give_up: Duration) -> Result<Vec<StuckRow>, DbEr
         .collect()
 }
 
-/// Make stuck rows eligible for the relay again, with the give-up horizon restarting now
-/// and the backoff from its first step; `None` = all.
+/// Make stuck rows eligible for the relay again, as if they had never failed: attempts from
+/// 0, the backoff from its first step, and no give-up horizon until the row's next failure
+/// starts a new one (`first_failed_at` cleared; `retry_from` records when a person retried).
+/// `None` = all stuck rows.
 ///
-/// Only stuck rows are touched (ids of sent or still-retrying rows are ignored), so a
-/// retry can never resend a delivered email or cut short a lease a relay is working under.
-/// `last_error` is kept for the record until the next attempt overwrites it.
+/// Only stuck rows no relay holds are touched (ids of sent, still-retrying or leased rows
+/// are ignored), so a retry can never resend a delivered email, nor clear the lease of a
+/// row a relay is sending right now: that would let another relay claim and send it at
+/// the same time. `last_error` is kept for the record until the next attempt overwrites it.
 /// Returns how many rows were made eligible.
-pub async fn retry(pool: &Pool, give_up: Duration, ids: Option<&[i64]>) -> Result<u64, DbError> {
+pub async fn retry(pool: &Pool, ids: Option<&[i64]>) -> Result<u64, DbError> {
     let client = pool.get().await?;
-    let set = "UPDATE outbox SET failed_at = NULL, attempts = 0, next_attempt_at = now(), \
-               retry_from = now(), claimed_until = NULL, claim_token = NULL";
-    let stuck = stuck_rows();
-    let give_up = interval_ms(give_up);
+    let update = format!(
+        "UPDATE outbox SET failed_at = NULL, attempts = 0, next_attempt_at = now(), \
+                first_failed_at = NULL, retry_from = now(), \
+                claimed_until = NULL, claim_token = NULL \
+          WHERE {STUCK} AND {NOT_LEASED}"
+    );
     let n = match ids {
-        None => {
-            client
-                .execute(&format!("{set} WHERE {stuck}"), &[&give_up])
-                .await?
-        }
+        None => client.execute(&update, &[]).await?,
         Some(ids) => {
             client
-                .execute(
-                    &format!("{set} WHERE {stuck} AND id = ANY($2)"),
-                    &[&give_up, &ids],
-                )
+                .execute(&format!("{update} AND id = ANY($1)"), &[&ids])
                 .await?
         }
     };

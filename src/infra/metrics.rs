@@ -37,6 +37,12 @@ pub struct Metrics {
     pub loop_errors: IntCounterVec,
     /// Per role, the current run of consecutive failed passes and the last reason.
     loop_streaks: Mutex<BTreeMap<&'static str, (u32, String)>>,
+    /// `summaryd_mail_breaker_open`: 1 while the relay is paused because the mail provider
+    /// refuses us as misconfigured. A vector without labels, so that a process without the
+    /// relay role exports nothing rather than a 0 it never measured.
+    mail_breaker_open: IntGaugeVec,
+    /// Why the mail breaker is open (for `/readyz`); `None` while closed.
+    mail_misconfigured: Mutex<Option<String>>,
     pub(crate) maintenance_runs: IntCounterVec,
     pub maintenance_removed: IntCounterVec,
 }
@@ -182,6 +188,14 @@ impl Metrics {
             &["provider"],
         )?;
         registry.register(Box::new(llm_breaker_open.clone()))?;
+        let mail_breaker_open = IntGaugeVec::new(
+            Opts::new(
+                "summaryd_mail_breaker_open",
+                "1 while the mail provider refuses this process's relay as misconfigured (401/403/404, SMTP 530/535) and the relay is paused, else 0; only on processes with the relay role",
+            ),
+            &[],
+        )?;
+        registry.register(Box::new(mail_breaker_open.clone()))?;
         let loop_errors = counter_vec(
             "summaryd_loop_errors_total",
             "Failed passes of the worker and relay loops, by role and kind of failure",
@@ -207,6 +221,8 @@ impl Metrics {
             outbox_sent,
             loop_errors,
             loop_streaks: Mutex::new(BTreeMap::new()),
+            mail_breaker_open,
+            mail_misconfigured: Mutex::new(None),
             maintenance_runs,
             maintenance_removed,
         })
@@ -234,6 +250,26 @@ impl Metrics {
             .filter(|(_, (n, _))| *n >= FAILED_PASSES_NOT_READY)
             .map(|(role, (n, reason))| (*role, *n, reason.clone()))
             .collect()
+    }
+
+    /// The relay's mail breaker: `Some(why)` while it is open, `None` while it is closed.
+    /// `why` must already be free of credentials (it is shown by `/readyz`).
+    pub(crate) fn set_mail_breaker(&self, open: Option<&str>) {
+        self.mail_breaker_open
+            .with_label_values(&[] as &[&str])
+            .set(i64::from(open.is_some()));
+        *self
+            .mail_misconfigured
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = open.map(str::to_owned);
+    }
+
+    /// Why the mail provider is taken to be misconfigured (the relay paused), if it is.
+    pub fn mail_misconfigured(&self) -> Option<String> {
+        self.mail_misconfigured
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .clone()
     }
 
     fn streaks(&self) -> std::sync::MutexGuard<'_, BTreeMap<&'static str, (u32, String)>> {

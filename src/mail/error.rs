@@ -10,6 +10,15 @@ use crate::resilience::failure::{Classify, Disposition};
 /// 4yz replies (greylisting, a busy mailbox) may pass later.
 const SMTP_PERMANENT: u16 = 500;
 
+/// HTTP statuses that say the mail API refuses *us*, whatever we send: a revoked or expired
+/// token (401), an account without the right to send (403), a wrong URL or a gateway with
+/// no route during a deploy (404). No row is at fault, so none is parked for them.
+const HTTP_MISCONFIGURED: [u16; 3] = [401, 403, 404];
+
+/// SMTP replies that say the same of the server: authentication required (530) or refused
+/// (535, wrong or expired credentials).
+const SMTP_MISCONFIGURED: [u16; 2] = [530, 535];
+
 /// One failed send. The Display of each variant is what `outbox.last_error`, `outbox stuck`
 /// and the relay's log lines say.
 ///
@@ -57,15 +66,23 @@ pub enum MailError {
 
 impl Classify for MailError {
     /// The tables in `docs/providers.md`: what the network, a timeout or a busy server did
-    /// may pass on a later send; what the provider refused by status or reply, and an
-    /// address or message that cannot be sent, fail the same way every time.
+    /// may pass on a later send; a provider that refuses our credentials or our URL is
+    /// misconfigured (`Unavailable`: every row waits for the fix, none is parked); what the
+    /// provider refused otherwise, and an address or message that cannot be sent, fail the
+    /// same way every time.
     fn disposition(&self) -> Disposition {
         match self {
             MailError::Unreachable(_)
             | MailError::SmtpConnection { .. }
             | MailError::SmtpTimeout { .. }
             | MailError::Timeout { .. } => Disposition::TRANSIENT,
+            MailError::Status { status, .. } if HTTP_MISCONFIGURED.contains(status) => {
+                Disposition::Unavailable
+            }
             MailError::Status { status, .. } => Disposition::of_http_status(*status, None),
+            MailError::SmtpReply { code, .. } if SMTP_MISCONFIGURED.contains(code) => {
+                Disposition::Unavailable
+            }
             MailError::SmtpReply { code, .. } if *code >= SMTP_PERMANENT => Disposition::Permanent,
             MailError::SmtpReply { .. } => Disposition::TRANSIENT,
             MailError::InvalidAddress { .. } | MailError::Message(_) => Disposition::Permanent,
@@ -111,7 +128,10 @@ mod tests {
         for s in [408, 409, 429, 500, 502, 503, 504] {
             assert_eq!(status(s).disposition(), Disposition::TRANSIENT, "{s}");
         }
-        for s in [400, 401, 403, 404, 413, 422] {
+        for s in [401, 403, 404] {
+            assert_eq!(status(s).disposition(), Disposition::Unavailable, "{s}");
+        }
+        for s in [400, 405, 410, 413, 422] {
             assert_eq!(status(s).disposition(), Disposition::Permanent, "{s}");
         }
     }
@@ -121,8 +141,19 @@ mod tests {
         for code in [421, 450, 451, 452, 499] {
             assert_eq!(reply(code).disposition(), Disposition::TRANSIENT, "{code}");
         }
-        for code in [500, 535, 550, 554] {
+        for code in [500, 534, 550, 554] {
             assert_eq!(reply(code).disposition(), Disposition::Permanent, "{code}");
+        }
+    }
+
+    #[test]
+    fn smtp_authentication_refused_is_a_misconfigured_provider_not_a_bad_row() {
+        for code in [530, 535] {
+            assert_eq!(
+                reply(code).disposition(),
+                Disposition::Unavailable,
+                "{code}"
+            );
         }
     }
 

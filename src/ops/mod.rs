@@ -89,11 +89,8 @@ async fn run_outbox(
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
     let pg = connections::pg_pool(settings)?;
-    let give_up = settings.relay.give_up();
     match command {
-        OutboxCommand::Stuck { json } => outbox::stuck(&pg, give_up, json, out).await,
-        OutboxCommand::Retry { ids, all } => outbox::retry(&pg, give_up, &ids, all, out)
-            .await
-            .map(|_| ()),
+        OutboxCommand::Stuck { json } => outbox::stuck(&pg, json, out).await,
+        OutboxCommand::Retry { ids, all } => outbox::retry(&pg, &ids, all, out).await.map(|_| ()),
     }
 }

@@ -2,7 +2,6 @@
 
 use clap::Subcommand;
 use std::io::Write;
-use std::time::Duration;
 
 use super::AdminError;
 use super::output::{Row, one_line, print_rows};
@@ -10,13 +9,15 @@ use crate::db::outbox::{self, StuckRow};
 
 #[derive(Debug, Subcommand)]
 pub enum OutboxCommand {
-    /// Rows at max attempts or failed permanently.
+    /// Rows failed permanently, or failing past SUMMARYD_RELAY_GIVE_UP_S since their first
+    /// failure.
     Stuck {
         /// One JSON object per line instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// Make stuck rows eligible for the relay again.
+    /// Make stuck rows eligible for the relay again (their give-up horizon restarts at their
+    /// next failure). Rows a relay is sending right now are left alone.
     Retry {
         /// Outbox row ids (from `outbox stuck`).
         #[arg(required_unless_present = "all", conflicts_with = "all")]
@@ -49,30 +50,28 @@ impl Row for StuckRow {
     }
 }
 
-/// Rows that need a person: failed permanently, or failing past `give_up`
-/// (`relay.give_up_s`) since they were created or last retried.
+/// Rows that need a person: failed permanently, or failed again past `relay.give_up_s`
+/// since their first failure.
 pub async fn stuck(
     pg: &deadpool_postgres::Pool,
-    give_up: Duration,
     json: bool,
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
-    let rows = outbox::stuck(pg, give_up).await?;
+    let rows = outbox::stuck(pg).await?;
     print_rows(out, &rows, json)?;
     Ok(())
 }
 
 /// Make stuck rows eligible for the relay again, restarting their give-up horizon; returns
-/// how many were reset.
+/// how many were reset (never a row a relay holds a lease on).
 pub async fn retry(
     pg: &deadpool_postgres::Pool,
-    give_up: Duration,
     ids: &[i64],
     all: bool,
     out: &mut impl Write,
 ) -> Result<u64, AdminError> {
     let ids = if all { None } else { Some(ids) };
-    let n = outbox::retry(pg, give_up, ids).await?;
+    let n = outbox::retry(pg, ids).await?;
     writeln!(out, "{n} outbox row(s) will be sent again")?;
     Ok(n)
 }

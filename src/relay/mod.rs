@@ -3,10 +3,13 @@
 //!
 //! - `pass`: one claim-send-record round (`relay_once`), what tests call directly.
 //! - `run`: the long-running loop with idle polling, database backoff and shutdown.
+//! - `mail_breaker`: the pause while the mail provider refuses us as misconfigured.
 
+mod mail_breaker;
 mod pass;
 mod run;
 
+pub use mail_breaker::MailBreaker;
 pub use pass::{PassReport, relay_once, relay_pass};
 pub use run::run;
 
@@ -25,6 +28,9 @@ pub struct RelayServices {
     pub pg: deadpool_postgres::Pool,
     pub(crate) mailer: Arc<dyn Mailer>,
     pub metrics: Arc<Metrics>,
+    /// Open while the mail provider refuses us as misconfigured: one per process, so every
+    /// relay task pauses when one of them meets the refusal.
+    pub(crate) mail_breaker: Arc<MailBreaker>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -1,12 +1,17 @@
 //! One relay pass: claim a small batch under a lease, send each row, record each outcome.
 
+use std::time::Duration;
+
 use futures_util::future::join_all;
+use tokio::time::Instant;
 use tracing::{error, info, warn};
 
+use super::mail_breaker::{Admission, ProbeTicket};
 use super::{RelayError, RelayServices};
 use crate::config::RelaySettings;
 use crate::db::outbox::{self, OutboxRow};
 use crate::domain::{InvalidEvent, SummaryReady};
+use crate::infra::redact;
 use crate::mail::{MailError, summary_ready_email};
 use crate::resilience::backoff::{Backoff, Jitter};
 use crate::resilience::failure::{Classify, Disposition};
@@ -19,11 +24,19 @@ pub struct PassReport {
     /// Rows the provider accepted.
     pub sent: usize,
     /// Rows that failed transiently and wait for their backoff.
-    pub(crate) retrying: usize,
+    pub retrying: usize,
     /// Rows that failed permanently or past the give-up horizon: they need a person.
     pub stuck: usize,
     /// Rows whose lease ran out before the outcome was recorded (another relay owns them).
     pub(crate) lost_claims: usize,
+    /// Rows the mail provider refused as misconfigured: released to wait for it, not
+    /// counted as failures.
+    pub waiting: usize,
+    /// The mail breaker is open and this pass claimed nothing.
+    pub paused: bool,
+    /// While paused: how long until the next probe may start (`None` while another relay
+    /// task of this process runs it).
+    pub(crate) probe_in: Option<Duration>,
 }
 
 /// Claim due rows, send them, record the outcomes. Returns the number of rows sent.
@@ -32,9 +45,24 @@ pub async fn relay_once(services: &RelayServices) -> Result<usize, RelayError> {
 }
 
 /// `relay_once` with the full report.
+///
+/// While the mail breaker is open the pass claims nothing, except the one pass per cooldown
+/// that sends a single due row as the probe.
 pub async fn relay_pass(services: &RelayServices) -> Result<PassReport, RelayError> {
     let relay = &services.settings.relay;
-    let rows = outbox::claim_due(&services.pg, relay.batch, relay.give_up(), relay.lease).await?;
+    let (batch, probe) = match services.mail_breaker.admit(Instant::now()) {
+        Admission::Claim => (relay.batch, None),
+        Admission::Probe(ticket) => (1, Some(ticket)),
+        Admission::Paused { probe_in } => {
+            return Ok(PassReport {
+                paused: true,
+                probe_in,
+                ..PassReport::default()
+            });
+        }
+    };
+    // A failed claim, or no due row to probe with, drops the ticket: the next pass probes.
+    let rows = outbox::claim_due(&services.pg, batch, relay.lease).await?;
     // The rows of a batch go out concurrently, so the whole batch ends within about one
     // mail timeout, inside the lease (config requires lease > mail timeout). One after the
     // other, a slow provider could let the lease of the last rows run out before their turn
@@ -45,20 +73,74 @@ pub async fn relay_pass(services: &RelayServices) -> Result<PassReport, RelayErr
         ..PassReport::default()
     };
     let mut first_error = None;
+    let mut misconfigured = None;
+    // A probe claims one row: its outcome is the probe's verdict.
+    let mut verdict = None;
     for outcome in outcomes {
-        match outcome {
-            Ok(Outcome::Sent) => report.sent += 1,
-            Ok(Outcome::Retrying) => report.retrying += 1,
-            Ok(Outcome::Stuck) => report.stuck += 1,
-            Ok(Outcome::LostClaim) => report.lost_claims += 1,
+        let outcome = match outcome {
+            Ok(outcome) => outcome,
             Err(e) => {
                 first_error.get_or_insert(e);
+                continue;
+            }
+        };
+        match &outcome {
+            Outcome::Sent => report.sent += 1,
+            Outcome::Retrying => report.retrying += 1,
+            Outcome::Stuck => report.stuck += 1,
+            Outcome::LostClaim => report.lost_claims += 1,
+            Outcome::Waiting { reason, recorded } => {
+                if *recorded {
+                    report.waiting += 1;
+                } else {
+                    report.lost_claims += 1;
+                }
+                misconfigured.get_or_insert_with(|| reason.clone());
             }
         }
+        verdict.get_or_insert(outcome);
+    }
+    let now = Instant::now();
+    match (probe, misconfigured) {
+        (Some(ticket), _) => judge_probe(services, ticket, verdict, now),
+        (None, Some(reason)) => {
+            if services.mail_breaker.trip(now, &reason) {
+                services.metrics.set_mail_breaker(Some(&reason));
+                error!(error = %reason,
+                    "the mail provider refuses the relay as misconfigured (credentials or URL); the relay is paused, every unsent row waits and none is parked; one row is sent as a probe after each cooldown");
+            }
+        }
+        (None, None) => {}
     }
     match first_error {
         Some(e) => Err(e),
         None => Ok(report),
+    }
+}
+
+/// The probe's row decides: refused as misconfigured again, the breaker stays open and the
+/// next probe waits longer; sent, or failing for another reason (the provider now answers
+/// about the row, and the row's own backoff governs again), it closes. A row that never
+/// reached the provider (parked for its own content, or a lost claim) says nothing, and
+/// the next pass probes with another row.
+fn judge_probe(
+    services: &RelayServices,
+    ticket: ProbeTicket<'_>,
+    verdict: Option<Outcome>,
+    now: Instant,
+) {
+    match verdict {
+        Some(Outcome::Waiting { reason, .. }) => {
+            warn!(error = %reason, "mail provider probe refused as misconfigured; the relay stays paused");
+            services.metrics.set_mail_breaker(Some(&reason));
+            ticket.refused(now, &reason);
+        }
+        Some(Outcome::Sent | Outcome::Retrying) => {
+            ticket.passed();
+            services.metrics.set_mail_breaker(None);
+            info!("the mail provider accepts the relay again; the relay resumed");
+        }
+        Some(Outcome::Stuck | Outcome::LostClaim) | None => drop(ticket),
     }
 }
 
@@ -67,6 +149,12 @@ enum Outcome {
     Retrying,
     Stuck,
     LostClaim,
+    /// The provider refused the send as misconfigured (`reason`, free of credentials); the
+    /// row waits for it. `recorded` is false when the lease had run out meanwhile.
+    Waiting {
+        reason: String,
+        recorded: bool,
+    },
 }
 
 /// Why a row was not handed over: its own content, or the mail provider's answer. The
@@ -115,13 +203,32 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
         Err(failed) => failed,
     };
     let err = failed.to_string();
+    let failures = u32::try_from(row.attempts).unwrap_or(0);
     match failed.disposition() {
-        // Provider down, slow or rate-limiting: resend after the row's backoff. An outage
-        // of any length never parks a row either (only the give-up horizon does).
-        Disposition::Transient { .. } | Disposition::Unavailable => {
+        // The provider refuses us, not this row (credentials, URL): the row waits for the
+        // fix, however long it takes, without an attempt counted or its horizon started.
+        // Its backoff stays where its own failures left it; the breaker paces the probes.
+        Disposition::Unavailable => {
+            let backoff = row_backoff(relay).delay(failures);
+            let recorded =
+                outbox::mark_provider_unavailable(pg, row.id, row.claim_token, &err, backoff)
+                    .await?;
+            if recorded {
+                warn!(id = row.id, dedupe_key = %row.dedupe_key, error = %err,
+                    "outbox send refused: the mail provider is misconfigured; the row waits");
+            } else {
+                log_lost_claim(row, &err);
+            }
+            // Scrubbed where it was made (mail/); scrubbed again because `/readyz` shows it
+            // to whoever can reach the ops port.
+            let reason = redact::secrets(&err, None);
+            Ok(Outcome::Waiting { reason, recorded })
+        }
+        // Provider down, slow or rate-limiting: resend after the row's backoff. Only a
+        // failure past the give-up horizon (counted from the row's first failure) parks it.
+        Disposition::Transient { .. } => {
             // Capped (SUMMARYD_RELAY_MAX_BACKOFF_MS) and unbounded in count: a provider outage
             // of any length shorter than the give-up horizon ends with the row sent.
-            let failures = u32::try_from(row.attempts).unwrap_or(0);
             let backoff = row_backoff(relay).delay(failures);
             let mark = outbox::mark_failed_transient(
                 pg,
@@ -137,7 +244,7 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
                 Some(mark) if mark.past_give_up => {
                     error!(id = row.id, dedupe_key = %row.dedupe_key, attempts = mark.attempts, error = %err,
                         give_up_s = relay.give_up_s,
-                        "outbox row still failing past the give-up horizon; it needs a person (summaryd outbox stuck / retry)");
+                        "outbox row still failing past the give-up horizon since its first failure; it needs a person (summaryd outbox stuck / retry)");
                     Ok(Outcome::Stuck)
                 }
                 Some(outbox::TransientMark { attempts, .. }) => {
@@ -166,9 +273,13 @@ fn row_backoff(relay: &RelaySettings) -> Backoff {
 }
 
 fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
+    log_lost_claim(row, err);
+    Outcome::LostClaim
+}
+
+fn log_lost_claim(row: &OutboxRow, err: &str) {
     warn!(id = row.id, dedupe_key = %row.dedupe_key, error = %err,
         "outbox lease expired before the failure was recorded; the row's new owner decides");
-    Outcome::LostClaim
 }
 
 /// Compose and hand the row to the provider once, under a wall-clock cap. Returns the

@@ -17,7 +17,8 @@ const DB_BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// Drain the outbox until `shutdown`. `name` identifies this task in logs.
 ///
 /// A full batch with no transient failures means more rows are probably due, so the next
-/// pass starts at once; otherwise the task waits `relay.poll_ms`. Database errors back off
+/// pass starts at once; otherwise the task waits `relay.poll_ms`, or less while the mail
+/// breaker is open and its next probe is due sooner. Database errors back off
 /// exponentially instead of spinning. On shutdown no new batch is claimed; the sends of the
 /// current pass finish (each is capped by the mail timeout, well inside the drain grace).
 pub async fn run(
@@ -36,6 +37,9 @@ async fn drive(services: RelayServices, shutdown: Shutdown) -> Result<(), RelayE
     // database go away, and should not all come back in the same instant.
     let db_backoff = Backoff::new(poll, DB_BACKOFF_MAX, Jitter::Equal);
     let mut db_failures: u32 = 0;
+    // A process with the relay role exports the breaker's state from its start.
+    let open = services.mail_breaker.open_reason();
+    services.metrics.set_mail_breaker(open.as_deref());
     info!("outbox relay started");
     while !shutdown.is_triggered() {
         let wait = match relay_pass(&services).await {
@@ -45,11 +49,17 @@ async fn drive(services: RelayServices, shutdown: Shutdown) -> Result<(), RelayE
                     info!("outbox relay reconnected to the database");
                 }
                 db_failures = 0;
-                let full = i64::try_from(report.claimed).unwrap_or(i64::MAX) >= relay.batch;
-                if full && report.retrying == 0 {
-                    continue;
+                if report.paused {
+                    // A paused pass touches nothing; polling until the probe is due costs
+                    // only a look at the breaker.
+                    report.probe_in.map_or(poll, |due| due.min(poll))
+                } else {
+                    let full = i64::try_from(report.claimed).unwrap_or(i64::MAX) >= relay.batch;
+                    if full && report.retrying == 0 && report.waiting == 0 {
+                        continue;
+                    }
+                    poll
                 }
-                poll
             }
             Err(e) => {
                 services

@@ -199,7 +199,6 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
         MailStep::Deliver,
     ));
     let services = env.services().mailer(mailer.clone()).build();
-    let give_up = services.settings.relay.give_up();
     let msg = job(3);
     summaryd::db::summaries::commit_with_outbox(
         &services.pg,
@@ -211,14 +210,14 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
 
     let mut table = Vec::new();
-    ops::outbox::stuck(&services.pg, give_up, false, &mut table)
+    ops::outbox::stuck(&services.pg, false, &mut table)
         .await
         .unwrap();
     let table = output(table);
     assert!(table.starts_with("id"), "{table}");
     assert!(table.contains("550 mailbox unavailable"), "{table}");
     let mut json = Vec::new();
-    ops::outbox::stuck(&services.pg, give_up, true, &mut json)
+    ops::outbox::stuck(&services.pg, true, &mut json)
         .await
         .unwrap();
     let row: Value = serde_json::from_str(output(json).trim()).unwrap();
@@ -246,19 +245,19 @@ async fn stuck_outbox_rows_are_listed_and_retried_by_the_operator() {
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 1);
     let id = row["id"].as_i64().unwrap();
-    let n = ops::outbox::retry(&services.pg, give_up, &[id], false, &mut Vec::new())
+    let n = ops::outbox::retry(&services.pg, &[id], false, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 1);
     assert_eq!(relay_once(&services.relay()).await.unwrap(), 1);
     assert_eq!(mailer.sent().len(), 1);
     let mut after = Vec::new();
-    ops::outbox::stuck(&services.pg, give_up, true, &mut after)
+    ops::outbox::stuck(&services.pg, true, &mut after)
         .await
         .unwrap();
     assert!(output(after).is_empty());
     // A retry of a row that was sent resends nothing.
-    let n = ops::outbox::retry(&services.pg, give_up, &[], true, &mut Vec::new())
+    let n = ops::outbox::retry(&services.pg, &[], true, &mut Vec::new())
         .await
         .unwrap();
     assert_eq!(n, 0);

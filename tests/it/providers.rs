@@ -443,7 +443,17 @@ async fn http_mail_classifies_provider_answers() {
             "{status}: {got:?}"
         );
     }
-    for status in [400, 401, 404, 422] {
+    // The provider refuses us, not the email: the relay waits for a fix, parks nothing.
+    for status in [401, 403, 404] {
+        sink.set_reply(Reply::json(status, json!({"message": "invalid api key"})));
+        let got = mailer.send(&email(), "k1").await;
+        assert!(
+            matches!(&got, Err(e @ MailError::Status { .. })
+                if e.disposition() == Disposition::Unavailable && e.to_string().contains("invalid api key")),
+            "{status}: {got:?}"
+        );
+    }
+    for status in [400, 422] {
         sink.set_reply(Reply::json(
             status,
             json!({"message": "recipient domain blocked"}),
@@ -463,7 +473,7 @@ async fn http_mail_classifies_provider_answers() {
     assert!(mailer.send(&email(), "k1").await.is_ok());
     assert_eq!(
         sink.requests().len(),
-        9,
+        10,
         "one request per send, no hidden retries"
     );
 }

@@ -7,19 +7,20 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
-use summaryd::config::Settings;
+use summaryd::config::{MailProvider, Settings};
 use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
 use summaryd::mail::{
     LogMailer, MailError, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
-use summaryd::relay::{RelayServices, relay_once, run};
+use summaryd::relay::{RelayServices, relay_once, relay_pass, run};
 use summaryd::shutdown::Shutdown;
 
 use crate::shared::fabricate::expire_leases;
 use crate::shared::fakes::MailStep;
 use crate::shared::log_capture::Captured;
+use crate::shared::smtp_sink::SmtpSink;
 use crate::shared::{FakeMailer, TestEnv, eventually};
 
 const NOTIFY: &str = "team@example.com";
@@ -224,7 +225,7 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
     let held = [commit_job(&svc, 1).await, commit_job(&svc, 2).await];
 
     // The "dead" relay claims and never records anything.
-    let claimed = outbox::claim_due(&svc.pg, 10, settings.relay.give_up(), settings.relay.lease)
+    let claimed = outbox::claim_due(&svc.pg, 10, settings.relay.lease)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
@@ -267,7 +268,6 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
 async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
-    let max = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::with(
         vec![MailStep::Fail(|| MailError::Status {
             status: 422,
@@ -286,7 +286,7 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
         "{row:?}"
     );
 
-    let stuck = outbox::stuck(&svc.pg, max).await.unwrap();
+    let stuck = outbox::stuck(&svc.pg).await.unwrap();
     assert_eq!(stuck.len(), 1);
     let StuckRow {
         id,
@@ -308,21 +308,15 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 1);
 
-    assert_eq!(
-        outbox::retry(&svc.pg, max, Some(&[row.id])).await.unwrap(),
-        1
-    );
+    assert_eq!(outbox::retry(&svc.pg, Some(&[row.id])).await.unwrap(), 1);
     let row = outbox_row(&env, job).await;
     assert!(!row.failed && row.attempts == 0, "{row:?}");
     assert_eq!(relay_once(&svc).await.unwrap(), 1);
     assert_eq!(sent_keys(&mailer), vec![key(job)]);
-    assert!(outbox::stuck(&svc.pg, max).await.unwrap().is_empty());
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
     // Retrying a sent row never resends it.
-    assert_eq!(
-        outbox::retry(&svc.pg, max, Some(&[row.id])).await.unwrap(),
-        0
-    );
-    assert_eq!(outbox::retry(&svc.pg, max, None).await.unwrap(), 0);
+    assert_eq!(outbox::retry(&svc.pg, Some(&[row.id])).await.unwrap(), 0);
+    assert_eq!(outbox::retry(&svc.pg, None).await.unwrap(), 0);
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     assert_eq!(mailer.attempts(), 2);
 }
@@ -331,7 +325,6 @@ async fn permanent_failure_parks_the_row_until_an_operator_retries_it() {
 async fn a_payload_that_cannot_be_composed_fails_permanently_without_calling_the_provider() {
     let env = TestEnv::new().await;
     let settings = fast_settings(&env);
-    let max = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::new());
     let svc = services(&env, settings, &mailer);
     env.pg()
@@ -352,7 +345,7 @@ async fn a_payload_that_cannot_be_composed_fails_permanently_without_calling_the
         1,
         "the broken row never reached the provider"
     );
-    let stuck = outbox::stuck(&svc.pg, max).await.unwrap();
+    let stuck = outbox::stuck(&svc.pg).await.unwrap();
     assert_eq!(stuck.len(), 1);
     assert_eq!(stuck[0].dedupe_key, "summary_ready:broken");
     assert_eq!(stuck[0].job_id.as_deref(), Some("not-a-uuid"));
@@ -373,7 +366,6 @@ async fn transient_failures_never_park_a_row_before_the_give_up_horizon() {
     let mut settings = fast_settings(&env);
     // Accepted, and without effect: the old attempt budget no longer parks rows.
     settings.relay.max_attempts = 3;
-    let give_up = settings.relay.give_up();
     let mailer = Arc::new(FakeMailer::with(
         vec![],
         MailStep::Fail(|| MailError::SmtpConnection {
@@ -388,25 +380,26 @@ async fn transient_failures_never_park_a_row_before_the_give_up_horizon() {
         assert_eq!(relay_once(&svc).await.unwrap(), 0);
         assert_eq!(outbox_row(&env, job).await.attempts, attempt);
     }
-    assert!(outbox::stuck(&svc.pg, give_up).await.unwrap().is_empty());
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
     assert_eq!(mailer.attempts(), 12);
 
-    // The row has been failing for longer than the horizon: it needs a person now.
+    // The row has been failing for longer than the horizon since its first failure: the
+    // next failure parks it for a person.
     env.pg()
         .await
         .execute(
-            "UPDATE outbox SET created_at = now() - interval '2 days'",
+            "UPDATE outbox SET first_failed_at = now() - interval '2 days'",
             &[],
         )
         .await
         .unwrap();
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
-    assert_eq!(mailer.attempts(), 12, "a row past the horizon is not sent");
+    assert_eq!(mailer.attempts(), 13, "tried once more, and failed again");
     let row = outbox_row(&env, job).await;
-    assert!(!row.sent && !row.failed && !row.leased, "{row:?}");
-    let stuck = outbox::stuck(&svc.pg, give_up).await.unwrap();
+    assert!(!row.sent && row.failed && !row.leased, "{row:?}");
+    let stuck = outbox::stuck(&svc.pg).await.unwrap();
     assert_eq!(stuck.len(), 1);
-    assert_eq!(stuck[0].attempts, 12);
+    assert_eq!(stuck[0].attempts, 13);
     assert!(
         stuck[0]
             .last_error
@@ -414,15 +407,17 @@ async fn transient_failures_never_park_a_row_before_the_give_up_horizon() {
             .unwrap_or("")
             .contains("connection refused")
     );
+    assert_eq!(relay_once(&svc).await.unwrap(), 0);
+    assert_eq!(mailer.attempts(), 13, "a parked row is not sent");
 
     // `outbox retry` restarts the horizon: the row is sent again and keeps retrying.
-    assert_eq!(outbox::retry(&svc.pg, give_up, None).await.unwrap(), 1);
+    assert_eq!(outbox::retry(&svc.pg, None).await.unwrap(), 1);
     assert_eq!(outbox_row(&env, job).await.attempts, 0);
-    assert!(outbox::stuck(&svc.pg, give_up).await.unwrap().is_empty());
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
     assert_eq!(relay_once(&svc).await.unwrap(), 0);
-    assert_eq!(mailer.attempts(), 14, "retried rows are claimed again");
-    assert!(outbox::stuck(&svc.pg, give_up).await.unwrap().is_empty());
+    assert_eq!(mailer.attempts(), 15, "retried rows are claimed again");
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -441,12 +436,7 @@ async fn a_row_never_tried_is_sent_however_old_it_is() {
         )
         .await
         .unwrap();
-    assert!(
-        outbox::stuck(&svc.pg, settings.relay.give_up())
-            .await
-            .unwrap()
-            .is_empty()
-    );
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
     assert_eq!(relay_once(&svc).await.unwrap(), 1);
     assert_eq!(sent_keys(&mailer), vec![key(job)]);
 }
@@ -483,9 +473,9 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
-    let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
+    let stale = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
     expire_leases(&env.pg().await).await;
-    let fresh = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
+    let fresh = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
     assert_eq!((stale.len(), fresh.len()), (1, 1));
     let (stale, fresh) = (&stale[0], &fresh[0]);
     assert_eq!(stale.id, fresh.id);
@@ -539,9 +529,9 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
-    let stale = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
+    let stale = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
     expire_leases(&env.pg().await).await;
-    let fresh = outbox::claim_due(&svc.pg, 10, max, lease).await.unwrap();
+    let fresh = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
 
     // The provider accepted the stale relay's send: recording it prevents further sends.
     assert!(outbox::mark_sent(&svc.pg, stale[0].id).await.unwrap());
@@ -719,4 +709,289 @@ async fn run_rides_out_database_errors_and_still_stops_on_shutdown() {
     shutdown.trigger();
     let stopped = tokio::time::timeout(Duration::from_secs(2), task).await;
     assert!(matches!(stopped, Ok(Ok(Ok(())))), "{stopped:?}");
+}
+
+/// The row's give-up horizon, as `first_failed_at` says (`None` = it has not failed yet).
+async fn first_failed_age(env: &TestEnv, job: JobId) -> Option<f64> {
+    env.pg()
+        .await
+        .query_one(
+            "SELECT extract(epoch FROM now() - first_failed_at)::float8 \
+               FROM outbox WHERE dedupe_key = $1",
+            &[&key(job)],
+        )
+        .await
+        .expect("outbox row")
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_backlog_row_older_than_the_horizon_is_not_parked_by_its_first_429() {
+    let env = TestEnv::new().await;
+    let settings = fast_settings(&env);
+    let mailer = Arc::new(FakeMailer::with(
+        vec![MailStep::Fail(|| MailError::Status {
+            status: 429,
+            message: "slow down".into(),
+        })],
+        MailStep::Deliver,
+    ));
+    let svc = services(&env, settings, &mailer);
+    let job = commit_job(&svc, 1).await;
+    // The relay worked through a backlog for longer than the horizon (a day) before it got
+    // to this row.
+    env.pg()
+        .await
+        .execute(
+            "UPDATE outbox SET created_at = now() - interval '3 days'",
+            &[],
+        )
+        .await
+        .unwrap();
+
+    let report = relay_pass(&svc).await.unwrap();
+    assert_eq!((report.retrying, report.stuck), (1, 0), "{report:?}");
+    let row = outbox_row(&env, job).await;
+    assert!(!row.sent && !row.failed && row.attempts == 1, "{row:?}");
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
+    let age = first_failed_age(&env, job)
+        .await
+        .expect("the horizon started");
+    assert!(age < 3600.0, "from this failure, not the creation: {age} s");
+
+    assert_eq!(relay_once(&svc).await.unwrap(), 1);
+    assert_eq!(sent_keys(&mailer), vec![key(job)]);
+    assert!(outbox_row(&env, job).await.sent);
+    assert!(
+        first_failed_age(&env, job).await.is_some(),
+        "a send keeps the record of the trouble"
+    );
+    assert_eq!(relay_once(&svc).await.unwrap(), 0);
+    assert_eq!(mailer.attempts(), 2, "sent once");
+}
+
+/// The lease fields of one row: (claimed_until in ms since the epoch, claim_token).
+async fn lease_of(env: &TestEnv, job: JobId) -> (Option<f64>, Option<uuid::Uuid>) {
+    let row = env
+        .pg()
+        .await
+        .query_one(
+            "SELECT (extract(epoch FROM claimed_until) * 1000)::float8, claim_token \
+               FROM outbox WHERE dedupe_key = $1",
+            &[&key(job)],
+        )
+        .await
+        .expect("outbox row");
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn outbox_retry_leaves_a_row_a_relay_is_sending_alone() {
+    let env = TestEnv::new().await;
+    let settings = fast_settings(&env);
+    let (give_up, lease) = (settings.relay.give_up(), settings.relay.lease);
+    let mailer = Arc::new(FakeMailer::new());
+    let svc = services(&env, settings, &mailer);
+    let job = commit_job(&svc, 1).await;
+
+    // A relay has just claimed the row, which has been failing for two days: this send is
+    // its last chance before the horizon parks it.
+    let claimed = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+    env.pg()
+        .await
+        .execute(
+            "UPDATE outbox SET attempts = 40, last_error = 'mail API answered 503: busy', \
+                    created_at = now() - interval '2 days', \
+                    first_failed_at = now() - interval '2 days'",
+            &[],
+        )
+        .await
+        .unwrap();
+    let held = lease_of(&env, job).await;
+    assert!(held.0.is_some() && held.1 == Some(claimed[0].claim_token));
+
+    // An operator retries everything that looks stuck, and this row by id.
+    assert_eq!(outbox::retry(&svc.pg, None).await.unwrap(), 0);
+    assert_eq!(
+        outbox::retry(&svc.pg, Some(&[claimed[0].id]))
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(
+        lease_of(&env, job).await,
+        held,
+        "the relay's lease is intact"
+    );
+    let row = outbox_row(&env, job).await;
+    assert!(row.leased && row.attempts == 40, "{row:?}");
+    assert_eq!(
+        relay_once(&svc).await.unwrap(),
+        0,
+        "nobody else can take it"
+    );
+    assert_eq!(mailer.attempts(), 0);
+
+    // The relay's own outcome still lands: it fails again, past the horizon, and is parked.
+    let mark = outbox::mark_failed_transient(
+        &svc.pg,
+        claimed[0].id,
+        claimed[0].claim_token,
+        "mail API answered 503: busy",
+        Duration::ZERO,
+        give_up,
+    )
+    .await
+    .unwrap();
+    assert_eq!(mark.map(|m| (m.attempts, m.past_give_up)), Some((41, true)));
+    assert_eq!(outbox::stuck(&svc.pg).await.unwrap().len(), 1);
+
+    // However a parked row came to carry a live lease, a retry leaves it until it runs out.
+    env.pg()
+        .await
+        .execute(
+            "UPDATE outbox SET claimed_until = now() + interval '1 minute', \
+                    claim_token = gen_random_uuid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let held = lease_of(&env, job).await;
+    assert_eq!(outbox::retry(&svc.pg, None).await.unwrap(), 0);
+    assert_eq!(lease_of(&env, job).await, held);
+    expire_leases(&env.pg().await).await;
+    assert_eq!(outbox::retry(&svc.pg, None).await.unwrap(), 1);
+    let row = outbox_row(&env, job).await;
+    assert!(!row.failed && !row.leased && row.attempts == 0, "{row:?}");
+    assert_eq!(
+        first_failed_age(&env, job).await,
+        None,
+        "the horizon restarts"
+    );
+    assert_eq!(relay_once(&svc).await.unwrap(), 1);
+    assert_eq!(sent_keys(&mailer), vec![key(job)]);
+}
+
+#[tokio::test]
+async fn a_misconfigured_mail_provider_parks_nothing_and_pauses_the_relay_until_a_probe_passes() {
+    let env = TestEnv::new().await;
+    // No backoff and no probe cooldown (both come from relay.backoff_ms): every pass may
+    // probe, so the passes alone show what the relay does.
+    let settings = fast_settings(&env);
+    let refused = || MailError::Status {
+        status: 401,
+        message: "invalid api key".into(),
+    };
+    // Three rows refused in the first pass, then two refused probes, then the key works.
+    let mailer = Arc::new(FakeMailer::with(
+        vec![MailStep::Fail(refused); 5],
+        MailStep::Deliver,
+    ));
+    let svc = services(&env, settings, &mailer);
+    let jobs = [
+        commit_job(&svc, 1).await,
+        commit_job(&svc, 2).await,
+        commit_job(&svc, 3).await,
+    ];
+
+    let first = relay_pass(&svc).await.unwrap();
+    assert_eq!(
+        (first.claimed, first.waiting, first.stuck),
+        (3, 3, 0),
+        "{first:?}"
+    );
+    let reason = svc
+        .metrics
+        .mail_misconfigured()
+        .expect("the breaker is open");
+    assert!(reason.contains("401"), "{reason}");
+    assert!(
+        svc.metrics
+            .render()
+            .contains("summaryd_mail_breaker_open 1")
+    );
+    for job in jobs {
+        let row = outbox_row(&env, job).await;
+        // Not the row's failure: no attempt counted, no horizon started, nothing parked.
+        assert!(
+            !row.sent && !row.failed && !row.leased && row.attempts == 0,
+            "{row:?}"
+        );
+        assert!(
+            row.last_error.as_deref().unwrap_or("").contains("401"),
+            "{row:?}"
+        );
+        assert_eq!(first_failed_age(&env, job).await, None);
+    }
+
+    // Paused: each pass sends one row, the probe, while the provider keeps refusing.
+    for _ in 0..2 {
+        let probe = relay_pass(&svc).await.unwrap();
+        assert_eq!((probe.claimed, probe.waiting), (1, 1), "{probe:?}");
+        assert!(svc.metrics.mail_misconfigured().is_some());
+    }
+    assert_eq!(mailer.attempts(), 5, "3 rows, then one probe per pass");
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
+
+    // Fixed: the probe is sent, the breaker closes, and the rest go out in the next pass.
+    let probe = relay_pass(&svc).await.unwrap();
+    assert_eq!((probe.claimed, probe.sent), (1, 1), "{probe:?}");
+    assert_eq!(svc.metrics.mail_misconfigured(), None);
+    assert!(
+        svc.metrics
+            .render()
+            .contains("summaryd_mail_breaker_open 0")
+    );
+    let rest = relay_pass(&svc).await.unwrap();
+    assert_eq!((rest.claimed, rest.sent), (2, 2), "{rest:?}");
+    let mut keys = sent_keys(&mailer);
+    keys.sort();
+    let mut expected: Vec<String> = jobs.iter().map(|j| key(*j)).collect();
+    expected.sort();
+    assert_eq!(keys, expected, "each row sent exactly once");
+    for job in jobs {
+        let row = outbox_row(&env, job).await;
+        assert!(row.sent && row.attempts == 0, "{row:?}");
+    }
+}
+
+#[tokio::test]
+async fn smtp_535_is_a_misconfigured_provider_and_the_row_waits_for_new_credentials() {
+    let env = TestEnv::new().await;
+    let sink = SmtpSink::start().await;
+    sink.reject_auth_with("535 5.7.8 Authentication credentials invalid");
+    let mut settings = fast_settings(&env);
+    settings.mail.provider = MailProvider::Smtp;
+    settings.mail.smtp_url = Some(format!("smtp://relay:hunter2-secret@{}", sink.addr).into());
+    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let svc = env
+        .services()
+        .settings(settings)
+        .mailer(mailer)
+        .build()
+        .relay();
+    let job = commit_job(&svc, 1).await;
+
+    let report = relay_pass(&svc).await.unwrap();
+    assert_eq!((report.waiting, report.stuck), (1, 0), "{report:?}");
+    let row = outbox_row(&env, job).await;
+    assert!(!row.sent && !row.failed && row.attempts == 0, "{row:?}");
+    let reason = svc
+        .metrics
+        .mail_misconfigured()
+        .expect("the breaker is open");
+    assert!(reason.contains("535"), "{reason}");
+    assert!(!reason.contains("hunter2"), "no credentials: {reason}");
+    assert!(outbox::stuck(&svc.pg).await.unwrap().is_empty());
+    assert!(sink.messages().is_empty());
+
+    // The password is renewed on the server's side: the next probe gets through.
+    sink.accept_auth();
+    assert_eq!(relay_once(&svc).await.unwrap(), 1);
+    assert_eq!(svc.metrics.mail_misconfigured(), None);
+    let messages = sink.messages();
+    assert_eq!(messages.len(), 1, "sent once");
+    assert_eq!(messages[0].rcpt_to, vec![NOTIFY.to_owned()]);
+    assert!(outbox_row(&env, job).await.sent);
 }

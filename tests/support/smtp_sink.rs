@@ -1,7 +1,8 @@
 //! A minimal SMTP server on 127.0.0.1:0 that records what lettre sends.
 //!
 //! Speaks just enough of RFC 5321 for a plaintext client (EHLO/HELO, AUTH PLAIN/LOGIN, MAIL,
-//! RCPT, DATA, RSET, NOOP, QUIT; any credentials are accepted); `RCPT TO` can be scripted to answer with an error to test classification.
+//! RCPT, DATA, RSET, NOOP, QUIT; any credentials are accepted); `RCPT TO` and `AUTH` can be
+//! scripted to answer with an error to test classification.
 
 use std::sync::{Arc, Mutex};
 
@@ -55,6 +56,9 @@ struct State {
     rcpt_reply: Mutex<Option<String>>,
     /// AUTH exchanges completed (credentials are accepted, not checked).
     logins: Mutex<usize>,
+    /// When set, the full reply line to every AUTH exchange (e.g. "535 5.7.8 bad
+    /// credentials"), which then does not count as a login.
+    auth_reply: Mutex<Option<String>>,
 }
 
 pub struct SmtpSink {
@@ -96,6 +100,15 @@ impl SmtpSink {
 
     pub fn reject_rcpt_with(&self, reply_line: &str) {
         *self.state.rcpt_reply.lock().unwrap() = Some(reply_line.into());
+    }
+
+    /// Refuse every AUTH with `reply_line` (an expired password), until `accept_auth`.
+    pub fn reject_auth_with(&self, reply_line: &str) {
+        *self.state.auth_reply.lock().unwrap() = Some(reply_line.into());
+    }
+
+    pub fn accept_auth(&self) {
+        *self.state.auth_reply.lock().unwrap() = None;
     }
 }
 
@@ -143,8 +156,13 @@ async fn session(stream: TcpStream, state: &State) -> std::io::Result<()> {
                         return Ok(());
                     }
                 }
-                *state.logins.lock().unwrap() += 1;
-                "235 2.7.0 authenticated\r\n".to_owned()
+                match state.auth_reply.lock().unwrap().clone() {
+                    Some(custom) => format!("{custom}\r\n"),
+                    None => {
+                        *state.logins.lock().unwrap() += 1;
+                        "235 2.7.0 authenticated\r\n".to_owned()
+                    }
+                }
             }
             "MAIL" => {
                 mail_from = angle_addr(&command);

@@ -1,0 +1,17 @@
+-- When the row's first failed send happened: the start of its give-up horizon. A row that
+-- keeps failing transiently is retried until SUMMARYD_RELAY_GIVE_UP_S has passed since this
+-- moment; the first failure recorded after that parks it for a person (`outbox stuck`).
+-- Counting from the row's creation instead parked rows that waited in a relay backlog for
+-- longer than the horizon at their first 429.
+--
+-- NULL: the row has not failed yet (and again after `summaryd outbox retry`, which restarts
+-- the horizon at the row's next failure). A send refused because the mail provider is
+-- misconfigured (HTTP 401/403/404, SMTP 530/535) is not the row's failure and leaves it
+-- alone. A successful send keeps it, as the record of how long the row had trouble.
+--
+-- Existing rows start with NULL, "not failed yet": a row that was parked only because its
+-- horizon counted from its creation is sent again after this migration, which is what a
+-- person would have done with `outbox retry`. Rows that failed permanently stay parked.
+-- `retry_from` (V3) is no longer read; `outbox retry` still writes it, as the record of
+-- when a person last retried the row.
+ALTER TABLE outbox ADD COLUMN first_failed_at timestamptz;

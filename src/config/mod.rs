@@ -445,6 +445,9 @@ mod tests {
     /// A change that breaks one setting.
     type Adjust = fn(&mut Settings);
 
+    /// Where one retention horizon lives in the settings.
+    type Horizon = fn(&mut Settings) -> &mut u64;
+
     #[test]
     fn env_names_map_to_sections_and_top_level_keys() {
         assert_eq!(env_key_to_path("LLM_BASE_URL"), "llm.base_url");
@@ -676,7 +679,7 @@ mod tests {
     /// naming itself and the TTL; above it, or 0 (kept), it is accepted.
     #[test]
     fn retention_horizons_must_outlast_the_idempotency_records() {
-        let horizons: [(&str, fn(&mut Settings) -> &mut u64); 2] = [
+        let horizons: [(&str, Horizon); 2] = [
             ("SUMMARYD_RETENTION_DEAD_LETTERS_S", |s| {
                 &mut s.retention.dead_letters_s
             }),

@@ -990,14 +990,49 @@ fn serve_refuses_a_retention_horizon_shorter_than_the_idempotency_records() {
         ("SUMMARYD_RETENTION_DEAD_LETTERS_S", "3600"),
         ("SUMMARYD_RETENTION_SUMMARIES_S", "86400"),
     ] {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_summaryd"))
-            .arg("serve")
+        // Backends nobody listens on, so a build without the check cannot start a server
+        // on anything shared; it is killed below if it runs instead of refusing.
+        let closed = crate::shared::http_stub::closed_port_url("");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_summaryd"))
+            .args([
+                "serve",
+                "--roles",
+                "api",
+                "--no-migrate",
+                "--listen",
+                "127.0.0.1:0",
+            ])
             .env_clear()
+            .env("SUMMARYD_REDIS_URL", closed.replace("http://", "redis://"))
+            .env(
+                "SUMMARYD_DATABASE_URL",
+                closed.replace("http://", "postgres://postgres@") + "/none",
+            )
             .env(setting, value)
-            .output()
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
             .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(2), "{setting}: {stderr}");
+        // A bound on a refusal that takes milliseconds, not a timing assertion.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(2),
+            "{setting}: {stderr}"
+        );
         assert!(stderr.contains(setting), "{stderr}");
         assert!(
             stderr.contains("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S"),

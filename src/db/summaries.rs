@@ -191,6 +191,8 @@ pub(crate) async fn expire_texts_completed_before(
     batch: i64,
 ) -> Result<u64, DbError> {
     let client = pool.get().await?;
+    // The outer `summary IS NOT NULL` keeps a row that two passes both picked from
+    // counting twice.
     let stmt = client
         .prepare_cached(
             "UPDATE summaries SET summary = NULL, summary_expired_at = now() \

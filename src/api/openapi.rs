@@ -66,4 +66,22 @@ mod tests {
         let body = &doc["paths"]["/v1/summaries"]["post"]["requestBody"]["content"];
         assert!(body["application/json"].is_object(), "{body}");
     }
+
+    /// A client generated from the document must accept a done job without its text.
+    #[test]
+    fn job_view_documents_an_expired_summary_as_optional() {
+        let doc: serde_json::Value = serde_json::from_str(DOCUMENT.as_ref().unwrap()).unwrap();
+        let schema = &doc["components"]["schemas"]["JobView"];
+        assert_eq!(
+            schema["properties"]["summary_expired"]["type"], "boolean",
+            "{schema}"
+        );
+        let required = schema["required"].as_array().cloned().unwrap_or_default();
+        for optional in ["summary", "summary_expired"] {
+            assert!(
+                !required.contains(&serde_json::json!(optional)),
+                "{optional} in {required:?}"
+            );
+        }
+    }
 }

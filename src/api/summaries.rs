@@ -67,8 +67,14 @@ pub(crate) struct Accepted {
 pub struct JobView {
     pub(crate) job_id: Uuid,
     pub status: JobStatus,
+    /// Only for `done`, while summaries retention has kept the text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// Present, and `true`, only for a `done` job whose text summaries retention removed
+    /// (`SUMMARYD_RETENTION_SUMMARIES_S`): the job stays done, and a resend of its request
+    /// is still the same, finished job; there is no `summary`.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub summary_expired: bool,
     /// The model that wrote the summary (its configured name; `builtin` for the built-in
     /// summariser); only for `done`, and absent for summaries stored before models were
     /// recorded.
@@ -256,6 +262,9 @@ pub async fn get(
 /// and answer 404 for a job that is done. `between_reads` runs between the two reads; the
 /// handler passes a no-op, tests use it to commit and acknowledge the job right there.
 ///
+/// A summary row answers `done` whether or not retention removed its text: the row is the
+/// job's identity and outlives the text.
+///
 /// When Redis cannot be read, a summary still answers (a done job needs only Postgres);
 /// otherwise the Redis error is the answer (503), never a 404.
 pub async fn read_job(
@@ -276,7 +285,8 @@ pub async fn read_job(
         return Ok(Some(JobView {
             job_id: job_id.as_uuid(),
             status: JobStatus::Done,
-            summary: Some(row.summary),
+            summary_expired: row.summary.is_none(),
+            summary: row.summary,
             model: row.model,
             error: None,
             created_at: Some(row.created_at),
@@ -291,6 +301,7 @@ pub async fn read_job(
                 Status::Queued => JobStatus::Queued,
             },
             summary: None,
+            summary_expired: false,
             model: None,
             error: s.error,
             created_at: s.created_at,

@@ -296,16 +296,7 @@ impl Settings {
                 "must exceed SUMMARYD_MAIL_TIMEOUT_MS, or a slow send could be repeated by another relay",
             ));
         }
-        if self.retention.summaries_s != 0
-            && self.retention.summaries_s <= self.idempotency.result_ttl_s
-        {
-            return Err(invalid(
-                "SUMMARYD_RETENTION_SUMMARIES_S",
-                "must exceed SUMMARYD_IDEMPOTENCY_RESULT_TTL_S (or be 0 to keep summaries): \
-                 while a job's idempotency record is replayed, its summary must exist, or a \
-                 replayed job would be unknown to GET and a redelivery of it would run it again",
-            ));
-        }
+        self.check_retention_outlasts_replays()?;
         if let Some(ops) = self.ops.listen
             && ops == self.listen
             && ops.port() != 0
@@ -314,6 +305,43 @@ impl Settings {
                 "SUMMARYD_OPS_LISTEN",
                 "must differ from SUMMARYD_LISTEN (it exists to keep ops routes off the public port)",
             ));
+        }
+        Ok(())
+    }
+
+    /// A replay answers from the idempotency record alone, so whatever GET shows for the job
+    /// it names must live at least as long as that record: a horizon that removes it sooner
+    /// lets a replay say "accepted" of a job GET no longer knows. Each horizon counts from
+    /// a moment after the acceptance the record's TTL counts from, so exceeding the TTL is
+    /// enough. `SUMMARYD_RETENTION_OUTBOX_SENT_S` needs no such bound: nothing a replay, GET
+    /// or a redelivery reads is a sent outbox row (the summary row, which outlives it, is
+    /// what makes a second commit of the job a duplicate), so it may be as short as wanted.
+    fn check_retention_outlasts_replays(&self) -> Result<(), ConfigError> {
+        let ttl = self.idempotency.result_ttl_s;
+        let horizons = [
+            (
+                "SUMMARYD_RETENTION_DEAD_LETTERS_S",
+                self.retention.dead_letters_s,
+                "dead letters",
+                "a replay would answer `queued` for a dead-lettered job GET answers 404 for",
+            ),
+            (
+                "SUMMARYD_RETENTION_SUMMARIES_S",
+                self.retention.summaries_s,
+                "summaries",
+                "a client replaying its request would find the summary it was promised gone",
+            ),
+        ];
+        for (setting, horizon, what, breaks) in horizons {
+            if horizon != 0 && horizon <= ttl {
+                return Err(ConfigError::Setting {
+                    setting: setting.into(),
+                    reason: format!(
+                        "{horizon} s must exceed SUMMARYD_IDEMPOTENCY_RESULT_TTL_S ({ttl} s), \
+                         or be 0 to keep {what}: otherwise {breaks}"
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -416,6 +444,9 @@ mod tests {
 
     /// A change that breaks one setting.
     type Adjust = fn(&mut Settings);
+
+    /// Where one retention horizon lives in the settings.
+    type Horizon = fn(&mut Settings) -> &mut u64;
 
     #[test]
     fn env_names_map_to_sections_and_top_level_keys() {
@@ -644,17 +675,54 @@ mod tests {
         );
     }
 
+    /// Each horizon a replay relies on is refused at and below the idempotency result TTL,
+    /// naming itself and the TTL; above it, or 0 (kept), it is accepted.
     #[test]
-    fn summaries_retention_must_outlast_the_idempotency_records() {
+    fn retention_horizons_must_outlast_the_idempotency_records() {
+        let horizons: [(&str, Horizon); 2] = [
+            ("SUMMARYD_RETENTION_DEAD_LETTERS_S", |s| {
+                &mut s.retention.dead_letters_s
+            }),
+            ("SUMMARYD_RETENTION_SUMMARIES_S", |s| {
+                &mut s.retention.summaries_s
+            }),
+        ];
+        for (setting, horizon) in horizons {
+            let mut s = Settings::default();
+            let ttl = s.idempotency.result_ttl_s;
+            for refused in [ttl, ttl - 1, 1] {
+                *horizon(&mut s) = refused;
+                let err = refusal(&s);
+                assert!(
+                    err.starts_with(&format!("invalid configuration: {setting}: "))
+                        && err.contains("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S"),
+                    "{refused}: {err}"
+                );
+            }
+            for accepted in [ttl + 1, 0] {
+                *horizon(&mut s) = accepted;
+                assert_eq!(refusal(&s), "accepted", "{setting} = {accepted}");
+            }
+            // The TTL moving is checked the same way.
+            *horizon(&mut s) = ttl + 1;
+            s.idempotency.result_ttl_s = ttl + 1;
+            assert!(refusal(&s).contains(setting));
+        }
+        // Sent outbox rows back nothing a replay reads: any horizon is accepted.
         let mut s = Settings::default();
-        s.retention.summaries_s = s.idempotency.result_ttl_s;
-        assert!(refusal(&s).contains("SUMMARYD_RETENTION_SUMMARIES_S"));
-        s.retention.summaries_s = s.idempotency.result_ttl_s - 1;
-        assert!(refusal(&s).contains("SUMMARYD_RETENTION_SUMMARIES_S"));
-        s.retention.summaries_s = s.idempotency.result_ttl_s + 1;
-        assert!(s.validate().is_ok());
-        s.retention.summaries_s = 0;
-        assert!(s.validate().is_ok(), "0 keeps summaries forever");
+        s.retention.outbox_sent_s = 1;
+        assert_eq!(refusal(&s), "accepted");
+        // Through the loader, as `serve` reads them.
+        let err = load(
+            "",
+            &[
+                ("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S", "7200"),
+                ("SUMMARYD_RETENTION_DEAD_LETTERS_S", "3600"),
+            ],
+        )
+        .unwrap_err();
+        assert!(err.contains("SUMMARYD_RETENTION_DEAD_LETTERS_S"), "{err}");
+        assert!(err.contains("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S"), "{err}");
     }
 
     #[test]

@@ -1,4 +1,8 @@
 //! The `summaries` table, and the one transaction that commits a summary with its email intent.
+//!
+//! A row is a finished job's identity (job id, tenant, when, which model, what it cost) and,
+//! until summaries retention removes it, the summary text. Retention never deletes a row:
+//! its primary key is what makes a later delivery of the same job a duplicate.
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::Pool;
@@ -11,7 +15,8 @@ use crate::domain::{Job, JobId, ModelSummary, SummaryReady};
 pub(crate) struct SummaryRow {
     pub(crate) job_id: JobId,
     pub(crate) tenant: String,
-    pub(crate) summary: String,
+    /// `None` once summaries retention removed the text; the job is still done.
+    pub(crate) summary: Option<String>,
     /// The model that wrote it; `None` for summaries stored before models were recorded.
     pub(crate) model: Option<String>,
     pub(crate) created_at: DateTime<Utc>,
@@ -20,13 +25,15 @@ pub(crate) struct SummaryRow {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CommitOutcome {
-    /// This delivery wrote the summary and the outbox row.
+    /// This delivery wrote the summary (and the outbox row, unless one for this job was
+    /// already there).
     Inserted,
     /// Another delivery got there first; nothing was written.
     Duplicate,
 }
 
-/// Cheap pre-check so a redelivered, already finished job skips the model call.
+/// Cheap pre-check so a redelivered, already finished job skips the model call. A job whose
+/// text retention removed is finished too: its row stays.
 pub(crate) async fn exists(pool: &Pool, job_id: JobId) -> Result<bool, DbError> {
     let client = pool.get().await?;
     let stmt = client
@@ -141,9 +148,13 @@ pub async fn commit_with_outbox(
     }
     let event = SummaryReady::new(job, &summary.text);
     // `Json` serialises the event as the statement is sent; the payload's shape is the
-    // event type's alone.
+    // event type's alone. An outbox row with this job's dedupe key can only exist if its
+    // summary row was removed by hand or by an older version's retention: that email was
+    // intended already, so the job is stored and no second one is (a conflict here would be
+    // a data error, and a finished job would be dead-lettered for it).
     tx.execute(
-        "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3)",
+        "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3) \
+         ON CONFLICT (dedupe_key) DO NOTHING",
         &[
             &SummaryReady::TOPIC,
             &SummaryReady::dedupe_key(job.job_id),
@@ -203,14 +214,29 @@ pub async fn usage(
         .collect())
 }
 
-/// Delete up to `batch` summaries completed before `cutoff`, oldest first; returns how many.
-pub(crate) async fn delete_completed_before(
+/// Remove the text of up to `batch` summaries completed before `cutoff`, oldest first, and
+/// keep their rows; returns how many texts were removed.
+///
+/// The email needs nothing from here: its outbox row carries its own copy of the text, and
+/// retention never deletes an unsent outbox row, so a row still to send keeps its text
+/// whatever happens to the summary.
+pub(crate) async fn expire_texts_completed_before(
     pool: &Pool,
     cutoff: DateTime<Utc>,
     batch: i64,
 ) -> Result<u64, DbError> {
-    let delete = "DELETE FROM summaries WHERE job_id IN ( \
-                    SELECT job_id FROM summaries WHERE completed_at < $1 \
-                     ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
-    super::delete_batch_before(pool, delete, cutoff, batch).await
+    let client = pool.get().await?;
+    // The outer `summary IS NOT NULL` keeps a row that two passes both picked from
+    // counting twice.
+    let stmt = client
+        .prepare_cached(
+            "UPDATE summaries SET summary = NULL, summary_expired_at = now() \
+              WHERE job_id IN ( \
+                    SELECT job_id FROM summaries \
+                     WHERE summary IS NOT NULL AND completed_at < $1 \
+                     ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                AND summary IS NOT NULL",
+        )
+        .await?;
+    Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)
 }

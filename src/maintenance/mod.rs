@@ -71,6 +71,7 @@ pub struct Report {
     pub stream_entries: u64,
     pub dead_letters: u64,
     pub outbox_sent: u64,
+    /// Summary texts removed (their rows stay); `what="summaries"` in the metric.
     pub summaries: u64,
     pub consumers: u64,
     /// Members of tenants' in-flight sets whose job had finished or was gone.

@@ -1,5 +1,7 @@
 //! Retention: dead letters, sent outbox rows and summary texts older than their horizon
-//! (`SUMMARYD_RETENTION_*`; 0 keeps them) are deleted, in short batches.
+//! (`SUMMARYD_RETENTION_*`; 0 keeps them) are deleted, in short batches. A summary's row
+//! stays when its text goes: it is the job's identity, which keeps a resent request a
+//! duplicate and GET's answer `done`.
 
 use chrono::{DateTime, Utc};
 
@@ -29,7 +31,7 @@ impl Maintenance {
         Ok(dead_letters::purge_before(conn, &self.keys, cutoff_ms).await?)
     }
 
-    /// Delete sent outbox rows and completed summaries past their horizons. A failing
+    /// Delete sent outbox rows and the texts of summaries past their horizons. A failing
     /// table does not stop the other; the first error is returned after both ran.
     pub(super) async fn retain_postgres(
         &self,
@@ -52,7 +54,7 @@ impl Maintenance {
         }
         if let Some(cutoff) = horizon(self.retention.summaries_s) {
             match delete_in_batches(|| {
-                db::summaries::delete_completed_before(&self.pg, cutoff, DELETE_BATCH)
+                db::summaries::expire_texts_completed_before(&self.pg, cutoff, DELETE_BATCH)
             })
             .await
             {

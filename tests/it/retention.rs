@@ -6,10 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use actix_web::test as http;
 use chrono::{DateTime, SubsecRound, Utc};
 use redis::AsyncCommands;
 use redis::aio::MultiplexedConnection;
 use redis::streams::{StreamAutoClaimOptions, StreamAutoClaimReply, StreamRangeReply};
+use summaryd::api;
 use summaryd::config::Settings;
 use summaryd::config::roles::Roles;
 use summaryd::db;
@@ -18,11 +20,13 @@ use summaryd::infra::keys::GROUP;
 use summaryd::llm::LlmError;
 use summaryd::maintenance::{Maintenance, Report};
 use summaryd::relay::relay_once;
+use summaryd::shutdown::Shutdown;
 use summaryd::stream::consumer_group::{self as group, ensure_group};
 use summaryd::stream::job_state::{self, Status};
 use summaryd::stream::{dead_letters, enqueue, job_entry};
 use summaryd::worker::Consumer;
 
+use crate::shared::api_requests::{BODY, get, header, json_body, post, record_key};
 use crate::shared::fakes::Step;
 use crate::shared::test_env::Services;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
@@ -31,6 +35,8 @@ struct World {
     env: TestEnv,
     services: Services,
     redis: MultiplexedConnection,
+    llm: Arc<FakeLlm>,
+    mailer: Arc<FakeMailer>,
 }
 
 impl World {
@@ -39,11 +45,13 @@ impl World {
         let mut settings = env.settings.clone();
         settings.llm.max_attempts = 1;
         adjust(&mut settings);
+        let llm = Arc::new(llm);
+        let mailer = Arc::new(FakeMailer::new());
         let services = env
             .services()
             .settings(settings)
-            .llm(Arc::new(llm))
-            .mailer(Arc::new(FakeMailer::new()))
+            .llm(llm.clone())
+            .mailer(mailer.clone())
             .build();
         let mut redis = env.redis().await;
         ensure_group(&mut redis, &services.keys).await.unwrap();
@@ -51,6 +59,8 @@ impl World {
             env,
             services,
             redis,
+            llm,
+            mailer,
         }
     }
 
@@ -350,7 +360,7 @@ async fn retention_removes_exactly_what_is_older_than_its_horizon() {
         db::summaries::commit_with_outbox(
             &w.services.pg,
             &job(k),
-            &crate::shared::model_summary("s"),
+            &crate::shared::model_summary(&format!("Summary of {k}.")),
         )
         .await
         .unwrap();
@@ -406,14 +416,41 @@ async fn retention_removes_exactly_what_is_older_than_its_horizon() {
         want(&["edge", "unsent"]),
         "unsent rows are never removed"
     );
-    let summaries: Vec<String> = pg
-        .query("SELECT job_id::text FROM summaries ORDER BY job_id", &[])
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
-    assert_eq!(summaries, want(&["edge"]));
+    let texts = |sql: &'static str| {
+        let pg = &pg;
+        async move {
+            let mut ids: Vec<String> = pg
+                .query(sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            ids.sort();
+            ids
+        }
+    };
+    // The email still to send carries its own text, so expiring the summary's cost it
+    // nothing.
+    assert_eq!(relay_once(&w.services.relay()).await.unwrap(), 1);
+    let sent = w.mailer.sent();
+    assert_eq!(sent.len(), 1);
+    assert!(
+        sent[0].0.text.contains("Summary of unsent."),
+        "{:?}",
+        sent[0].0
+    );
+    let mut all = want(&["old", "edge", "unsent"]);
+    all.sort();
+    assert_eq!(
+        texts("SELECT job_id::text FROM summaries").await,
+        all,
+        "a summary's row outlives its text"
+    );
+    assert_eq!(
+        texts("SELECT job_id::text FROM summaries WHERE summary IS NOT NULL").await,
+        want(&["edge"])
+    );
 
     // A second pass at the same time finds nothing more.
     let again = w.maintenance().run_at(now).await.unwrap();
@@ -576,6 +613,37 @@ async fn outbox_backlog_count_uses_its_index() {
         .collect();
     let plan = plan.join("\n");
     assert!(plan.contains("outbox_unsent"), "{plan}");
+    assert!(!plan.contains("Seq Scan"), "{plan}");
+}
+
+/// Expired rows are the oldest and stay for good: retention's search for texts to expire
+/// reads the index of the rows that still have one, not every row before the cutoff.
+#[tokio::test]
+async fn summary_retention_reads_only_rows_that_still_have_text() {
+    let env = TestEnv::new().await;
+    let pg = env.pg().await;
+    pg.batch_execute(
+        "INSERT INTO summaries (job_id, tenant, summary, summary_expired_at, created_at, completed_at) \
+         SELECT gen_random_uuid(), 'acme', CASE WHEN g % 100 = 0 THEN 's' END, \
+                CASE WHEN g % 100 = 0 THEN NULL ELSE now() END, now(), \
+                now() - (20001 - g) * interval '1 second' \
+           FROM generate_series(1, 20000) g; ANALYZE summaries;",
+    )
+    .await
+    .unwrap();
+    let plan: Vec<String> = pg
+        .query(
+            "EXPLAIN SELECT job_id FROM summaries WHERE summary IS NOT NULL AND completed_at < now() \
+              ORDER BY completed_at LIMIT 500 FOR UPDATE SKIP LOCKED",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let plan = plan.join("\n");
+    assert!(plan.contains("summaries_text_completed_at"), "{plan}");
     assert!(!plan.contains("Seq Scan"), "{plan}");
 }
 
@@ -794,4 +862,212 @@ async fn maintenance_works_with_what_its_roles_have() {
         sample(&text, r#"summaryd_maintenance_runs_total{outcome="error"}"#),
         1.0
     );
+}
+
+/// Summaries retention on, a job done and emailed, its text expired, its idempotency record
+/// gone (as after its TTL): the same key and body sent again is the same job id, and the
+/// worker finds it finished by its identity row: no model call, no email, no dead letter;
+/// GET says `done` with `summary_expired`. Once retention has removed the sent outbox row
+/// too, a further resend is still a duplicate.
+#[actix_web::test]
+async fn a_resend_after_retention_is_the_same_finished_job() {
+    const SUMMARIES_S: i64 = 2 * 86_400;
+    let mut w = World::new(FakeLlm::ok(), |s| {
+        s.retention.summaries_s = SUMMARIES_S as u64;
+    })
+    .await;
+    let app = http::init_service(api::app(w.services.api(), Roles::all(), Shutdown::new())).await;
+    let key = "resend-after-retention-1";
+    let mut consumer = Consumer::new(w.services.worker(), "w-1");
+
+    let first = http::call_service(&app, post("acme", key, BODY).to_request()).await;
+    assert_eq!(first.status().as_u16(), 202);
+    let job_id = json_body(first).await["job_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(consumer.run_once().await.unwrap(), 1);
+    assert_eq!(relay_once(&w.services.relay()).await.unwrap(), 1);
+    assert_eq!((w.llm.calls(), w.mailer.sent().len()), (1, 1));
+    let res = http::call_service(&app, get("acme", &job_id).to_request()).await;
+    let done = json_body(res).await;
+    assert!(done["summary"].is_string(), "{done}");
+    assert!(done.get("summary_expired").is_none(), "{done}");
+    let model = done["model"].as_str().unwrap().to_owned();
+
+    // The summary's horizon has passed; the sent outbox row's (7 days) has not.
+    let later = Utc::now() + chrono::Duration::seconds(SUMMARIES_S + 1);
+    let report = w.maintenance().run_at(later).await.unwrap();
+    assert_eq!((report.summaries, report.outbox_sent), (1, 0));
+
+    let pg = w.env.pg().await;
+    let record = record_key(&w.services, "acme", key);
+    for (round, pass_at) in [(1, None), (2, Some(later + chrono::Duration::days(7)))] {
+        if let Some(at) = pass_at {
+            let report = w.maintenance().run_at(at).await.unwrap();
+            assert_eq!(
+                (report.summaries, report.outbox_sent),
+                (0, 1),
+                "round {round}"
+            );
+        }
+        // The record's TTL has run out.
+        let deleted: u64 = w.redis.del(&record).await.unwrap();
+        assert_eq!(deleted, 1, "round {round}");
+
+        let again = http::call_service(&app, post("acme", key, BODY).to_request()).await;
+        assert_eq!(again.status().as_u16(), 202, "round {round}");
+        assert!(header(&again, "idempotent-replayed").is_none());
+        assert_eq!(json_body(again).await["job_id"], job_id.as_str());
+        assert_eq!(consumer.run_once().await.unwrap(), 1, "round {round}");
+        assert_eq!(relay_once(&w.services.relay()).await.unwrap(), 0);
+
+        assert_eq!(
+            w.env.dead_letters().await,
+            0,
+            "round {round}: not dead-lettered"
+        );
+        assert_eq!(w.llm.calls(), 1, "round {round}: no second model call");
+        assert_eq!(w.mailer.sent().len(), 1, "round {round}: no second email");
+        assert_eq!(w.env.count("summaries").await, 1, "round {round}");
+        assert_eq!(
+            w.env.count("outbox").await,
+            if pass_at.is_none() { 1 } else { 0 },
+            "round {round}"
+        );
+        assert!(
+            w.stream_ids().await.is_empty(),
+            "round {round}: acknowledged"
+        );
+
+        let res = http::call_service(&app, get("acme", &job_id).to_request()).await;
+        assert_eq!(res.status().as_u16(), 200, "round {round}");
+        let view = json_body(res).await;
+        assert_eq!(view["status"], "done", "{view}");
+        assert_eq!(view["summary_expired"], true, "{view}");
+        assert!(view.get("summary").is_none(), "{view}");
+        assert_eq!(view["model"], model.as_str(), "{view}");
+        assert_eq!(view["completed_at"], done["completed_at"], "{view}");
+    }
+    // What the identity row keeps: who, when, which model and what it cost.
+    let row = pg
+        .query_one(
+            "SELECT summary, summary_expired_at IS NOT NULL, tenant, model FROM summaries",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, Option<String>>(0), None);
+    assert!(row.get::<_, bool>(1));
+    assert_eq!(row.get::<_, String>(2), "acme");
+    assert_eq!(row.get::<_, Option<String>>(3), Some(model));
+    let usage = db::summaries::usage(&w.services.pg, None, None)
+        .await
+        .unwrap();
+    assert_eq!(usage.len(), 1, "the job still counts in `summaryd usage`");
+    assert_eq!(
+        sample(
+            &w.services.metrics.render(),
+            r#"summaryd_jobs_total{outcome="duplicate"}"#
+        ),
+        2.0
+    );
+}
+
+/// A summary row removed while its outbox row stayed (by hand, or by the retention of an
+/// older version, which deleted rows): a delivery of that job stores the summary again,
+/// and the outbox row already there stands for its email; no conflict, no dead letter,
+/// no second email.
+#[tokio::test]
+async fn a_commit_finding_its_email_already_intended_adds_no_second_one() {
+    let mut w = World::new(FakeLlm::ok(), |_| {}).await;
+    let j = job("row-removed");
+    let mut consumer = Consumer::new(w.services.worker(), "w-1");
+    w.enqueue(&j).await;
+    assert_eq!(consumer.run_once().await.unwrap(), 1);
+    assert_eq!(relay_once(&w.services.relay()).await.unwrap(), 1);
+    let pg = w.env.pg().await;
+    pg.execute("DELETE FROM summaries", &[]).await.unwrap();
+
+    w.enqueue(&j).await;
+    assert_eq!(consumer.run_once().await.unwrap(), 1);
+    assert_eq!(w.env.dead_letters().await, 0, "not dead-lettered");
+    assert_eq!(w.env.count("summaries").await, 1, "the job is done again");
+    assert_eq!(w.env.count("outbox").await, 1);
+    assert_eq!(relay_once(&w.services.relay()).await.unwrap(), 0);
+    assert_eq!(w.mailer.sent().len(), 1, "one email");
+    assert_eq!(
+        w.llm.calls(),
+        2,
+        "without its row the job had to be summarised again"
+    );
+    assert!(w.stream_ids().await.is_empty(), "acknowledged");
+
+    // The same straight through the commit: stored, and no outbox row added.
+    pg.execute("DELETE FROM summaries", &[]).await.unwrap();
+    let outcome =
+        db::summaries::commit_with_outbox(&w.services.pg, &j, &crate::shared::model_summary("s"))
+            .await
+            .unwrap();
+    assert_eq!(outcome, db::summaries::CommitOutcome::Inserted);
+    assert_eq!(w.env.count("outbox").await, 1);
+}
+
+/// `serve` refuses a horizon a replay could outlive before it connects anywhere: exit 2,
+/// naming the horizon and the idempotency TTL it must exceed.
+#[test]
+fn serve_refuses_a_retention_horizon_shorter_than_the_idempotency_records() {
+    for (setting, value) in [
+        ("SUMMARYD_RETENTION_DEAD_LETTERS_S", "3600"),
+        ("SUMMARYD_RETENTION_SUMMARIES_S", "86400"),
+    ] {
+        // Backends nobody listens on, so a build without the check cannot start a server
+        // on anything shared; it is killed below if it runs instead of refusing.
+        let closed = crate::shared::http_stub::closed_port_url("");
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_summaryd"))
+            .args([
+                "serve",
+                "--roles",
+                "api",
+                "--no-migrate",
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            .env_clear()
+            .env("SUMMARYD_REDIS_URL", closed.replace("http://", "redis://"))
+            .env(
+                "SUMMARYD_DATABASE_URL",
+                closed.replace("http://", "postgres://postgres@") + "/none",
+            )
+            .env(setting, value)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A bound on a refusal that takes milliseconds, not a timing assertion.
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if std::time::Instant::now() > deadline {
+                child.kill().unwrap();
+                child.wait().unwrap();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(
+            status.and_then(|s| s.code()),
+            Some(2),
+            "{setting}: {stderr}"
+        );
+        assert!(stderr.contains(setting), "{stderr}");
+        assert!(
+            stderr.contains("SUMMARYD_IDEMPOTENCY_RESULT_TTL_S"),
+            "{stderr}"
+        );
+    }
 }

@@ -1,418 +1,50 @@
-//! One provider's circuit breaker: closed while calls pass, open after
+//! Each model provider's circuit breaker: the shared one (`resilience/breaker.rs`), open after
 //! `SUMMARYD_LLM_BREAKER_FAILURES` transient failures in a row (or at once when the provider
-//! is misconfigured), and closed again only by a probe that passes.
-//!
-//! An open breaker lets no job call the provider. After a cooldown
-//! (`SUMMARYD_LLM_BREAKER_COOLDOWN_MS`, doubling while probes fail, up to
-//! [`COOLDOWN_GROWTH_CAP`] times the first) exactly one probe is let through; its result
-//! decides. The state is pure: every method takes the current instant, so the tests drive
-//! the clock and the chain (`chain.rs`) does the logging and the metrics.
+//! is misconfigured), with a cooldown of `SUMMARYD_LLM_BREAKER_COOLDOWN_MS` doubling while
+//! probes fail, up to [`COOLDOWN_GROWTH_CAP`] times the first. The chain (`chain.rs`) runs
+//! the probes and does the logging and the metrics.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use crate::resilience::backoff::{Backoff, Jitter};
+pub use crate::resilience::breaker::{Breaker, BreakerState, Transition};
 
 /// The cooldown grows to at most this many times the first one (30 s → 4 min by default):
 /// long enough that a provider down for hours costs a probe every few minutes, short enough
 /// that its recovery is noticed within minutes.
 pub(crate) const COOLDOWN_GROWTH_CAP: u32 = 8;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum BreakerState {
-    /// Calls pass; `failures` transient failures in a row so far.
-    Closed { failures: u32 },
-    /// No job calls the provider. The next probe may start at `probe_at`; `probes_failed`
-    /// probes have failed since it opened; `probing` while one runs.
-    Open {
-        since: Instant,
-        probe_at: Instant,
-        probes_failed: u32,
-        probing: bool,
-        /// A delivery's confirmation probe found the provider down since it opened: the next
-        /// delivery that asks takes that answer instead of probing again.
-        confirmed_down: bool,
-        reason: String,
-    },
-}
-
-/// A change of state the caller should log and export.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Transition {
-    Opened { reason: String },
-    Closed,
-}
-
-/// Permission to run the one probe of an open breaker; hand it back with the result.
-/// Dropped without a result (the probing task was cancelled), it frees the slot.
-#[derive(Debug)]
-pub(crate) struct ProbeTicket<'a> {
-    breaker: &'a Breaker,
-    done: bool,
-}
-
-#[derive(Debug)]
-pub struct Breaker {
-    threshold: u32,
-    cooldown: Backoff,
-    state: Mutex<BreakerState>,
-}
-
-impl Breaker {
-    pub fn new(threshold: u32, cooldown: Duration) -> Self {
-        Self {
-            threshold: threshold.max(1),
-            cooldown: Backoff::growing(cooldown, COOLDOWN_GROWTH_CAP, Jitter::None),
-            state: Mutex::new(BreakerState::Closed { failures: 0 }),
-        }
-    }
-
-    pub(crate) fn state(&self) -> BreakerState {
-        self.lock().clone()
-    }
-
-    pub(crate) fn is_open(&self) -> bool {
-        matches!(*self.lock(), BreakerState::Open { .. })
-    }
-
-    /// A call passed: the run of failures is over.
-    pub(crate) fn record_success(&self) -> Option<Transition> {
-        let mut state = self.lock();
-        let was_open = matches!(*state, BreakerState::Open { .. });
-        *state = BreakerState::Closed { failures: 0 };
-        was_open.then_some(Transition::Closed)
-    }
-
-    /// A call failed in a way a later call may not (the provider is down, slow or
-    /// rate-limiting). Opens the breaker on the `threshold`-th failure in a row.
-    pub(crate) fn record_transient_failure(
-        &self,
-        now: Instant,
-        reason: &str,
-    ) -> Option<Transition> {
-        let mut state = self.lock();
-        match &mut *state {
-            BreakerState::Closed { failures } => {
-                *failures = failures.saturating_add(1);
-                if *failures >= self.threshold {
-                    let reason = format!(
-                        "{} consecutive transient failures; last: {reason}",
-                        *failures
-                    );
-                    *state = self.opened(now, 0, reason.clone());
-                    return Some(Transition::Opened { reason });
-                }
-                None
-            }
-            // Calls that started before it opened may still fail; they change nothing.
-            BreakerState::Open { .. } => None,
-        }
-    }
-
-    /// The provider is misconfigured (401, 403, 404): open at once.
-    pub(crate) fn trip(&self, now: Instant, reason: &str) -> Option<Transition> {
-        let mut state = self.lock();
-        if matches!(*state, BreakerState::Open { .. }) {
-            return None;
-        }
-        let reason = format!("provider refused the request as misconfigured: {reason}");
-        *state = self.opened(now, 0, reason.clone());
-        Some(Transition::Opened { reason })
-    }
-
-    /// Whether an open breaker's cooldown has passed and no probe runs: a probe may start.
-    pub(crate) fn probe_is_due(&self, now: Instant) -> bool {
-        matches!(&*self.lock(), BreakerState::Open { probe_at, probing, .. } if !*probing && now >= *probe_at)
-    }
-
-    /// The one probe of an open breaker whose cooldown has passed, if none runs yet.
-    pub(crate) fn begin_probe(&self, now: Instant) -> Option<ProbeTicket<'_>> {
-        let mut state = self.lock();
-        match &mut *state {
-            BreakerState::Open {
-                probe_at, probing, ..
-            } if !*probing && now >= *probe_at => {
-                *probing = true;
-                Some(ProbeTicket {
-                    breaker: self,
-                    done: false,
-                })
-            }
-            _ => None,
-        }
-    }
-
-    /// Permission to probe an open breaker now, cooldown or not, if no probe runs: a job's
-    /// own calls just opened it, and whether that was the provider or the job only a probe
-    /// can tell. Its failure keeps the schedule ([`ProbeTicket::failed`] would grow it).
-    /// `None` while a probe runs, and once a confirmation found the provider down since it
-    /// opened (one confirmation per opening, however many deliveries ask).
-    pub(crate) fn begin_confirmation(&self) -> Option<ProbeTicket<'_>> {
-        let mut state = self.lock();
-        match &mut *state {
-            BreakerState::Open {
-                probing,
-                confirmed_down,
-                ..
-            } if !*probing && !*confirmed_down => {
-                *probing = true;
-                Some(ProbeTicket {
-                    breaker: self,
-                    done: false,
-                })
-            }
-            _ => None,
-        }
-    }
-
-    /// Whether a probe of the open breaker runs right now.
-    pub(crate) fn is_probing(&self) -> bool {
-        matches!(&*self.lock(), BreakerState::Open { probing: true, .. })
-    }
-
-    fn probe_failed(&self, now: Instant, reason: &str) {
-        let mut state = self.lock();
-        if let BreakerState::Open {
-            since,
-            probes_failed,
-            confirmed_down,
-            ..
-        } = &*state
-        {
-            let (since, failed) = (*since, probes_failed.saturating_add(1));
-            let confirmed = *confirmed_down;
-            let mut next = self.opened(now, failed, reason.to_owned());
-            if let BreakerState::Open {
-                since: s,
-                confirmed_down: c,
-                ..
-            } = &mut next
-            {
-                *s = since;
-                *c = confirmed;
-            }
-            *state = next;
-        }
-    }
-
-    fn probe_abandoned(&self) {
-        if let BreakerState::Open { probing, .. } = &mut *self.lock() {
-            *probing = false;
-        }
-    }
-
-    /// Open since `now` (or earlier), probing after the cooldown for `probes_failed`.
-    fn opened(&self, now: Instant, probes_failed: u32, reason: String) -> BreakerState {
-        BreakerState::Open {
-            since: now,
-            probe_at: now + self.cooldown.delay(probes_failed),
-            probes_failed,
-            probing: false,
-            confirmed_down: false,
-            reason,
-        }
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, BreakerState> {
-        // Every update is one assignment under the lock: a panicking holder cannot tear it.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl ProbeTicket<'_> {
-    /// The probe passed: the breaker closes.
-    pub(crate) fn passed(mut self) -> Option<Transition> {
-        self.done = true;
-        self.breaker.record_success()
-    }
-
-    /// The probe failed: the breaker stays open, and the next probe waits longer.
-    pub(crate) fn failed(mut self, now: Instant, reason: &str) {
-        self.done = true;
-        self.breaker.probe_failed(now, reason);
-    }
-
-    /// A confirmation failed: the breaker stays open on the schedule it opened with.
-    pub(crate) fn still_down(mut self) {
-        self.done = true;
-        if let BreakerState::Open {
-            probing,
-            confirmed_down,
-            ..
-        } = &mut *self.breaker.lock()
-        {
-            *probing = false;
-            *confirmed_down = true;
-        }
-    }
-}
-
-impl Drop for ProbeTicket<'_> {
-    fn drop(&mut self) {
-        if !self.done {
-            self.breaker.probe_abandoned();
-        }
-    }
+/// One provider's breaker, from `[llm]`'s breaker settings.
+pub(crate) fn for_provider(threshold: u32, cooldown: Duration) -> Breaker {
+    Breaker::new(
+        threshold,
+        Backoff::growing(cooldown, COOLDOWN_GROWTH_CAP, Jitter::None),
+    )
 }
 
 #[cfg(test)]
 mod tests {
+    use tokio::time::Instant;
+
     use super::*;
 
     const S: Duration = Duration::from_secs(1);
 
-    fn probe_at(b: &Breaker) -> Instant {
-        match b.state() {
-            BreakerState::Open { probe_at, .. } => probe_at,
-            other => panic!("not open: {other:?}"),
-        }
-    }
-
     #[test]
-    fn opens_on_the_threshold_th_failure_in_a_row_only() {
+    fn the_cooldown_stops_growing_at_the_cap() {
         let t0 = Instant::now();
-        let b = Breaker::new(3, S);
-        assert_eq!(b.record_transient_failure(t0, "503"), None);
-        assert_eq!(b.record_transient_failure(t0, "503"), None);
-        assert_eq!(
-            b.record_success(),
-            None,
-            "a success while closed is no transition"
-        );
-        assert_eq!(b.record_transient_failure(t0, "503"), None);
-        assert_eq!(b.record_transient_failure(t0, "503"), None);
-        assert!(!b.is_open(), "the success reset the run");
-        let opened = b.record_transient_failure(t0, "503 busy");
-        match opened {
-            Some(Transition::Opened { reason }) => {
-                assert!(reason.contains("3 consecutive"), "{reason}");
-                assert!(reason.contains("503 busy"), "{reason}");
-            }
-            other => panic!("{other:?}"),
-        }
-        assert!(b.is_open());
-        assert_eq!(probe_at(&b), t0 + S);
-        assert_eq!(
-            b.record_transient_failure(t0, "503"),
-            None,
-            "late failures change nothing"
-        );
-        assert_eq!(probe_at(&b), t0 + S);
-    }
-
-    #[test]
-    fn a_threshold_of_zero_means_one() {
-        let b = Breaker::new(0, S);
-        assert!(b.record_transient_failure(Instant::now(), "x").is_some());
-    }
-
-    #[test]
-    fn trip_opens_at_once_and_only_once() {
-        let t0 = Instant::now();
-        let b = Breaker::new(5, S);
-        assert!(matches!(b.trip(t0, "401"), Some(Transition::Opened { .. })));
-        assert_eq!(b.trip(t0, "401"), None);
-        assert_eq!(probe_at(&b), t0 + S);
-    }
-
-    #[test]
-    fn one_probe_after_the_cooldown_decides() {
-        let t0 = Instant::now();
-        let b = Breaker::new(1, S);
-        b.record_transient_failure(t0, "503");
-        assert!(b.begin_probe(t0).is_none(), "cooldown not over");
-        assert!(!b.probe_is_due(t0 + S / 2));
-        assert!(b.probe_is_due(t0 + S));
-        assert!(b.begin_probe(t0 + S / 2).is_none());
-        let ticket = b.begin_probe(t0 + S).expect("due");
-        assert!(b.begin_probe(t0 + S).is_none(), "one probe at a time");
-        assert!(!b.probe_is_due(t0 + S), "one probe at a time");
-        assert_eq!(ticket.passed(), Some(Transition::Closed));
-        assert!(!b.is_open());
-        assert_eq!(b.state(), BreakerState::Closed { failures: 0 });
-    }
-
-    #[test]
-    fn failed_probes_double_the_cooldown_up_to_the_cap() {
-        let t0 = Instant::now();
-        let b = Breaker::new(1, S);
-        b.record_transient_failure(t0, "503");
-        let mut now = t0;
+        let b = for_provider(1, S);
+        b.trip(t0, "401");
         let mut waits = Vec::new();
-        for _ in 0..6 {
-            let at = probe_at(&b);
-            waits.push(at - now);
-            now = at;
-            b.begin_probe(now).expect("due").failed(now, "still 503");
+        let mut now = t0;
+        for _ in 0..5 {
+            let BreakerState::Open { probe_at, .. } = b.state() else {
+                panic!("closed")
+            };
+            waits.push(probe_at - now);
+            now = probe_at;
+            b.begin_probe(now).expect("due").failed(now, "401");
         }
-        assert_eq!(waits, [S, 2 * S, 4 * S, 8 * S, 8 * S, 8 * S]);
-        match b.state() {
-            BreakerState::Open {
-                since,
-                probes_failed,
-                reason,
-                ..
-            } => {
-                assert_eq!(since, t0, "open since the first opening");
-                assert_eq!(probes_failed, 6);
-                assert_eq!(reason, "still 503");
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn an_abandoned_probe_frees_the_slot_without_changing_the_wait() {
-        let t0 = Instant::now();
-        let b = Breaker::new(1, S);
-        b.record_transient_failure(t0, "503");
-        drop(b.begin_probe(t0 + S).expect("due"));
-        assert!(b.is_open());
-        assert_eq!(probe_at(&b), t0 + S);
-        assert!(b.begin_probe(t0 + S).is_some(), "free again");
-    }
-
-    #[test]
-    fn one_confirmation_per_opening_and_it_keeps_the_schedule() {
-        let t0 = Instant::now();
-        let b = Breaker::new(1, S);
-        assert!(
-            b.begin_confirmation().is_none(),
-            "nothing to confirm while closed"
-        );
-        b.trip(t0, "403");
-        let scheduled = probe_at(&b);
-        let ticket = b.begin_confirmation().expect("the first confirmation");
-        assert!(b.begin_confirmation().is_none(), "one at a time");
-        assert!(b.is_probing());
-        ticket.still_down();
-        assert!(!b.is_probing());
-        assert_eq!(
-            probe_at(&b),
-            scheduled,
-            "a failed confirmation keeps the schedule"
-        );
-        assert!(b.begin_confirmation().is_none(), "its answer stands");
-        // The scheduled probe fails: the answer still stands.
-        b.begin_probe(scheduled)
-            .expect("due")
-            .failed(scheduled, "503");
-        assert!(b.begin_confirmation().is_none());
-        // Closed and opened again: a new opening gets its confirmation.
-        b.record_success();
-        b.trip(scheduled, "403");
-        let ticket = b.begin_confirmation().expect("a new opening");
-        assert_eq!(ticket.passed(), Some(Transition::Closed));
-        assert!(!b.is_open());
-    }
-
-    #[test]
-    fn no_probe_while_closed() {
-        let b = Breaker::new(2, S);
-        assert!(b.begin_probe(Instant::now() + 10 * S).is_none());
+        assert_eq!(waits, [S, 2 * S, 4 * S, 8 * S, 8 * S]);
     }
 }

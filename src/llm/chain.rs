@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::breaker::{Breaker, BreakerState, Transition};
+use super::breaker::{self, Breaker, BreakerState, Transition};
 use super::{Completion, Fault, Llm, LlmConfigError, LlmError, ProviderConfig, provider_configs};
 use crate::config::LlmSettings;
 use crate::domain::{ModelSummary, TokenUsage};
@@ -144,7 +144,7 @@ impl ModelChain {
                 Arc::new(Provider {
                     model: config.model_name().to_owned(),
                     policy: RetryPolicy::for_call_timeout(settings, config.call_timeout),
-                    breaker: Breaker::new(settings.breaker_failures, cooldown),
+                    breaker: breaker::for_provider(settings.breaker_failures, cooldown),
                     label,
                     llm,
                     metrics: metrics.clone(),
@@ -381,7 +381,10 @@ impl AttemptObserver for Provider {
                 Fault::Transient { .. } => self
                     .breaker
                     .record_transient_failure(Instant::now(), &e.to_string()),
-                Fault::Provider => self.breaker.trip(Instant::now(), &e.to_string()),
+                Fault::Provider => self.breaker.trip(
+                    Instant::now(),
+                    &format!("provider refused the request as misconfigured: {e}"),
+                ),
                 // The provider answered; the request was the problem.
                 Fault::Job => None,
             },

@@ -10,55 +10,38 @@
 //! `SUMMARYD_RELAY_MAX_BACKOFF_MS`, like a row's backoff: a token expired overnight costs a
 //! probe every few minutes, and its renewal is noticed within one such wait.
 //!
-//! The state is pure: every method takes the current instant, so the tests drive the clock
-//! and the pass (`pass.rs`) does the logging and the metrics.
+//! The state machine is the shared breaker's (`resilience/breaker.rs`); this gives the relay
+//! its view of it. Every method takes the current instant, so the tests drive the clock, and
+//! the pass (`pass.rs`) does the logging and the metrics.
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use crate::config::RelaySettings;
 use crate::resilience::backoff::{Backoff, Jitter};
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum State {
-    Closed,
-    /// No row is claimed but the probe. It may start at `probe_at`; `probes_failed` probes
-    /// were refused since the breaker opened; `probing` while one runs.
-    Open {
-        probe_at: Instant,
-        probes_failed: u32,
-        probing: bool,
-        reason: String,
-    },
-}
+pub(crate) use crate::resilience::breaker::ProbeTicket;
+use crate::resilience::breaker::{Breaker, NoProbe};
 
 /// What one relay pass may do now.
 #[derive(Debug)]
 pub(crate) enum Admission<'a> {
     /// The provider is not known to be misconfigured: claim a full batch.
     Claim,
-    /// Send one row as the probe, and hand its outcome to the ticket.
+    /// Send one row as the probe, and hand its outcome to the ticket. Dropped without a
+    /// verdict (no due row to probe with, the pass failed or was cancelled, the probe row
+    /// said nothing about the provider), it frees the slot without changing the wait.
     Probe(ProbeTicket<'a>),
     /// Claim nothing; the next probe may start in `probe_in` (`None` while another task's
     /// probe runs).
     Paused { probe_in: Option<Duration> },
 }
 
-/// Permission to run the one probe of an open breaker. Dropped without a verdict (no due
-/// row to probe with, the pass failed or was cancelled, the probe row said nothing about the
-/// provider), it frees the slot without changing the wait.
-#[derive(Debug)]
-pub(crate) struct ProbeTicket<'a> {
-    breaker: &'a MailBreaker,
-    done: bool,
-}
-
+/// Only a misconfiguration answer opens it ([`MailBreaker::trip`]): a row's transient
+/// failures are that row's backoff, not a pause of the relay.
 #[derive(Debug)]
 pub struct MailBreaker {
-    cooldown: Backoff,
-    state: Mutex<State>,
+    breaker: Breaker,
 }
 
 impl MailBreaker {
@@ -74,28 +57,17 @@ impl MailBreaker {
 
     fn with_cooldown(cooldown: Backoff) -> Self {
         Self {
-            cooldown,
-            state: Mutex::new(State::Closed),
+            breaker: Breaker::new(1, cooldown),
         }
     }
 
     pub(crate) fn admit(&self, now: Instant) -> Admission<'_> {
-        let mut state = self.lock();
-        match &mut *state {
-            State::Closed => Admission::Claim,
-            State::Open {
-                probe_at, probing, ..
-            } if !*probing && now >= *probe_at => {
-                *probing = true;
-                Admission::Probe(ProbeTicket {
-                    breaker: self,
-                    done: false,
-                })
-            }
-            State::Open {
-                probe_at, probing, ..
-            } => Admission::Paused {
-                probe_in: (!*probing).then(|| probe_at.saturating_duration_since(now)),
+        match self.breaker.try_probe(now) {
+            Ok(ticket) => Admission::Probe(ticket),
+            Err(NoProbe::Closed) => Admission::Claim,
+            Err(NoProbe::Running) => Admission::Paused { probe_in: None },
+            Err(NoProbe::CoolingDown { probe_in }) => Admission::Paused {
+                probe_in: Some(probe_in),
             },
         }
     }
@@ -103,65 +75,12 @@ impl MailBreaker {
     /// A send outside a probe was refused as misconfigured. Returns whether this opened the
     /// breaker (sends that were under way when it opened change nothing).
     pub(crate) fn trip(&self, now: Instant, reason: &str) -> bool {
-        let mut state = self.lock();
-        if matches!(*state, State::Open { .. }) {
-            return false;
-        }
-        *state = self.opened(now, 0, reason);
-        true
+        self.breaker.trip(now, reason).is_some()
     }
 
     /// Why the breaker is open, or `None` while it is closed.
     pub fn open_reason(&self) -> Option<String> {
-        match &*self.lock() {
-            State::Closed => None,
-            State::Open { reason, .. } => Some(reason.clone()),
-        }
-    }
-
-    fn opened(&self, now: Instant, probes_failed: u32, reason: &str) -> State {
-        State::Open {
-            probe_at: now + self.cooldown.delay(probes_failed),
-            probes_failed,
-            probing: false,
-            reason: reason.to_owned(),
-        }
-    }
-
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // Every update is one assignment under the lock: a panicking holder cannot tear it.
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-impl ProbeTicket<'_> {
-    /// The provider took the probe row (sent, or failed for a reason of its own that is not
-    /// our configuration): the breaker closes and the relay claims full batches again.
-    pub(crate) fn passed(mut self) {
-        self.done = true;
-        *self.breaker.lock() = State::Closed;
-    }
-
-    /// The probe was refused as misconfigured too: the next probe waits longer.
-    pub(crate) fn refused(mut self, now: Instant, reason: &str) {
-        self.done = true;
-        let mut state = self.breaker.lock();
-        if let State::Open { probes_failed, .. } = &*state {
-            let failed = probes_failed.saturating_add(1);
-            *state = self.breaker.opened(now, failed, reason);
-        }
-    }
-}
-
-impl Drop for ProbeTicket<'_> {
-    fn drop(&mut self) {
-        if !self.done
-            && let State::Open { probing, .. } = &mut *self.breaker.lock()
-        {
-            *probing = false;
-        }
+        self.breaker.open_reason()
     }
 }
 
@@ -230,7 +149,7 @@ mod tests {
             let Admission::Probe(ticket) = b.admit(now) else {
                 panic!("probe {n} is due")
             };
-            ticket.refused(now, &format!("401 #{n}"));
+            ticket.failed(now, &format!("401 #{n}"));
         }
         assert_eq!(waits, [S, 2 * S, 4 * S, 4 * S, 4 * S]);
         assert_eq!(

@@ -133,7 +133,7 @@ fn judge_probe(
         Some(Outcome::Waiting { reason, .. }) => {
             warn!(error = %reason, "mail provider probe refused as misconfigured; the relay stays paused");
             services.metrics.set_mail_breaker(Some(&reason));
-            ticket.refused(now, &reason);
+            ticket.failed(now, &reason);
         }
         Some(Outcome::Sent | Outcome::Retrying) => {
             ticket.passed();

@@ -173,6 +173,17 @@ async fn poison_is_dead_lettered_and_the_rest_finish(poison_status: u16, poisons
             Some(Status::Failed)
         );
     }
+    // What `summaryd dlq list --json` prints: why the last counted delivery failed.
+    let mut listed = Vec::new();
+    summaryd::ops::dlq::list(&services.redis, &services.keys, 10, true, &mut listed)
+        .await
+        .unwrap();
+    let listed = String::from_utf8(listed).unwrap();
+    assert_eq!(
+        listed.matches("the last failed:").count(),
+        poisons,
+        "each dead letter names its last failure: {listed}"
+    );
     let (poison_calls, good_calls) = model.calls();
     // Each of its deliveries counted: at most `max_attempts` calls for each of three.
     assert!(

@@ -56,27 +56,15 @@ impl Consumer {
                 self.count("retry");
                 self.gate.close(dependency, down);
                 let refunded = self.refund(conn, delivery, refund).await;
-                match retry_after(refunded, refund, &self.limits()) {
-                    Some(retry) if refunded == Refund::Denied => {
+                if let Some(retry) = retry_after(refunded, refund, &self.limits()) {
+                    if refunded == Refund::Denied {
                         tracing::warn!(dependency, %reason, count = retry.count, "job not finished: dependency down; the job has had its refunds, so this delivery counts");
                         self.note_failure(conn, job, &reason).await;
-                        self.hold(
-                            delivery.clone(),
-                            Some(retry.count),
-                            Work::Run(summary),
-                            retry.wait,
-                        );
-                    }
-                    Some(retry) => {
+                    } else {
                         tracing::warn!(dependency, %reason, "job not finished: dependency down; it is retried once it is back, and this delivery does not count");
-                        self.hold(
-                            delivery.clone(),
-                            Some(retry.count),
-                            Work::Run(summary),
-                            retry.wait,
-                        );
                     }
-                    None => {}
+                    let work = Work::Run(summary);
+                    self.hold(delivery.clone(), Some(retry.count), work, retry.wait);
                 }
             }
             Settlement::RetryCounted {

@@ -293,17 +293,32 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
     );
 }
 
-#[tokio::test]
-async fn a_delivery_cut_short_by_shutdown_is_refunded() {
-    let env = TestEnv::new().await;
+/// A world whose model takes a minute per call, `configure`d, with one job on the stream:
+/// the services, the model, the job and its entry id.
+async fn one_slow_job(
+    env: &TestEnv,
+    key: &str,
+    configure: impl FnOnce(&mut Settings),
+) -> (Services, Arc<FakeLlm>, Job, String) {
     let model = Arc::new(FakeLlm::slow(Duration::from_secs(60)));
     let mut settings = env.settings.clone();
-    settings.shutdown.grace = Duration::from_secs(3);
+    configure(&mut settings);
     let services = env.services().settings(settings).llm(model.clone()).build();
     let mut redis = env.redis().await;
     ensure_group(&mut redis, &services.keys).await.unwrap();
-    let slow = job("acme", "slow-at-shutdown", "Call notes.");
+    let slow = job("acme", key, "Call notes.");
     let id = enqueue(&mut redis, &services.keys, &slow).await.unwrap();
+    (services, model, slow, id)
+}
+
+#[tokio::test]
+async fn a_delivery_cut_short_by_shutdown_is_refunded() {
+    let env = TestEnv::new().await;
+    let (services, model, slow, id) = one_slow_job(&env, "slow-at-shutdown", |s| {
+        s.shutdown.grace = Duration::from_secs(3);
+    })
+    .await;
+    let mut redis = env.redis().await;
     let shutdown = Shutdown::new();
     let tasks = consumers(&services, 1, &shutdown);
     assert!(eventually(Duration::from_secs(10), || async { model.calls() == 1 }).await);
@@ -340,16 +355,12 @@ async fn a_delivery_cut_short_by_shutdown_is_refunded() {
 #[tokio::test]
 async fn a_delivery_whose_claim_was_taken_stops_paying_for_its_model_call() {
     let env = TestEnv::new().await;
-    let model = Arc::new(FakeLlm::slow(Duration::from_secs(60)));
-    let mut settings = env.settings.clone();
-    // The running delivery re-claims its entry every 100 ms.
-    settings.worker.claim_idle = Duration::from_millis(300);
-    let services = env.services().settings(settings).llm(model.clone()).build();
+    let (services, model, _, id) = one_slow_job(&env, "taken", |s| {
+        // The running delivery re-claims its entry every 100 ms.
+        s.worker.claim_idle = Duration::from_millis(300);
+    })
+    .await;
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
-    let id = enqueue(&mut redis, &services.keys, &job("acme", "taken", "Notes."))
-        .await
-        .unwrap();
     let mut consumer = Consumer::new(services.worker(), "w-slow");
     let delivery = tokio::spawn(async move { consumer.run_once().await.unwrap() });
     assert!(eventually(Duration::from_secs(10), || async { model.calls() == 1 }).await);

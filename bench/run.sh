@@ -163,15 +163,18 @@ payload="{\"notify\":\"bench@example.com\",\"text\":\"$text\"}"
 # count of field/value arguments, the pairs to HSET, then the field to HDEL.
 state_args=(6 tenant bench status queued created_at "$stamp" error)
 # The tenant limits the script receives (src/stream/tenant_limits.rs): emission interval in
-# µs, burst, max in flight, and the time in µs; 0 = no limit, as for a tenant without limits. With BENCH_LIMITS=1
-# the tenant has every limit, set far above what one machine can send (1,000,000 jobs/s,
-# a burst of as many, 10^9 in flight), so each check runs and none refuses.
-limit_args=(0 1 0 0)
+# µs, burst, max in flight, the time in µs, emails per recipient per hour and the time in
+# ms; 0 = no limit, as for a tenant without limits. With BENCH_LIMITS=1 the tenant has the
+# job limits, set far above what one machine can send (1,000,000 jobs/s, a burst of as many,
+# 10^9 in flight), so each check runs and none refuses. notify_per_hour stays off: every
+# benchmark job notifies one address, and a per-recipient window that never refuses would
+# have to hold millions of members.
+limit_args=(0 1 0 0 0 0)
 tokens_file=""
 token=""
 if [[ "$LIMITS" == 1 ]]; then
     # A fixed time far in the future: the rate state never holds the next call back.
-    limit_args=(1 1000000 1000000000 4000000000000000)
+    limit_args=(1 1000000 1000000000 4000000000000000 0 0)
     token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
     tokens_file="$workdir/tokens.toml"
     cat >"$tokens_file" <<EOF_TOKENS
@@ -187,7 +190,7 @@ redis_reference() {
     rcli -n "$REF_DB" FLUSHDB >/dev/null
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
         -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 \
-        EVALSHA "$lua_sha" 5 "$2" ref:stream 'ref:job:__rand_int__' ref:in_flight ref:rate \
+        EVALSHA "$lua_sha" 6 "$2" ref:stream 'ref:job:__rand_int__' ref:in_flight ref:rate ref:notify \
         "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}" \
         job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$3" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
@@ -278,7 +281,7 @@ for c in $CONNECTIONS; do
     # Same arguments as the new-key call; the first call stores the record, so every call
     # redis-benchmark makes only reads it. A failed store would make this a new-key run:
     # the reply is checked.
-    replay_call=(EVALSHA "$lua_sha" 5 ref:idem:fixed ref:stream ref:job:fixed ref:in_flight ref:rate
+    replay_call=(EVALSHA "$lua_sha" 6 ref:idem:fixed ref:stream ref:job:fixed ref:in_flight ref:rate ref:notify
         "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}"
         job_id "$job" tenant bench payload "$payload" created_at "$stamp")
     [[ "$(rcli -n "$REF_DB" "${replay_call[@]}" | head -n 1)" == 1 ]] ||

@@ -13,8 +13,8 @@ use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::AuthSettings;
-use crate::domain::TenantId;
+use crate::config::{AuthSettings, NotifySettings};
+use crate::domain::{NotifyDomains, TenantId};
 use crate::stream::TenantLimits;
 
 #[derive(Debug, thiserror::Error)]
@@ -46,12 +46,51 @@ struct TenantEntry {
     burst: Option<u32>,
     /// Jobs it may have accepted and not yet finished.
     max_in_flight: Option<u32>,
+    /// The domains `notify` may use (`acme.com`, `*.acme.com`); absent: any.
+    notify_domains: Option<Vec<String>>,
+    /// Emails one recipient may be sent per rolling hour; absent: `SUMMARYD_NOTIFY_PER_HOUR`.
+    notify_per_hour: Option<u32>,
 }
 
 struct Entry {
     tenant: TenantId,
     hash: [u8; 32],
-    limits: TenantLimits,
+    policy: Arc<TenantPolicy>,
+}
+
+/// What a tenant may do, from the file version that authenticated the request: a request
+/// is held to the limits of the same file its token was checked against, even when a
+/// reload lands while it runs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TenantPolicy {
+    /// Enforced where jobs are accepted (`stream::tenant_limits`), across replicas.
+    pub(crate) limits: TenantLimits,
+    /// `None`: `notify` may use any domain.
+    pub(crate) notify_domains: Option<NotifyDomains>,
+}
+
+impl TenantPolicy {
+    /// Header mode's policy, the same for every tenant: the `[notify]` settings. Settings
+    /// are checked when loaded, so their domains parse; if they did not, no domain is
+    /// allowed rather than every one.
+    pub(crate) fn header_mode(notify: &NotifySettings) -> Self {
+        let notify_domains = notify.domains().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "refusing every notify");
+            Some(NotifyDomains::nothing())
+        });
+        Self {
+            limits: TenantLimits::default(),
+            notify_domains,
+        }
+    }
+
+    /// The limits a job is accepted under: the tenant's own, and for a tenant without its
+    /// own `notify_per_hour`, the deployment's default.
+    pub(crate) fn limits(&self, notify: &NotifySettings) -> TenantLimits {
+        let mut limits = self.limits;
+        limits.notify_per_hour = limits.notify_per_hour.or(notify.per_hour());
+        limits
+    }
 }
 
 /// The loaded tokens file.
@@ -99,7 +138,7 @@ impl TokenStore {
         if file.tenants.is_empty() {
             return Err("no [tenants.NAME] tables: every request would be refused".into());
         }
-        let mut entries = Vec::with_capacity(file.tenants.len());
+        let mut entries: Vec<Entry> = Vec::with_capacity(file.tenants.len());
         for (name, entry) in file.tenants {
             let tenant =
                 TenantId::parse(&name).map_err(|e| format!("tenant {name:?}: {}", e.message))?;
@@ -107,8 +146,23 @@ impl TokenStore {
             hex::decode_to_slice(entry.token_sha256.trim(), &mut hash).map_err(|_| {
                 format!("tenants.{name}.token_sha256 must be 64 hex characters (the SHA-256 of the token)")
             })?;
-            if entry.rate_per_s.is_some_and(|r| r.is_nan() || r <= 0.0) {
-                return Err(format!("tenants.{name}.rate_per_s must be positive"));
+            // Two tenants behind one token: the request would act for whichever is
+            // compared last, so neither tenant's limits nor its data would be its own.
+            if let Some(other) = entries.iter().find(|e| e.hash == hash) {
+                return Err(format!(
+                    "tenants.{name}.token_sha256 is also tenants.{}.token_sha256: give each tenant its own token",
+                    other.tenant.as_str()
+                ));
+            }
+            // inf would mean "no limit" spelled as a limit, and NaN compares false with
+            // everything: both would switch the rate limit off while looking like one.
+            if entry
+                .rate_per_s
+                .is_some_and(|r| !r.is_finite() || r <= 0.0)
+            {
+                return Err(format!(
+                    "tenants.{name}.rate_per_s must be a positive finite number (remove it for no limit)"
+                ));
             }
             if entry.burst == Some(0) {
                 return Err(format!("tenants.{name}.burst must be at least 1"));
@@ -116,22 +170,38 @@ impl TokenStore {
             if entry.max_in_flight == Some(0) {
                 return Err(format!("tenants.{name}.max_in_flight must be at least 1"));
             }
+            if entry.notify_per_hour == Some(0) {
+                return Err(format!(
+                    "tenants.{name}.notify_per_hour must be at least 1 (remove it for the default)"
+                ));
+            }
+            let notify_domains = entry
+                .notify_domains
+                .as_ref()
+                .map(|list| NotifyDomains::parse(list.iter().map(String::as_str)))
+                .transpose()
+                .map_err(|why| format!("tenants.{name}.notify_domains: {why}"))?;
             entries.push(Entry {
                 tenant,
                 hash,
-                limits: TenantLimits {
-                    rate_per_s: entry.rate_per_s,
-                    burst: entry.burst,
-                    max_in_flight: entry.max_in_flight,
-                },
+                policy: Arc::new(TenantPolicy {
+                    limits: TenantLimits {
+                        rate_per_s: entry.rate_per_s,
+                        burst: entry.burst,
+                        max_in_flight: entry.max_in_flight,
+                        notify_per_hour: entry.notify_per_hour,
+                    },
+                    notify_domains,
+                }),
             });
         }
         Ok(Self { entries })
     }
 
-    /// The tenant owning `token`, if any. Its limits are enforced where jobs are accepted
-    /// (`stream::tenant_limits`), so they hold across replicas.
-    pub(crate) fn authenticate(&self, token: &str) -> Result<TenantId, Denied> {
+    /// The tenant owning `token`, if any, with its policy from this same file version. Its
+    /// limits are enforced where jobs are accepted (`stream::tenant_limits`), so they hold
+    /// across replicas.
+    pub(crate) fn authenticate(&self, token: &str) -> Result<(TenantId, Arc<TenantPolicy>), Denied> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // Compare against every entry without stopping early.
         let mut found: Option<&Entry> = None;
@@ -141,17 +211,8 @@ impl TokenStore {
             }
         }
         found
-            .map(|entry| entry.tenant.clone())
+            .map(|entry| (entry.tenant.clone(), entry.policy.clone()))
             .ok_or(Denied::Unauthenticated)
-    }
-
-    /// The limits the tokens file sets for `tenant` (none for an unknown one).
-    pub(crate) fn limits(&self, tenant: &TenantId) -> TenantLimits {
-        self.entries
-            .iter()
-            .find(|e| &e.tenant == tenant)
-            .map(|e| e.limits)
-            .unwrap_or_default()
     }
 }
 
@@ -241,8 +302,8 @@ mod tests {
     #[test]
     fn a_token_maps_to_its_tenant_and_unknown_tokens_are_refused() {
         let s = store("");
-        assert_eq!(s.authenticate("acme-token").unwrap().as_str(), "acme");
-        assert_eq!(s.authenticate("globex-token").unwrap().as_str(), "globex");
+        assert_eq!(s.authenticate("acme-token").unwrap().0.as_str(), "acme");
+        assert_eq!(s.authenticate("globex-token").unwrap().0.as_str(), "globex");
         assert_eq!(s.authenticate("acme-token "), Err(Denied::Unauthenticated));
         assert_eq!(s.authenticate(""), Err(Denied::Unauthenticated));
     }
@@ -306,27 +367,84 @@ mod tests {
 
     #[test]
     fn limits_are_read_per_tenant_and_validated() {
-        let s = store("rate_per_s = 50.0\nburst = 100\nmax_in_flight = 1000");
-        let acme = s.limits(&TenantId::parse("acme").unwrap());
+        let s = store(
+            "rate_per_s = 50.0\nburst = 100\nmax_in_flight = 1000\nnotify_per_hour = 7\nnotify_domains = [\"acme.com\", \"*.acme.com\"]",
+        );
+        let (_, acme) = s.authenticate("acme-token").unwrap();
         assert_eq!(
-            acme,
+            acme.limits,
             TenantLimits {
                 rate_per_s: Some(50.0),
                 burst: Some(100),
                 max_in_flight: Some(1000),
+                notify_per_hour: Some(7),
             }
         );
         assert_eq!(
-            s.limits(&TenantId::parse("globex").unwrap()),
-            TenantLimits::default()
+            acme.notify_domains.as_ref().unwrap().to_string(),
+            "acme.com, *.acme.com"
         );
-        for bad in ["rate_per_s = 0.0", "burst = 0", "max_in_flight = 0"] {
+        let (_, globex) = s.authenticate("globex-token").unwrap();
+        assert_eq!(*globex, TenantPolicy::default());
+        for (bad, names) in [
+            ("rate_per_s = 0.0", "rate_per_s"),
+            ("rate_per_s = -1.0", "rate_per_s"),
+            ("rate_per_s = inf", "rate_per_s"),
+            ("rate_per_s = -inf", "rate_per_s"),
+            ("rate_per_s = nan", "rate_per_s"),
+            ("burst = 0", "burst"),
+            ("max_in_flight = 0", "max_in_flight"),
+            ("notify_per_hour = 0", "notify_per_hour"),
+            ("notify_domains = []", "notify_domains"),
+            ("notify_domains = [\"localhost\"]", "notify_domains"),
+            ("notify_domains = [\"*.10.0.0.5\"]", "notify_domains"),
+        ] {
             let text = format!(
                 "[tenants.acme]\ntoken_sha256 = \"{}\"\n{bad}\n",
                 token_sha256("x")
             );
             let err = TokenStore::parse(&text).err().unwrap();
-            assert!(err.contains(bad.split(' ').next().unwrap()), "{err}");
+            assert!(err.contains(&format!("tenants.acme.{names}")), "{bad}: {err}");
         }
+        // The largest finite rate is a limit like any other.
+        assert!(
+            TokenStore::parse(&format!(
+                "[tenants.acme]\ntoken_sha256 = \"{}\"\nrate_per_s = 1e300\n",
+                token_sha256("x")
+            ))
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn one_token_for_two_tenants_refuses_the_file() {
+        let hash = token_sha256("shared");
+        let err = TokenStore::parse(&format!(
+            "[tenants.acme]\ntoken_sha256 = \"{hash}\"\n[tenants.globex]\ntoken_sha256 = \"{}\"\n",
+            hash.to_uppercase()
+        ))
+        .err()
+        .unwrap();
+        assert!(
+            err.contains("tenants.globex.token_sha256") && err.contains("tenants.acme"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_default_notify_rate_applies_only_to_tenants_without_their_own() {
+        let notify = NotifySettings {
+            per_hour: Some(20),
+            ..Default::default()
+        };
+        let s = store("notify_per_hour = 3");
+        let (_, acme) = s.authenticate("acme-token").unwrap();
+        let (_, globex) = s.authenticate("globex-token").unwrap();
+        assert_eq!(acme.limits(&notify).notify_per_hour, Some(3));
+        assert_eq!(globex.limits(&notify).notify_per_hour, Some(20));
+        assert_eq!(globex.limits(&NotifySettings::default()).notify_per_hour, None);
+        let header = TenantPolicy::header_mode(&notify);
+        assert_eq!(header.limits(&notify).notify_per_hour, Some(20));
+        assert!(header.notify_domains.is_none());
     }
 }

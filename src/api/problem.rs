@@ -16,6 +16,7 @@ fn limit_name(limit: Limit) -> &'static str {
     match limit {
         Limit::Rate => "rate",
         Limit::InFlight => "max_in_flight",
+        Limit::NotifyRate => "notify_per_hour",
     }
 }
 
@@ -375,6 +376,9 @@ impl ApiError {
                     Limit::InFlight => format!(
                         "This tenant has max_in_flight jobs accepted and not yet finished; retry in {retry_after_s} s with the same Idempotency-Key."
                     ),
+                    Limit::NotifyRate => format!(
+                        "This recipient has had this tenant's notify_per_hour emails in the last hour; retry in {retry_after_s} s with the same Idempotency-Key, or notify another address."
+                    ),
                 },
             )
             .retry_after(*retry_after_s),
@@ -426,6 +430,12 @@ impl From<StoreError> for ApiError {
                 retry_after_s: over.retry_after.as_millis().div_ceil(1000).max(1) as u64,
             },
         }
+    }
+}
+
+impl From<crate::domain::ValidationError> for ApiError {
+    fn from(e: crate::domain::ValidationError) -> Self {
+        Self::validation(e.field, e.message)
     }
 }
 
@@ -738,6 +748,14 @@ mod tests {
             limited(Limit::Rate).to_string(),
             "over its rate limit; retry in 2 s"
         );
+        let notify = limited(Limit::NotifyRate);
+        assert_eq!(
+            notify.to_string(),
+            "over its notify_per_hour limit; retry in 2 s"
+        );
+        let p = notify.problem();
+        assert!(p.detail.contains("notify_per_hour") && p.detail.contains("retry in 2 s"));
+        assert_eq!(p.status, 429);
     }
 
     #[test]

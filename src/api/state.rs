@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use crate::api::auth::Tokens;
+use crate::api::auth::{TenantPolicy, Tokens};
 use crate::api::body::BodyBudget;
 use crate::api::idempotency::IdempotencyStore;
 use crate::config::Settings;
@@ -43,6 +43,9 @@ pub struct ApiState {
     pub(crate) idempotency: IdempotencyStore,
     /// Request-body bytes this process may hold at once, shared by all actix workers.
     pub(crate) body_budget: BodyBudget,
+    /// What every tenant may do in header mode (`[notify]`); token mode reads each
+    /// tenant's own from the tokens file.
+    pub(crate) header_policy: Arc<TenantPolicy>,
 }
 
 impl ApiState {
@@ -54,7 +57,9 @@ impl ApiState {
             &services.settings.idempotency,
         );
         let body_budget = BodyBudget::new(&services.settings.api);
+        let header_policy = Arc::new(TenantPolicy::header_mode(&services.settings.notify));
         Self {
+            header_policy,
             services,
             roles,
             shutdown,

@@ -147,19 +147,20 @@ pub(crate) async fn create(
         });
     }
 
-    let scoped = ScopedKey::summaries(&tenant.0, &key);
+    // Before anything is stored: a recipient the tenant may not notify is the client's to
+    // fix (422), never a job.
+    if let Some(domains) = &tenant.policy.notify_domains {
+        domains.check(&request.notify)?;
+    }
+
+    let scoped = ScopedKey::summaries(&tenant.id, &key);
     let fingerprint = request.fingerprint();
     let job_id = scoped.job_id(&fingerprint);
     let redis_key = state.services.keys.idempotency(&scoped);
-    let limits = state
-        .services
-        .auth
-        .as_ref()
-        .map(|tokens| tokens.current().limits(&tenant.0))
-        .unwrap_or_default();
+    let limits = tenant.policy.limits(&state.services.settings.notify);
     let job = Job {
         job_id,
-        tenant: tenant.0,
+        tenant: tenant.id,
         text: request.text,
         notify: request.notify,
         created_at: Utc::now(),
@@ -241,12 +242,12 @@ pub async fn get(
     let not_found = || {
         ApiError::NotFound(format!(
             "No job with this id exists for tenant {}; use the job_id from the 202 answer.",
-            tenant.0
+            tenant.id
         ))
     };
     let raw = req.match_info().get("job_id").unwrap_or_default();
     let job_id: JobId = raw.parse().map_err(|_| not_found())?;
-    match read_job(&state.services, &tenant.0, job_id, std::future::ready(())).await? {
+    match read_job(&state.services, &tenant.id, job_id, std::future::ready(())).await? {
         Some(view) => Ok(HttpResponse::Ok().json(view)),
         None => Err(not_found()),
     }

@@ -3,6 +3,7 @@
 //! the bearer token and `X-Tenant-Id` is ignored. Handlers only ever see a parsed `Tenant`.
 
 use std::future::{Ready, ready};
+use std::sync::Arc;
 
 use actix_web::dev::Payload;
 use actix_web::http::header::{HeaderMap, HeaderValue};
@@ -10,7 +11,7 @@ use actix_web::{FromRequest, HttpRequest, web};
 
 use super::problem::ApiError;
 use super::state::ApiState;
-use crate::api::auth::{Denied, TokenStore};
+use crate::api::auth::{Denied, TenantPolicy, TokenStore};
 use crate::domain::TenantId;
 
 pub(crate) const TENANT_HEADER: &str = "X-Tenant-Id";
@@ -34,12 +35,20 @@ pub(crate) fn single_header<'a>(
     Ok(first)
 }
 
-/// The tenant a request acts for; extracting it fails with a 400 problem.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant(pub TenantId);
+/// The tenant a request acts for, and what it may do; extracting it fails with a 400 (or,
+/// in token mode, 401) problem. The policy comes with the identity from one version of the
+/// tokens file, so a reload while the request runs cannot give it another file's limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tenant {
+    pub id: TenantId,
+    pub(crate) policy: Arc<TenantPolicy>,
+}
 
 impl Tenant {
-    pub(crate) fn from_headers(headers: &HeaderMap) -> Result<Self, ApiError> {
+    pub(crate) fn from_headers(
+        headers: &HeaderMap,
+        policy: &Arc<TenantPolicy>,
+    ) -> Result<Self, ApiError> {
         let invalid = |message: String| ApiError::InvalidHeader {
             header: TENANT_HEADER,
             message,
@@ -49,7 +58,10 @@ impl Tenant {
             .to_str()
             .map_err(|_| invalid("must contain only visible ASCII characters".into()))?;
         TenantId::parse(raw)
-            .map(Tenant)
+            .map(|id| Tenant {
+                id,
+                policy: policy.clone(),
+            })
             .map_err(|e| invalid(e.message))
     }
 
@@ -68,7 +80,7 @@ impl Tenant {
                 "the Authorization scheme must be Bearer",
             ))?;
         match store.authenticate(token) {
-            Ok(tenant) => Ok(Tenant(tenant)),
+            Ok((id, policy)) => Ok(Tenant { id, policy }),
             Err(Denied::Unauthenticated) => Err(ApiError::Unauthorized("unknown token")),
         }
     }
@@ -79,9 +91,12 @@ impl FromRequest for Tenant {
     type Future = Ready<Result<Self, Self::Error>>;
 
     fn from_request(req: &HttpRequest, _: &mut Payload) -> Self::Future {
-        let tokens = req
-            .app_data::<web::Data<ApiState>>()
-            .and_then(|state| state.services.auth.clone());
+        let Some(state) = req.app_data::<web::Data<ApiState>>() else {
+            return ready(Err(ApiError::Unavailable(
+                "the API state is not configured".into(),
+            )));
+        };
+        let tokens = state.services.auth.clone();
         let headers = req.headers();
         // Both are refused when repeated in either mode: which one a proxy rewrites
         // should not depend on how this server is configured.
@@ -90,7 +105,7 @@ impl FromRequest for Tenant {
         ready(checked.and_then(|_| match tokens {
             // The file as loaded now; a reload swaps it whole, never mid-request.
             Some(tokens) => Self::from_token(headers, &tokens.current()),
-            None => Self::from_headers(headers),
+            None => Self::from_headers(headers, &state.header_policy),
         }))
     }
 }

@@ -18,6 +18,7 @@ mod llm;
 mod log;
 mod mail;
 mod maintenance;
+mod notify;
 mod ops;
 mod redis;
 mod relay;
@@ -35,6 +36,7 @@ pub use llm::{FallbackSettings, LlmProvider, LlmSettings};
 pub use log::{LogFormat, LogSettings};
 pub use mail::{MailProvider, MailSettings};
 pub use maintenance::MaintenanceSettings;
+pub use notify::{DomainList, NotifySettings};
 pub use ops::OpsSettings;
 pub use redis::RedisTlsSettings;
 pub use relay::RelaySettings;
@@ -122,6 +124,7 @@ pub struct Settings {
     pub retention: RetentionSettings,
     pub maintenance: MaintenanceSettings,
     pub auth: AuthSettings,
+    pub notify: NotifySettings,
     pub log: LogSettings,
     pub shutdown: ShutdownSettings,
     /// Which of [`WITHOUT_EFFECT`] the file or the environment gave, remembered by `load`
@@ -150,6 +153,7 @@ impl Default for Settings {
             retention: RetentionSettings::default(),
             maintenance: MaintenanceSettings::default(),
             auth: AuthSettings::default(),
+            notify: NotifySettings::default(),
             log: LogSettings::default(),
             shutdown: ShutdownSettings::default(),
             given_without_effect: Vec::new(),
@@ -284,6 +288,7 @@ impl Settings {
         self.relay.check()?;
         self.idempotency.check()?;
         self.maintenance.check()?;
+        self.notify.check()?;
         if self.key_prefix.chars().any(char::is_whitespace) {
             return Err(invalid(
                 "SUMMARYD_KEY_PREFIX",
@@ -512,13 +517,15 @@ mod tests {
             "database.ca_file",
             "ops.listen",
             "auth.tokens_file",
+            "notify.domains",
+            "notify.per_hour",
             "log.format",
         ] {
             assert!(known.contains(path), "{path} missing from {known:?}");
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 56, "{known:?}");
+        assert_eq!(known.len(), 58, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.

@@ -49,7 +49,7 @@ impl SummaryRequest {
         }
         let notify = match self.notify {
             None => return Err(ValidationError::new("notify", "is required")),
-            Some(serde_json::Value::String(s)) => Email::parse(&s)?,
+            Some(serde_json::Value::String(s)) => Email::parse_recipient(&s)?,
             Some(_) => {
                 return Err(ValidationError::new(
                     "notify",

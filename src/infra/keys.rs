@@ -72,6 +72,14 @@ impl RedisKeys {
         format!("{}tenant:{tenant}:rate", self.prefix)
     }
 
+    /// Redis key of the emails one tenant had sent to one recipient in the last hour (a
+    /// sorted set of job ids by acceptance time), for `notify_per_hour`. The recipient is
+    /// its `Email::recipient_id`, a hash: key names, which monitoring tools list, carry no
+    /// address.
+    pub fn notify_window(&self, tenant: &str, recipient_id: &str) -> String {
+        format!("{}tenant:{tenant}:notify:{recipient_id}", self.prefix)
+    }
+
     /// Redis key of one idempotency record.
     pub fn idempotency(&self, scope: &ScopedKey) -> String {
         format!("{}{}", self.prefix, scope.0)

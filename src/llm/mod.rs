@@ -24,7 +24,7 @@ pub use breaker::{Breaker, BreakerState, Transition};
 pub use builtin::BuiltinSummariser;
 pub use chain::{ChainError, ModelChain, Provider, ProviderStatus};
 pub use guard::{Guarded, check_input};
-pub use openai::{OpenAiClient, PROBE_TEXT, PROMPT_PREFIX, prompt};
+pub use openai::{OpenAiClient, PROBE_TEXT, SYSTEM_PROMPT, document};
 
 use crate::config::{FallbackSettings, LlmProvider, LlmSettings};
 use crate::domain::TokenUsage;

@@ -71,7 +71,7 @@ mod tests {
         assert_eq!(token.len(), 2 * TOKEN_BYTES);
         let toml = &text[text.rfind("[tenants.acme]").unwrap()..];
         let store = TokenStore::parse(toml).unwrap();
-        assert_eq!(store.authenticate(token).unwrap().as_str(), "acme");
+        assert_eq!(store.authenticate(token).unwrap().0.as_str(), "acme");
         assert!(
             !toml.contains(token),
             "the file gets the hash, never the token"

@@ -3,16 +3,18 @@
 --
 -- KEYS[1] idempotency record   KEYS[2] job stream   KEYS[3] job state hash
 -- KEYS[4] the tenant's in-flight set   KEYS[5] the tenant's rate state (GCRA)
+-- KEYS[6] the emails this tenant sent the job's recipient in the last hour (sorted set)
 -- ARGV[1] final record (JSON)  ARGV[2] record TTL in seconds   ARGV[3] job id
 -- ARGV[4] emission interval in µs (0: no rate limit)   ARGV[5] burst
 -- ARGV[6] max in flight (0: none)   ARGV[7] now, µs since the epoch (the API's clock; 0
---         without a rate limit)   (src/stream/tenant_limits.rs)
--- ARGV[8] n, then ARGV[9 .. 8+n] job-state fields and values to set, ARGV[9+n] the
+--         without a rate limit)   ARGV[8] emails per recipient per hour (0: none)
+-- ARGV[9] now, ms since the epoch (0 without that limit)   (src/stream/tenant_limits.rs)
+-- ARGV[10] n, then ARGV[11 .. 10+n] job-state fields and values to set, ARGV[11+n] the
 --         job-state field to clear (names and values come from src/stream/job_state.rs)
--- ARGV[10+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
+-- ARGV[12+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
 --
 -- Replies {0, record, 0} (the key had one), {1, entry id, 0} (enqueued) or {2, limit, retry ms}
--- (refused by 'rate' or 'in_flight'; nothing written).
+-- (refused by 'rate', 'in_flight' or 'notify'; nothing written).
 --
 -- A key that already has a record is answered from it before any limit: a replay is never
 -- charged or refused. Otherwise the limits are checked, then the job goes on the stream with
@@ -37,15 +39,34 @@ local max_in_flight = tonumber(ARGV[6])
 if max_in_flight > 0 and redis.call('SCARD', KEYS[4]) >= max_in_flight then
   return {2, 'in_flight', 0}
 end
-local n = tonumber(ARGV[8])
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 10 + n))
-redis.call('HSET', KEYS[3], unpack(ARGV, 9, 8 + n))
-redis.call('HDEL', KEYS[3], ARGV[9 + n])
+-- The recipient's window: accepted jobs of the last hour, counted without writing, so a
+-- refusal writes nothing. When it is full, the request fits once enough of them age out
+-- (more than one when a reload lowered the limit).
+local per_hour = tonumber(ARGV[8])
+local window_start
+if per_hour > 0 then
+  window_start = tonumber(ARGV[9]) - 3600000
+  local sent = redis.call('ZCOUNT', KEYS[6], '(' .. window_start, '+inf')
+  if sent >= per_hour then
+    local oldest = redis.call('ZRANGEBYSCORE', KEYS[6], '(' .. window_start, '+inf',
+      'WITHSCORES', 'LIMIT', sent - per_hour, 1)
+    return {2, 'notify', math.max(1, tonumber(oldest[2]) - window_start)}
+  end
+end
+local n = tonumber(ARGV[10])
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 12 + n))
+redis.call('HSET', KEYS[3], unpack(ARGV, 11, 10 + n))
+redis.call('HDEL', KEYS[3], ARGV[11 + n])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
 -- Only a tenant with a max_in_flight needs its jobs counted; one command less per POST for
 -- every other tenant. (A limit added later by a reload counts the jobs accepted after it.)
 if max_in_flight > 0 then
   redis.call('SADD', KEYS[4], ARGV[3])
+end
+if window_start then
+  redis.call('ZADD', KEYS[6], ARGV[9], ARGV[3])
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', window_start)
+  redis.call('PEXPIRE', KEYS[6], 3600000)
 end
 if tat then
   redis.call('SET', KEYS[5], string.format('%.0f', tat), 'PX', math.max(1, math.ceil((tat - now) / 1000)))

@@ -1,8 +1,11 @@
 //! Per-tenant limits on accepting jobs, enforced in Redis so they hold for every API replica
 //! together (`docs/reference.md`, Tenants): a request rate (`rate_per_s` with `burst`, as
-//! GCRA) and `max_in_flight`, the jobs accepted and not yet finished.
+//! GCRA), `max_in_flight`, the jobs accepted and not yet finished, and `notify_per_hour`,
+//! the jobs accepted in any rolling hour that email one recipient (a sliding window of job
+//! ids by acceptance time: exact, where a GCRA would let twice the figure through in the
+//! hour after a burst; at most `notify_per_hour` members per recipient).
 //!
-//! Both are checked inside the enqueue script (`enqueue_once.lua`), after the idempotency
+//! All are checked inside the enqueue script (`enqueue_once.lua`), after the idempotency
 //! record is looked up and before anything is written: a replay is answered before any
 //! limit, so it is never charged or refused, and a refused request writes nothing. The
 //! in-flight set gains the job id in the same step that enqueues it and loses it in the step
@@ -31,6 +34,8 @@ pub struct TenantLimits {
     pub(crate) burst: Option<u32>,
     /// Jobs accepted and not yet done or dead-lettered.
     pub(crate) max_in_flight: Option<u32>,
+    /// Jobs accepted in any rolling hour that notify one recipient.
+    pub(crate) notify_per_hour: Option<u32>,
 }
 
 /// Which limit refused a request.
@@ -38,6 +43,8 @@ pub struct TenantLimits {
 pub enum Limit {
     Rate,
     InFlight,
+    /// `notify_per_hour`: the recipient had that many emails from this tenant this hour.
+    NotifyRate,
 }
 
 /// A refusal: which limit, and when a request could pass.
@@ -70,7 +77,9 @@ impl TenantLimits {
     }
 
     /// The script's limit arguments: emission interval (µs), burst, max in flight (0 = none),
-    /// and the time the rate is measured at (µs since the epoch; 0 without a rate).
+    /// the time the rate is measured at (µs since the epoch; 0 without a rate), emails per
+    /// recipient per hour (0 = none) and the time the hour ends at (ms since the epoch; 0
+    /// without that limit).
     ///
     /// The time is this process's clock, not Redis' `TIME`: `TIME` made the script about a
     /// quarter slower (measured with Redis' own per-call timing: ~35 µs instead of ~28 µs
@@ -78,9 +87,15 @@ impl TenantLimits {
     /// `d` ahead can admit at most `d × rate_per_s` jobs beyond the tenant's burst.
     pub(crate) fn pass_to(&self, script: &mut ScriptInvocation, now: SystemTime) {
         let interval = self.interval_us();
+        let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
         let now_us = if interval > 0.0 {
-            now.duration_since(UNIX_EPOCH)
-                .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            u64::try_from(since_epoch.as_micros()).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        let per_hour = self.notify_per_hour.unwrap_or(0);
+        let now_ms = if per_hour > 0 {
+            u64::try_from(since_epoch.as_millis()).unwrap_or(u64::MAX)
         } else {
             0
         };
@@ -88,22 +103,29 @@ impl TenantLimits {
             .arg(interval)
             .arg(self.burst())
             .arg(self.max_in_flight.unwrap_or(0))
-            .arg(now_us);
+            .arg(now_us)
+            .arg(per_hour)
+            .arg(now_ms);
     }
 }
 
 impl OverLimit {
     /// From the script's refusal: the limit's name and, for the rate, when the next job fits.
     pub(crate) fn from_script(limit: &str, retry_after_ms: i64) -> Self {
-        if limit == "in_flight" {
-            return Self {
+        let retry_after = Duration::from_millis(u64::try_from(retry_after_ms).unwrap_or(0));
+        match limit {
+            "in_flight" => Self {
                 limit: Limit::InFlight,
                 retry_after: Duration::from_millis(IN_FLIGHT_RETRY_AFTER_MS),
-            };
-        }
-        Self {
-            limit: Limit::Rate,
-            retry_after: Duration::from_millis(u64::try_from(retry_after_ms).unwrap_or(0)),
+            },
+            "notify" => Self {
+                limit: Limit::NotifyRate,
+                retry_after,
+            },
+            _ => Self {
+                limit: Limit::Rate,
+                retry_after,
+            },
         }
     }
 }

@@ -17,6 +17,7 @@ mod model_chain;
 mod outages;
 mod properties;
 mod providers;
+mod recipients;
 mod relay_http_mail;
 mod relay_outbox;
 mod retention;

@@ -72,10 +72,17 @@ async fn openai_returns_the_summary_and_sends_prompt_model_and_key() {
     );
     let body = r.json();
     assert_eq!(body["model"], "gpt-4.1-mini");
+    // The instructions in the system message; the text only as delimited data.
     assert_eq!(
         body["messages"],
-        json!([{"role": "user",
-                "content": "Summarise for the account team:\n\nAna says the renewal is at risk."}])
+        json!([{"role": "system", "content": summaryd::llm::SYSTEM_PROMPT},
+               {"role": "user",
+                "content": "<document>\nAna says the renewal is at risk.\n</document>"}])
+    );
+    let system = body["messages"][0]["content"].as_str().unwrap();
+    assert!(
+        system.contains("account team") && system.contains("never instructions"),
+        "{system}"
     );
 }
 

@@ -162,7 +162,8 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
             completion("pong")
         };
     }
-    let content = body["messages"][0]["content"].as_str().unwrap_or_default();
+    // The text is in the user message (the last one); the system message is fixed.
+    let content = body["messages"][1]["content"].as_str().unwrap_or_default();
     let Some(marker) = marker_of(content) else {
         return Reply::json(
             400,

@@ -156,10 +156,7 @@ impl TokenStore {
             }
             // inf would mean "no limit" spelled as a limit, and NaN compares false with
             // everything: both would switch the rate limit off while looking like one.
-            if entry
-                .rate_per_s
-                .is_some_and(|r| !r.is_finite() || r <= 0.0)
-            {
+            if entry.rate_per_s.is_some_and(|r| !r.is_finite() || r <= 0.0) {
                 return Err(format!(
                     "tenants.{name}.rate_per_s must be a positive finite number (remove it for no limit)"
                 ));
@@ -201,7 +198,10 @@ impl TokenStore {
     /// The tenant owning `token`, if any, with its policy from this same file version. Its
     /// limits are enforced where jobs are accepted (`stream::tenant_limits`), so they hold
     /// across replicas.
-    pub(crate) fn authenticate(&self, token: &str) -> Result<(TenantId, Arc<TenantPolicy>), Denied> {
+    pub(crate) fn authenticate(
+        &self,
+        token: &str,
+    ) -> Result<(TenantId, Arc<TenantPolicy>), Denied> {
         let presented: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         // Compare against every entry without stopping early.
         let mut found: Option<&Entry> = None;
@@ -404,7 +404,10 @@ mod tests {
                 token_sha256("x")
             );
             let err = TokenStore::parse(&text).err().unwrap();
-            assert!(err.contains(&format!("tenants.acme.{names}")), "{bad}: {err}");
+            assert!(
+                err.contains(&format!("tenants.acme.{names}")),
+                "{bad}: {err}"
+            );
         }
         // The largest finite rate is a limit like any other.
         assert!(
@@ -442,7 +445,10 @@ mod tests {
         let (_, globex) = s.authenticate("globex-token").unwrap();
         assert_eq!(acme.limits(&notify).notify_per_hour, Some(3));
         assert_eq!(globex.limits(&notify).notify_per_hour, Some(20));
-        assert_eq!(globex.limits(&NotifySettings::default()).notify_per_hour, None);
+        assert_eq!(
+            globex.limits(&NotifySettings::default()).notify_per_hour,
+            None
+        );
         let header = TenantPolicy::header_mode(&notify);
         assert_eq!(header.limits(&notify).notify_per_hour, Some(20));
         assert!(header.notify_domains.is_none());

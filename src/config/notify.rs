@@ -74,7 +74,10 @@ mod tests {
             per_hour: None,
         };
         let listed = NotifySettings {
-            domains: Some(DomainList::List(vec!["acme.com".into(), "*.acme.com".into()])),
+            domains: Some(DomainList::List(vec![
+                "acme.com".into(),
+                "*.acme.com".into(),
+            ])),
             per_hour: None,
         };
         assert_eq!(joined.domains().unwrap(), listed.domains().unwrap());
@@ -86,12 +89,20 @@ mod tests {
             per_hour: None,
         };
         let err = bad.check().unwrap_err().to_string();
-        assert!(err.contains("SUMMARYD_NOTIFY_DOMAINS") && err.contains("localhost"), "{err}");
+        assert!(
+            err.contains("SUMMARYD_NOTIFY_DOMAINS") && err.contains("localhost"),
+            "{err}"
+        );
         let zero = NotifySettings {
             domains: None,
             per_hour: Some(0),
         };
-        assert!(zero.check().unwrap_err().to_string().contains("SUMMARYD_NOTIFY_PER_HOUR"));
+        assert!(
+            zero.check()
+                .unwrap_err()
+                .to_string()
+                .contains("SUMMARYD_NOTIFY_PER_HOUR")
+        );
     }
 
     #[test]
@@ -107,12 +118,13 @@ mod tests {
         let domains = settings.notify.domains().unwrap().unwrap();
         assert_eq!(domains.to_string(), "acme.com, *.acme.com");
         assert_eq!(settings.notify.per_hour(), Some(20));
-        let file = crate::config::testing::load(
-            "[notify]\ndomains = [\"acme.com\"]\nper_hour = 5\n",
-            &[],
-        )
-        .unwrap();
-        assert_eq!(file.notify.domains().unwrap().unwrap().to_string(), "acme.com");
+        let file =
+            crate::config::testing::load("[notify]\ndomains = [\"acme.com\"]\nper_hour = 5\n", &[])
+                .unwrap();
+        assert_eq!(
+            file.notify.domains().unwrap().unwrap().to_string(),
+            "acme.com"
+        );
         let bad = crate::config::testing::load("", &[("SUMMARYD_NOTIFY_DOMAINS", "intranet")])
             .unwrap_err();
         assert!(bad.contains("SUMMARYD_NOTIFY_DOMAINS"), "{bad}");

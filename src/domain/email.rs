@@ -282,7 +282,10 @@ mod tests {
         assert_eq!(email.recipient_id().len(), 32);
         // Stored before the intake rules: still one identity per mailbox.
         let old = Email::parse("Ann@LOCALHOST").unwrap();
-        assert_eq!(old.recipient_id(), Email::parse("ann@localhost").unwrap().recipient_id());
+        assert_eq!(
+            old.recipient_id(),
+            Email::parse("ann@localhost").unwrap().recipient_id()
+        );
         assert_ne!(old.recipient_id(), email.recipient_id());
     }
 

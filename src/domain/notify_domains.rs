@@ -102,8 +102,8 @@ mod tests {
 
     #[test]
     fn exact_and_wildcard_patterns() {
-        let allowed = NotifyDomains::parse(["acme.com", "*.acme.com", "B\u{00FC}cher.example"])
-            .unwrap();
+        let allowed =
+            NotifyDomains::parse(["acme.com", "*.acme.com", "B\u{00FC}cher.example"]).unwrap();
         for ok in [
             "a@acme.com",
             "a@ACME.com",
@@ -149,7 +149,13 @@ mod tests {
         assert!(NotifyDomains::parse(std::iter::empty()).is_err());
         let nothing = NotifyDomains::nothing();
         assert!(!nothing.allows_domain("acme.com"));
-        assert!(nothing.check(&email("a@acme.com")).unwrap_err().message.contains("no domain"));
+        assert!(
+            nothing
+                .check(&email("a@acme.com"))
+                .unwrap_err()
+                .message
+                .contains("no domain")
+        );
         assert!(NotifyDomains::parse([" acme.com "]).is_ok());
     }
 }

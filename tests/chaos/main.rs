@@ -22,6 +22,7 @@ mod model_outage;
 mod outages;
 mod pg_drop;
 mod poison;
+mod recipients;
 mod redis_restart;
 mod sigterm;
 

@@ -104,10 +104,16 @@ async fn a_tenants_notify_domains_refuse_other_recipients_before_anything_is_sto
         let p = problem(res).await;
         assert_eq!(p["field"], "notify", "{p}");
         assert!(
-            p["detail"].as_str().unwrap().contains("acme.com, *.acme.com"),
+            p["detail"]
+                .as_str()
+                .unwrap()
+                .contains("acme.com, *.acme.com"),
             "{p}"
         );
-        assert!(!has_record(&env, &services, "acme", &key).await, "{outside}");
+        assert!(
+            !has_record(&env, &services, "acme", &key).await,
+            "{outside}"
+        );
     }
     assert_eq!(stream_len(&env).await, 0, "nothing refused is queued");
 
@@ -201,19 +207,38 @@ async fn notify_per_hour_counts_per_recipient_and_tenant_and_never_refuses_a_rep
         test::call_service(&app, post_as(token, key, to).to_request())
     };
 
-    assert_eq!(call(ACME, "notify-rate-0001", "bob@acme.com").await.status(), 202);
+    assert_eq!(
+        call(ACME, "notify-rate-0001", "bob@acme.com")
+            .await
+            .status(),
+        202
+    );
     // Another spelling of the same mailbox counts against the same window.
-    assert_eq!(call(ACME, "notify-rate-0002", "BOB@Acme.COM").await.status(), 202);
+    assert_eq!(
+        call(ACME, "notify-rate-0002", "BOB@Acme.COM")
+            .await
+            .status(),
+        202
+    );
     let refused = call(ACME, "notify-rate-0003", "bob@acme.com").await;
     assert_eq!(refused.status(), 429);
-    let wait: u64 = refused.headers().get("retry-after").unwrap()
+    let wait: u64 = refused
+        .headers()
+        .get("retry-after")
+        .unwrap()
         .to_str()
         .unwrap()
         .parse()
         .unwrap();
-    assert!((3590..=3600).contains(&wait), "the oldest email ages out in an hour: {wait}");
+    assert!(
+        (3590..=3600).contains(&wait),
+        "the oldest email ages out in an hour: {wait}"
+    );
     let p = problem(refused).await;
-    assert!(p["detail"].as_str().unwrap().contains("notify_per_hour"), "{p}");
+    assert!(
+        p["detail"].as_str().unwrap().contains("notify_per_hour"),
+        "{p}"
+    );
     assert!(!has_record(&env, &services, "acme", "notify-rate-0003").await);
     assert_eq!(stream_len(&env).await, 2, "a refused job is not queued");
 
@@ -222,16 +247,30 @@ async fn notify_per_hour_counts_per_recipient_and_tenant_and_never_refuses_a_rep
     assert_eq!(replay.status(), 202);
     assert_eq!(replay.headers().get("idempotent-replayed").unwrap(), "true");
     // Another recipient has a window of its own, and so has another tenant.
-    assert_eq!(call(ACME, "notify-rate-0004", "carol@acme.com").await.status(), 202);
-    assert_eq!(call(GLOBEX, "notify-rate-0005", "bob@acme.com").await.status(), 202);
     assert_eq!(
-        call(GLOBEX, "notify-rate-0006", "bob@acme.com").await.status(),
+        call(ACME, "notify-rate-0004", "carol@acme.com")
+            .await
+            .status(),
+        202
+    );
+    assert_eq!(
+        call(GLOBEX, "notify-rate-0005", "bob@acme.com")
+            .await
+            .status(),
+        202
+    );
+    assert_eq!(
+        call(GLOBEX, "notify-rate-0006", "bob@acme.com")
+            .await
+            .status(),
         429,
         "the default SUMMARYD_NOTIFY_PER_HOUR holds for a tenant without its own"
     );
 
     // The window holds the accepted jobs' ids, keyed by a hash of the mailbox.
-    let bob = Email::parse_recipient("bob@acme.com").unwrap().recipient_id();
+    let bob = Email::parse_recipient("bob@acme.com")
+        .unwrap()
+        .recipient_id();
     let window = services.keys.notify_window("acme", &bob);
     let mut redis = env.redis().await;
     let members: Vec<(String, f64)> = redis.zrange_withscores(&window, 0, -1).await.unwrap();
@@ -246,8 +285,17 @@ async fn notify_per_hour_counts_per_recipient_and_tenant_and_never_refuses_a_rep
             .await
             .unwrap();
     }
-    assert_eq!(call(ACME, "notify-rate-0003", "bob@acme.com").await.status(), 202);
+    assert_eq!(
+        call(ACME, "notify-rate-0003", "bob@acme.com")
+            .await
+            .status(),
+        202
+    );
     let members: Vec<String> = redis.zrange(&window, 0, -1).await.unwrap();
-    assert_eq!(members.len(), 1, "aged-out members are trimmed: {members:?}");
+    assert_eq!(
+        members.len(),
+        1,
+        "aged-out members are trimmed: {members:?}"
+    );
     assert_eq!(stream_len(&env).await, 5);
 }

@@ -184,8 +184,11 @@ impl Application {
             .await?;
         }
         // A TLS misconfiguration stops startup here; risky durability settings are logged.
-        let takes_jobs = roles.has(Role::Api) || roles.has(Role::Worker);
-        crate::infra::redis::check_at_startup(&settings, takes_jobs).await?;
+        // Only where Redis is used: a relay is given no Redis URL (deploy/kubernetes) and
+        // must not probe the default one.
+        if roles.needs_redis() {
+            crate::infra::redis::check_at_startup(&settings, true).await?;
+        }
         let addr = settings.listen;
         let listener =
             TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?;

@@ -227,9 +227,11 @@ mod tests {
     #[test]
     fn a_process_is_warned_only_about_the_connections_it_opens() {
         assert!(warnings(&Settings::default(), true).is_empty());
-        let mut s = Settings::default();
-        s.redis_url = "redis://:redis-pw@redis.internal:6379".into();
-        s.database_url = "postgres://u:pg-pw@db.internal/x?sslmode=require".into();
+        let s = Settings {
+            redis_url: "redis://:redis-pw@redis.internal:6379".into(),
+            database_url: "postgres://u:pg-pw@db.internal/x?sslmode=require".into(),
+            ..Settings::default()
+        };
         let settings: Vec<&str> = warnings(&s, true).iter().map(|w| w.setting).collect();
         assert_eq!(settings, ["SUMMARYD_DATABASE_URL", "SUMMARYD_REDIS_URL"]);
         // A relay or `migrate` never connects to Redis.

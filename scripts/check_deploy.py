@@ -40,6 +40,18 @@ REDIS_STREAMS_METADATA = {
     "sentinelUsername", "sentinelPassword", "sentinelMaster",
     "addressFromEnv", "hostFromEnv", "portFromEnv", "usernameFromEnv", "passwordFromEnv",
 }
+# Which credential Secrets (deploy/kubernetes/secret.example.yaml) each role may be given:
+# a role never holds a credential it does not use (the relay no model key, the worker no
+# mail URL). A pod running several roles gets the union.
+ROLE_SECRETS = {
+    "api": {"summaryd-database", "summaryd-redis"},
+    "worker": {"summaryd-database", "summaryd-redis", "summaryd-model"},
+    "relay": {"summaryd-database", "summaryd-mail"},
+    "migrate": {"summaryd-database"},
+}
+# Secrets that are mounted as files rather than given as environment variables.
+FILE_SECRETS = {"summaryd-tenants"}
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 CRDS = {
     ("keda.sh", "ScaledObject"): "keda.sh_scaledobjects.yaml",
     ("keda.sh", "TriggerAuthentication"): "keda.sh_triggerauthentications.yaml",
@@ -177,9 +189,15 @@ def rules(objects, where):
                     errors.append(f"{name}: {probe} port {get.get('port')!r} is not a container port")
                 elif port != ops_port:
                     errors.append(f"{name}: {probe} on port {port}, but the ops routes are on {ops_port}")
+            if "SUMMARYD_OPS_LISTEN" not in env:
+                errors.append(f"{name}: no SUMMARYD_OPS_LISTEN: the ops routes would share the public port")
             annotations = pod["metadata"].get("annotations", {})
             if annotations.get("prometheus.io/port") != str(ops_port):
                 errors.append(f"{name}: prometheus.io/port is not the ops routes' port {ops_port}")
+    for kind in ("Deployment", "Job"):
+        for o in by_kind.get(kind, []):
+            errors += secret_separation(o, f"{where}: {kind}/{o['metadata']['name']}")
+    errors += network_policy_rules(by_kind, deployments, where)
     for s in by_kind.get("Service", []):
         selected = [d for d in deployments if labels_match(s["spec"]["selector"], d["spec"]["template"]["metadata"].get("labels", {}))]
         if not selected:
@@ -227,6 +245,83 @@ def rules(objects, where):
     return errors
 
 
+def roles_of(container):
+    """The roles a summaryd container runs, from its arguments (`serve --roles a,b`, `migrate`)."""
+    args = container.get("args", [])
+    if args[:1] == ["migrate"]:
+        return {"migrate"}
+    if "--roles" in args:
+        return set(args[args.index("--roles") + 1].split(","))
+    return {"api", "worker", "relay"}
+
+
+def secret_separation(obj, name):
+    """Every role gets only the credentials it uses, whether through envFrom or secretKeyRef,
+    and every credential Secret it uses is one of secret.example.yaml's."""
+    errors = []
+    spec = obj["spec"]["template"]["spec"]
+    for c in spec.get("containers", []) + spec.get("initContainers", []):
+        roles = roles_of(c)
+        allowed = set().union(*(ROLE_SECRETS.get(r, set()) for r in roles))
+        given = {e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e}
+        given |= {
+            e["valueFrom"]["secretKeyRef"]["name"]
+            for e in c.get("env", [])
+            if "secretKeyRef" in e.get("valueFrom", {})
+        }
+        for extra in sorted(given - allowed):
+            errors.append(f"{name}: container {c['name']} ({','.join(sorted(roles))}) is given Secret {extra}, which its roles do not use")
+        for missing in sorted(allowed - given):
+            errors.append(f"{name}: container {c['name']} ({','.join(sorted(roles))}) lacks Secret {missing}")
+    for v in spec.get("volumes", []):
+        secret = v.get("secret", {}).get("secretName")
+        if secret and secret not in FILE_SECRETS:
+            errors.append(f"{name}: mounts Secret {secret}, which is not a file Secret")
+    return errors
+
+
+def selects(policy, labels):
+    return labels_match(policy["spec"]["podSelector"].get("matchLabels"), labels)
+
+
+def network_policy_rules(by_kind, deployments, where):
+    """Every summaryd pod is under a default-deny ingress policy; the api port is open to the
+    api's clients only on pods the api Service selects; the ops port only to `monitoring`."""
+    errors = []
+    policies = by_kind.get("NetworkPolicy", [])
+    if not policies:
+        return [f"{where}: no NetworkPolicy"]
+    services = by_kind.get("Service", [])
+    for d in deployments:
+        name = f"{where}: Deployment/{d['metadata']['name']}"
+        labels = d["spec"]["template"]["metadata"].get("labels", {})
+        mine = [p for p in policies if selects(p, labels) and "Ingress" in p["spec"].get("policyTypes", [])]
+        if not mine:
+            errors.append(f"{name}: no NetworkPolicy restricts ingress to its pods")
+        public = any(labels_match(s["spec"]["selector"], labels) for s in services)
+        for p in mine:
+            for rule in p["spec"].get("ingress", []):
+                ports = {port.get("port") for port in rule.get("ports", [])}
+                if not ports:
+                    errors.append(f"{where}: NetworkPolicy/{p['metadata']['name']} allows every port")
+                peers = rule.get("from", [])
+                if not peers:
+                    errors.append(f"{where}: NetworkPolicy/{p['metadata']['name']} allows every source")
+                if ports & {"ops", 9090}:
+                    for peer in peers:
+                        ns = peer.get("namespaceSelector", {}).get("matchLabels", {})
+                        if ns != {"kubernetes.io/metadata.name": "monitoring"} or "podSelector" in peer:
+                            errors.append(f"{where}: NetworkPolicy/{p['metadata']['name']} opens the ops port to {peer}, not only the monitoring namespace")
+                if ports & {"http", 8080} and not public:
+                    errors.append(f"{name}: NetworkPolicy/{p['metadata']['name']} opens port {sorted(map(str, ports))} on pods no Service exposes")
+        if public and not any(
+            {port.get("port") for rule in p["spec"].get("ingress", []) for port in rule.get("ports", [])} & {"http", 8080}
+            for p in mine
+        ):
+            errors.append(f"{name}: the api Service's pods accept no client: no NetworkPolicy opens port http")
+    return errors
+
+
 def check_k8s(paths):
     errors = []
     for path in paths:
@@ -258,6 +353,9 @@ def check_compose(path):
             dep = svc.get("depends_on", {}).get("migrate", {})
             if dep.get("condition") != "service_completed_successfully":
                 errors.append(f"{path}: service {name} must wait for migrate to complete")
+        # Built here (`build:`) has no digest; anything pulled must be pinned by one.
+        if "build" not in svc and not DIGEST.search(image):
+            errors.append(f"{path}: service {name} image {image!r} is not pinned by @sha256 digest")
     redis = " ".join(services.get("redis", {}).get("command", []))
     for setting in ("--appendonly yes", "--maxmemory-policy noeviction"):
         if setting not in redis:
@@ -274,6 +372,12 @@ def check_dockerfile(path):
     label = re.search(r'org\.opencontainers\.image\.version="([^"]+)"', text)
     if not label or label.group(1) != version:
         fail([f"{path}: org.opencontainers.image.version must be Cargo.toml's {version}"])
+    for image in re.findall(r"^FROM\s+(\S+)", text, re.M):
+        if not DIGEST.search(image):
+            fail([f"{path}: FROM {image} is not pinned by @sha256 digest"])
+    for env in ("SUMMARYD_OPS_LISTEN",):
+        if not re.search(rf"^ENV {env}=", text, re.M):
+            fail([f"{path}: the image must set {env} (ops routes off the public port)"])
     build = re.search(r"^RUN (cargo build --release --locked --bin summaryd)\b", text, re.M)
     if not build:
         fail([f"{path}: the builder stage's `RUN cargo build --release --locked --bin summaryd` is gone; update scripts/check-deploy.sh with it"])

@@ -108,6 +108,7 @@ async fn migrate(config: Option<&Path>) -> ExitCode {
         Err(code) => return code,
     };
     summaryd::infra::telemetry::init(settings.log.format);
+    summaryd::infra::cleartext::warn_at_startup(&settings, false);
     match summaryd::db::migrate::run(
         settings.database_url.expose_secret(),
         settings.database.ca_file.as_deref(),

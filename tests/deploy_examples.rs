@@ -207,3 +207,93 @@ fn the_tokens_file_example_loads_with_and_without_its_optional_keys() {
     // A key the parser refuses is caught by exactly this check.
     assert!(TokenStore::parse(&format!("{uncommented}max_jobs = 1000\n")).is_err());
 }
+
+/// Every URL the deployment files give summaryd protects its credentials the way
+/// docs/security.md asks, judged by the same functions summaryd warns and refuses with:
+/// a checked certificate for Postgres, `rediss://` for a Redis with a password, TLS for SMTP
+/// credentials. compose.yaml's local network is the documented exception for Postgres.
+#[test]
+fn no_example_sends_credentials_in_cleartext() {
+    use summaryd::config::{SmtpSecurity, smtp_url_has_credentials};
+    use summaryd::infra::cleartext::{postgres_warning, redis_warning};
+    let mut seen = [0; 3];
+    for file in deployment_files() {
+        let text = read(&file);
+        let mut pairs = Vec::new();
+        documents(&text)
+            .iter()
+            .for_each(|doc| env_pairs(doc, &mut pairs));
+        pairs.extend(commented_env_pairs(&text));
+        let local_only = file.ends_with("compose.yaml");
+        for (name, value) in pairs {
+            let shown = format!("{}: {name}", file.display());
+            match name.as_str() {
+                "SUMMARYD_DATABASE_URL" => {
+                    seen[0] += 1;
+                    if !local_only {
+                        assert_eq!(postgres_warning(&value, None), None, "{shown}");
+                        assert!(value.contains("sslmode=verify-full"), "{shown}");
+                    }
+                }
+                "SUMMARYD_REDIS_URL" => {
+                    seen[1] += 1;
+                    assert_eq!(redis_warning(&value), None, "{shown}");
+                }
+                "SUMMARYD_MAIL_SMTP_URL" => {
+                    seen[2] += 1;
+                    let url = reqwest::Url::parse(&value).expect(&shown);
+                    let security = SmtpSecurity::of(&url).expect(&shown);
+                    assert!(
+                        !smtp_url_has_credentials(&url) || security.protects_credentials(),
+                        "{shown}: {security:?}"
+                    );
+                }
+                "SUMMARYD_MAIL_ALLOW_CLEARTEXT" => panic!("{shown}: an example must not allow it"),
+                _ => {}
+            }
+        }
+    }
+    assert!(seen.iter().all(|n| *n >= 1), "URLs found: {seen:?}");
+    // The checks above can fail: the shapes the examples used before are caught.
+    assert!(postgres_warning("postgres://u:p@postgres.example.internal:5432/x", None).is_some());
+    assert!(redis_warning("redis://:p@redis.example.internal:6379").is_some());
+    let plain = reqwest::Url::parse("smtp://user:p@smtp.example.com:587").unwrap();
+    assert!(!SmtpSecurity::of(&plain).unwrap().protects_credentials());
+}
+
+/// Base images are pinned by digest: a tag can be moved to other bytes, a digest cannot.
+#[test]
+fn images_are_pinned_by_digest() {
+    let is_pinned = |image: &str| {
+        image.rsplit_once("@sha256:").is_some_and(|(_, hex)| {
+            hex.len() == 64
+                && hex
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        })
+    };
+    let dockerfile = read(&repo("Dockerfile"));
+    let from: Vec<&str> = dockerfile
+        .lines()
+        .filter_map(|l| l.strip_prefix("FROM "))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .collect();
+    assert_eq!(from.len(), 2, "builder and runtime stages: {from:?}");
+    for image in from {
+        assert!(is_pinned(image), "Dockerfile: FROM {image}");
+    }
+    let compose = documents(&read(&repo("compose.yaml")));
+    let services = compose[0]["services"].as_mapping().expect("services");
+    let mut pulled = 0;
+    for (name, service) in services {
+        // Services built from this repository have no registry digest.
+        if service.get("build").is_some() || service.get("<<").is_some() {
+            continue;
+        }
+        let image = service["image"].as_str().expect("image");
+        assert!(is_pinned(image), "compose.yaml: {name:?} uses {image}");
+        pulled += 1;
+    }
+    assert_eq!(pulled, 2, "redis and postgres");
+    assert!(!is_pinned("redis:7.2-bookworm") && !is_pinned("x@sha256:abc"));
+}

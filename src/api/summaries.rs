@@ -41,7 +41,9 @@ pub(crate) struct CreateSummary {
         pattern = r"^[^\u0000-\u0008\u000B\u000C\u000E-\u001F]*[^\u0000-\u0020\u0085\u00A0\u1680\u2000-\u200A\u2028\u2029\u202F\u205F\u3000][^\u0000-\u0008\u000B\u000C\u000E-\u001F]*$"
     )]
     pub(crate) text: String,
-    /// Who gets the "summary ready" email.
+    /// Who gets the "summary ready" email: a bare address whose domain is a dotted public
+    /// name (no IP address, no `localhost`, no single label), without invisible or bidi
+    /// characters, and within the tenant's `notify_domains`.
     #[schema(format = Email)]
     pub(crate) notify: String,
 }
@@ -108,13 +110,13 @@ pub struct JobView {
         (status = 400, description = "Idempotency-Key or X-Tenant-Id missing, malformed or repeated (an Authorization header repeated too; `header` names it), or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body was not received within the request deadline; the connection is closed", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token mode (a tokens file is configured): missing or unknown bearer token", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "Token mode: the tenant is over its rate_per_s/burst or max_in_flight (a replay of an accepted request is never refused)", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "The tenant is over its rate_per_s/burst or max_in_flight (token mode), or the recipient has had notify_per_hour emails from this tenant in the last hour (a replay of an accepted request is never refused)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
         (status = 409, description = "An in-progress marker of an older version holds the key (rolling upgrade only: this version accepts a key in one atomic step, with no observable in-progress state)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds; 1"))),
         (status = 413, description = "Body over the limit (default 256 KiB)", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Content-Type is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Valid JSON not matching the schema (`field` names it; `text` with NUL or control characters other than tab, LF, CR), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "Valid JSON not matching the schema (`field` names it; `text` with NUL or control characters other than tab, LF, CR; a `notify` that is not a public dotted domain name or is outside the tenant's notify_domains), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable, or no room for the body in the process's request-body budget (the body is not read and the connection is closed): nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
     )

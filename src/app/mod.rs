@@ -27,6 +27,9 @@ use crate::worker::WorkerServices;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
+    /// A check that depends on the roles (`Settings::validate_for`).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Auth(#[from] crate::api::auth::AuthFileError),
     #[error(transparent)]
@@ -51,7 +54,10 @@ pub enum StartError {
 impl StartError {
     /// A setting or a file it names is wrong: fixing the configuration fixes the start.
     pub fn is_configuration(&self) -> bool {
-        matches!(self, Self::Auth(_) | Self::Llm(_) | Self::Mail(_))
+        matches!(
+            self,
+            Self::Config(_) | Self::Auth(_) | Self::Llm(_) | Self::Mail(_)
+        )
     }
 }
 
@@ -124,6 +130,9 @@ impl Application {
         migrate: bool,
     ) -> Result<Self, StartError> {
         settings.warn_about_ignored();
+        // Before anything connects: the warning must be in the log even when the
+        // connection it warns about then fails.
+        crate::infra::cleartext::warn_at_startup(&settings, roles.needs_redis());
         Self::assemble(settings, roles, Providers::FromSettings, migrate).await
     }
 
@@ -146,6 +155,7 @@ impl Application {
         migrate: bool,
     ) -> Result<Self, StartError> {
         // Configuration first, so a wrong setting fails before any waiting on the database.
+        settings.validate_for(roles)?;
         let auth = if roles.has(Role::Api) {
             crate::api::auth::from_settings(&settings.auth)?.map(Arc::new)
         } else {
@@ -174,8 +184,11 @@ impl Application {
             .await?;
         }
         // A TLS misconfiguration stops startup here; risky durability settings are logged.
-        let takes_jobs = roles.has(Role::Api) || roles.has(Role::Worker);
-        crate::infra::redis::check_at_startup(&settings, takes_jobs).await?;
+        // Only where Redis is used: a relay is given no Redis URL (deploy/kubernetes) and
+        // must not probe the default one.
+        if roles.needs_redis() {
+            crate::infra::redis::check_at_startup(&settings, true).await?;
+        }
         let addr = settings.listen;
         let listener =
             TcpListener::bind(addr).map_err(|source| StartError::Listen { addr, source })?;

@@ -29,12 +29,12 @@ mod shutdown;
 mod worker;
 
 pub use api::ApiSettings;
-pub use auth::AuthSettings;
+pub use auth::{AuthMode, AuthSettings};
 pub use database::DatabaseSettings;
 pub use idempotency::IdempotencySettings;
 pub use llm::{FallbackSettings, LlmProvider, LlmSettings};
 pub use log::{LogFormat, LogSettings};
-pub use mail::{MailProvider, MailSettings};
+pub use mail::{MailProvider, MailSettings, SmtpSecurity, smtp_url_has_credentials};
 pub use maintenance::MaintenanceSettings;
 pub use notify::{DomainList, NotifySettings};
 pub use ops::OpsSettings;
@@ -314,6 +314,15 @@ impl Settings {
         Ok(())
     }
 
+    /// The checks that depend on which roles run here, which `--roles` decides rather than
+    /// the settings; `serve` runs them with [`Self::validate`]'s before anything binds.
+    pub fn validate_for(&self, roles: roles::Roles) -> Result<(), ConfigError> {
+        if roles.has(roles::Role::Api) {
+            self.auth.check_listener(self.listen)?;
+        }
+        Ok(())
+    }
+
     /// A replay answers from the idempotency record alone, so whatever GET shows for the job
     /// it names must live at least as long as that record: a horizon that removes it sooner
     /// lets a replay say "accepted" of a job GET no longer knows. Each horizon counts from
@@ -502,6 +511,8 @@ mod tests {
             "mail.smtp_url",
             "mail.http_url",
             "mail.timeout_ms",
+            "mail.allow_cleartext",
+            "auth.mode",
             "worker.claim_idle_ms",
             "worker.consumer_gc_ms",
             "worker.block_ms",
@@ -525,7 +536,7 @@ mod tests {
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 58, "{known:?}");
+        assert_eq!(known.len(), 60, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.
@@ -754,6 +765,31 @@ mod tests {
         s.listen = SocketAddr::from(([127, 0, 0, 1], 0));
         s.ops.listen = Some(s.listen);
         assert!(s.validate().is_ok());
+    }
+
+    /// Protected mode concerns the api role's public listener only.
+    #[test]
+    fn only_the_api_role_needs_auth_off_loopback() {
+        use roles::{Role, Roles};
+        let mut s = Settings {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            ..Settings::default()
+        };
+        for roles in [Roles::all(), Roles::of(&[Role::Api])] {
+            let err = s.validate_for(roles).unwrap_err().to_string();
+            assert!(err.contains("SUMMARYD_AUTH_MODE"), "{roles}: {err}");
+        }
+        assert!(
+            s.validate_for(Roles::of(&[Role::Worker, Role::Relay]))
+                .is_ok()
+        );
+        // The ops listener serves no tenant data: it may face the network.
+        s.listen = SocketAddr::from(([127, 0, 0, 1], 8080));
+        s.ops.listen = Some(SocketAddr::from(([0, 0, 0, 0], 9090)));
+        assert!(s.validate_for(Roles::all()).is_ok());
+        s.listen = SocketAddr::from(([0, 0, 0, 0], 8080));
+        s.auth.mode = Some(AuthMode::Header);
+        assert!(s.validate_for(Roles::all()).is_ok());
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What every adapter and role stands on: connections to Redis and Postgres, TLS, the Redis
 //! key names, redaction, telemetry and metrics. Nothing here knows what a job is for.
 
+pub mod cleartext;
 pub mod connections;
 pub(crate) mod http_client;
 pub mod keys;
@@ -12,6 +13,19 @@ pub mod telemetry;
 pub(crate) mod tls;
 
 use crate::config::Settings;
+
+/// `localhost`, 127.0.0.0/8 and ::1 (also as an IPv4-mapped address), with or without the
+/// brackets a URL puts around IPv6 literals.
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host.trim_end_matches('.');
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    let literal = host.trim_start_matches('[').trim_end_matches(']');
+    literal
+        .parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.to_canonical().is_loopback())
+}
 
 /// A TLS file the settings name that cannot be used. Worded as the settings loader words
 /// its errors: to the operator it is one more wrong setting.

@@ -156,11 +156,7 @@ impl PgTarget {
             Some(path) => (Some(PathBuf::from(path)), "sslrootcert"),
             None => (ca_file.map(Path::to_owned), "SUMMARYD_DATABASE_CA_FILE"),
         };
-        let mode = match sslmode.as_deref() {
-            Some(value) => SslMode::parse(value)?,
-            None if ca.is_some() || sslrootcert.is_some() => SslMode::VerifyFull,
-            None => SslMode::Prefer,
-        };
+        let mode = effective_mode(sslmode.as_deref(), ca.is_some() || sslrootcert.is_some())?;
         let verification = match mode {
             SslMode::VerifyFull => Verification::Full,
             SslMode::VerifyCa => Verification::Chain,
@@ -258,6 +254,76 @@ impl PgTarget {
                  job data cross the network unencrypted; set sslmode=verify-full (or disable, \
                  to say cleartext is intended)"
             );
+        }
+    }
+}
+
+/// The `sslmode` a URL gets: its own, else `verify-full` when a CA is named (a CA exists
+/// only to authenticate the server), else libpq's `prefer`.
+fn effective_mode(sslmode: Option<&str>, has_ca: bool) -> Result<SslMode, PostgresError> {
+    match sslmode {
+        Some(value) => SslMode::parse(value),
+        None if has_ca => Ok(SslMode::VerifyFull),
+        None => Ok(SslMode::Prefer),
+    }
+}
+
+/// What a database URL asks of the connection, read without touching a file or a socket.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PgTransport {
+    pub mode: SslMode,
+    /// A CA is named (`sslrootcert=` or `SUMMARYD_DATABASE_CA_FILE`): `require` then checks
+    /// the chain, as libpq does.
+    pub has_ca: bool,
+    /// The hosts (or `hostaddr`s, which are what is dialled when given) outside this
+    /// machine; a Unix socket is on it.
+    pub remote_hosts: Vec<String>,
+}
+
+impl PgTransport {
+    pub fn parse(url: &str, ca_file: Option<&Path>) -> Result<Self, PostgresError> {
+        let (rest, sslmode, sslrootcert) = take_tls_params(url);
+        let config = tokio_postgres::Config::from_str(&rest)
+            .map_err(|e| PostgresError::InvalidUrl(e.to_string()))?;
+        let has_ca = sslrootcert.is_some() || ca_file.is_some();
+        let mode = effective_mode(sslmode.as_deref(), has_ca)?;
+        let remote_hosts = if config.get_hostaddrs().is_empty() {
+            config
+                .get_hosts()
+                .iter()
+                .filter_map(|host| match host {
+                    Host::Tcp(name) if !crate::infra::is_loopback_host(name) => Some(name.clone()),
+                    _ => None,
+                })
+                .collect()
+        } else {
+            config
+                .get_hostaddrs()
+                .iter()
+                .filter(|ip| !ip.to_canonical().is_loopback())
+                .map(ToString::to_string)
+                .collect()
+        };
+        Ok(Self {
+            mode,
+            has_ca,
+            remote_hosts,
+        })
+    }
+
+    /// Why this connection may be read or impersonated on the network, if it can be.
+    pub fn risk(&self) -> Option<&'static str> {
+        match self.mode {
+            SslMode::Disable => Some("sslmode=disable sends passwords and job data in cleartext"),
+            SslMode::Prefer => Some(
+                "sslmode=prefer (the default without a CA) checks no certificate and falls \
+                 back to cleartext when the server, or anyone on the path, declines TLS",
+            ),
+            SslMode::Require if !self.has_ca => Some(
+                "sslmode=require encrypts but checks no certificate, so anyone on the path \
+                 can impersonate the server and read the password",
+            ),
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => None,
         }
     }
 }

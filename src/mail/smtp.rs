@@ -15,7 +15,7 @@ use secrecy::ExposeSecret;
 use sha2::{Digest, Sha256};
 
 use super::{MailConfigError, MailError, Mailer, OutgoingEmail};
-use crate::config::MailSettings;
+use crate::config::{MailSettings, SmtpSecurity, smtp_url_has_credentials};
 
 pub struct SmtpMailer {
     transport: AsyncSmtpTransport<Tokio1Executor>,
@@ -74,15 +74,15 @@ impl SmtpMailer {
             Some(port) => format!("{host}:{port}"),
             None => host.to_owned(),
         };
-        let has_credentials = !url.username().is_empty() || password.is_some();
-        let tls_param = url.query_pairs().any(|(k, _)| k == "tls");
-        if has_credentials && url.scheme() == "smtp" && !tls_param {
-            // lettre authenticates over plaintext when no TLS is asked for. Not an error (the
-            // documented example URL has this form, and a relay on a private link may be
-            // fine), but an operator should know.
+        // The settings check refused this URL unless SUMMARYD_MAIL_ALLOW_CLEARTEXT=1 said
+        // the path is trusted; say so once at startup, since the password now goes in clear.
+        let exposed = SmtpSecurity::of(&url).is_ok_and(|s| !s.protects_credentials());
+        if exposed && smtp_url_has_credentials(&url) {
             tracing::warn!(
                 server = %server,
-                "SUMMARYD_MAIL_SMTP_URL has credentials but no TLS: the password is sent in clear; use smtps:// or ?tls=required"
+                "SUMMARYD_MAIL_SMTP_URL sends its password without (guaranteed) TLS, as \
+                 SUMMARYD_MAIL_ALLOW_CLEARTEXT=1 allows; use smtps:// or ?tls=required unless \
+                 the path to the server is trusted"
             );
         }
         settings

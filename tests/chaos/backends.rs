@@ -178,6 +178,8 @@ async fn no_secret_or_request_data_reaches_any_log_at_trace_level() {
             "SUMMARYD_MAIL_HTTP_URL",
             format!("https://mail.example/send?api_key={mail_api_key}"),
         ),
+        // The sink speaks plain SMTP on loopback; the password must still stay out of logs.
+        ("SUMMARYD_MAIL_ALLOW_CLEARTEXT", "1".into()),
         ("SUMMARYD_AUTH_TOKENS_FILE", tokens.display().to_string()),
         ("RUST_LOG", "trace".into()),
     ]);

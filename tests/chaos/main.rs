@@ -14,6 +14,7 @@ mod shared;
 
 mod backends;
 mod chaos;
+mod cleartext;
 mod consumer_cleanup;
 mod front_door;
 mod kill_api;

@@ -108,9 +108,22 @@ pub(crate) enum Denied {
 /// The token store the API authenticates with, loaded once at start-up: `None` (tenants from
 /// `X-Tenant-Id`, with a warning) when no tokens file is configured. A file that cannot be
 /// read or parsed is an error, so the process refuses to start rather than run unprotected.
-pub fn from_settings(settings: &AuthSettings) -> Result<Option<Tokens>, AuthFileError> {
+pub fn from_settings(
+    settings: &AuthSettings,
+    notify: &NotifySettings,
+) -> Result<Option<Tokens>, AuthFileError> {
     match &settings.tokens_file {
-        Some(path) => Tokens::load(path).map(Some),
+        Some(path) => {
+            if notify.domains.is_some() {
+                // Token mode reads each tenant's own policy; a deployment-wide list here
+                // would look like a restriction that is not there.
+                tracing::warn!(
+                    "SUMMARYD_NOTIFY_DOMAINS has no effect with SUMMARYD_AUTH_TOKENS_FILE: \
+                     give each tenant notify_domains in the tokens file"
+                );
+            }
+            Tokens::load(path).map(Some)
+        }
         None => {
             tracing::warn!(
                 "SUMMARYD_AUTH_TOKENS_FILE is not set: tenants are taken from X-Tenant-Id and are not authenticated"

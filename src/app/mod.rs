@@ -157,7 +157,7 @@ impl Application {
         // Configuration first, so a wrong setting fails before any waiting on the database.
         settings.validate_for(roles)?;
         let auth = if roles.has(Role::Api) {
-            crate::api::auth::from_settings(&settings.auth)?.map(Arc::new)
+            crate::api::auth::from_settings(&settings.auth, &settings.notify)?.map(Arc::new)
         } else {
             None
         };

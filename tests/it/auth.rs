@@ -161,7 +161,7 @@ fn an_invalid_tokens_file_is_a_configuration_error_naming_the_setting() {
     std::io::Write::write_all(&mut file, b"[tenants.acme]\ntoken_sha256 = \"not-hex\"\n").unwrap();
     let mut settings = Settings::default();
     settings.auth.tokens_file = Some(file.path().to_path_buf());
-    let err = summaryd::api::auth::from_settings(&settings.auth)
+    let err = summaryd::api::auth::from_settings(&settings.auth, &settings.notify)
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();

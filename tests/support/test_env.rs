@@ -231,7 +231,8 @@ impl Services {
 
     /// With the settings' tokens file loaded, as the api role loads it at start-up.
     pub fn api(&self) -> ApiServices {
-        let auth = summaryd::api::auth::from_settings(&self.settings.auth).expect("tokens file");
+        let auth = summaryd::api::auth::from_settings(&self.settings.auth, &self.settings.notify)
+            .expect("tokens file");
         self.handles
             .api(auth.map(Arc::new), Some(self.model.clone()))
     }

@@ -225,6 +225,24 @@ mod tests {
     }
 
     #[test]
+    fn the_path_limit_is_254_characters() {
+        let domain = format!(
+            "{}.{}.{}.example",
+            "a".repeat(60),
+            "b".repeat(60),
+            "c".repeat(60)
+        );
+        let at_limit = format!("{}@{domain}", "x".repeat(Email::MAX_LEN - 1 - domain.len()));
+        assert_eq!(at_limit.len(), 254);
+        assert!(Email::parse(&at_limit).is_ok());
+        assert!(Email::parse_recipient(&at_limit).is_ok());
+        let over = format!("x{at_limit}");
+        let err = Email::parse(&over).unwrap_err();
+        assert!(err.message.contains("254"), "{}", err.message);
+        assert!(Email::parse_recipient(&over).is_err());
+    }
+
+    #[test]
     fn every_accepted_address_is_one_lettre_sends_to() {
         for raw in ["a@b.co", "x.y+z@sub.example.org"] {
             let email = Email::parse(raw).unwrap();

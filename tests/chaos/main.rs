@@ -24,6 +24,7 @@ mod pg_drop;
 mod poison;
 mod redis_restart;
 mod sigterm;
+mod slow_heads;
 
 /// A fresh run id for idempotency keys, so keys never repeat across runs or tests.
 pub fn run_id() -> String {

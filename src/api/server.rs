@@ -235,7 +235,7 @@ pub fn build_server(
                     let peer = io.peer_addr().ok();
                     // No room by its first head's deadline: closed unanswered, as a server
                     // that never accepted it.
-                    let Some(slot) = slots.admit(accepted, accepted + timeout).await else {
+                    let Some(slot) = slots.admit(accepted + timeout).await else {
                         return Err(DispatchError::SlowRequestTimeout);
                     };
                     Ok((

@@ -148,18 +148,14 @@ impl Slots {
         u64::try_from(at.saturating_duration_since(self.epoch).as_millis()).unwrap_or(u64::MAX)
     }
 
-    /// A slot for a connection accepted at `accepted`, once there is room; `None` if there
-    /// is none by `deadline` (the connection's first head deadline).
-    pub(crate) async fn admit(
-        self: &Arc<Self>,
-        accepted: Instant,
-        deadline: Instant,
-    ) -> Option<Ticket> {
+    /// A slot for a new connection, once there is room; `None` if there is none by
+    /// `deadline` (the connection's first head deadline).
+    pub(crate) async fn admit(self: &Arc<Self>, deadline: Instant) -> Option<Ticket> {
         loop {
             let changed = self.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            if let Some(ticket) = self.try_admit(accepted) {
+            if let Some(ticket) = self.try_admit() {
                 return Some(ticket);
             }
             tokio::select! {
@@ -170,14 +166,16 @@ impl Slots {
         }
     }
 
-    fn try_admit(self: &Arc<Self>, accepted: Instant) -> Option<Ticket> {
+    fn try_admit(self: &Arc<Self>) -> Option<Ticket> {
         let mut inner = self.lock();
         if inner.live < self.cap {
             let slot = Arc::new(Slot {
                 word: AtomicU64::new(
                     Seen {
                         phase: Phase::Idle,
-                        since_ms: self.ms(accepted),
+                        // Idle from now, not from its accept: a connection that waited for
+                        // its slot must not be the first one closed once it has it.
+                        since_ms: self.ms(Instant::now()),
                         evicted: false,
                     }
                     .word(),
@@ -407,8 +405,8 @@ mod tests {
         let slots = Slots::new(2);
         let now = Instant::now();
         let deadline = now + Duration::from_secs(5);
-        let a = slots.admit(now, deadline).await.unwrap();
-        let b = slots.admit(now, deadline).await.unwrap();
+        let a = slots.admit(deadline).await.unwrap();
+        let b = slots.admit(deadline).await.unwrap();
         a.in_request();
         b.awaiting(now, true);
         assert_eq!(slots.live(), 2);
@@ -416,7 +414,7 @@ mod tests {
         let waker = futures_util::task::noop_waker();
         let newcomer = tokio::spawn({
             let slots = slots.clone();
-            async move { slots.admit(Instant::now(), deadline).await }
+            async move { slots.admit(deadline).await }
         });
         // The stalled one is chosen; the one inside a request is not.
         while !b.evicted(&waker) {
@@ -431,7 +429,7 @@ mod tests {
         // Now nothing can be closed (a request and a new idle one within the grace): the
         // next newcomer waits, and gives up at its deadline.
         let t = Instant::now();
-        let late = slots.admit(t, t + Duration::from_millis(100)).await;
+        let late = slots.admit(t + Duration::from_millis(100)).await;
         assert!(late.is_none());
         assert!(!a.evicted(&waker) && !c.evicted(&waker));
         drop((a, c));
@@ -443,14 +441,14 @@ mod tests {
         let slots = Slots::new(2);
         let now = Instant::now();
         let deadline = now + Duration::from_secs(5);
-        let a = slots.admit(now, deadline).await.unwrap();
-        let b = slots.admit(now, deadline).await.unwrap();
+        let a = slots.admit(deadline).await.unwrap();
+        let b = slots.admit(deadline).await.unwrap();
         a.awaiting(now, true);
         b.awaiting(now + Duration::from_millis(1), true);
         let waker = futures_util::task::noop_waker();
         let newcomer = tokio::spawn({
             let slots = slots.clone();
-            async move { slots.admit(Instant::now(), deadline).await }
+            async move { slots.admit(deadline).await }
         });
         while !a.evicted(&waker) {
             tokio::task::yield_now().await;

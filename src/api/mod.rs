@@ -6,12 +6,14 @@
 pub mod auth;
 pub mod body;
 pub(crate) mod connection;
+pub(crate) mod head;
 pub(crate) mod health;
 pub mod idempotency;
 pub mod metrics;
 pub(crate) mod openapi;
 pub(crate) mod problem;
 pub(crate) mod server;
+pub(crate) mod slots;
 pub(crate) mod state;
 pub mod summaries;
 pub mod tenant;

@@ -3,7 +3,9 @@
 
 use std::net::TcpListener;
 use std::sync::Arc;
+use std::time::Duration;
 
+use actix_http::error::DispatchError;
 use actix_http::{HttpService, Protocol};
 use actix_service::{IntoServiceFactory, ServiceFactoryExt, map_config};
 use actix_web::body::MessageBody;
@@ -15,6 +17,7 @@ use actix_web::{App, ResponseError, web};
 
 use super::connection::ProblemIo;
 use super::problem::ApiError;
+use super::slots::Slots;
 use super::state::{ApiServices, ApiState};
 use super::{health, metrics, openapi, summaries};
 
@@ -184,10 +187,20 @@ pub fn build_server(
             Routes::Ops => 1,
             _ => std::thread::available_parallelism().map_or(1, usize::from),
         };
-        // actix counts connections per worker thread; the setting is per process.
-        let per_worker = limits.max_connections.div_ceil(workers).max(1);
+        // The cap itself is `Slots` (per listener, across worker threads). actix's own
+        // count, per worker thread, only bounds the connections accepted but not yet given
+        // a slot, which hold their socket and nothing else: at the cap a newcomer first
+        // closes a connection that is only waiting, so it waits here, not in the kernel's
+        // backlog where it could not make room.
+        let slots = Slots::new(limits.max_connections);
+        let per_worker = limits
+            .max_connections
+            .saturating_mul(2)
+            .div_ceil(workers)
+            .max(1);
         // What actix-web's `HttpServer::listen` builds, with one difference: each connection
-        // is wrapped in `ProblemIo`, so the HTTP layer's own error answers are problem
+        // gets a slot and is wrapped in `ProblemIo`, which times every request head (actix
+        // times only the first) and makes the HTTP layer's own error answers problem
         // details too.
         let builder = Server::build()
             .workers(workers)
@@ -207,14 +220,30 @@ pub fn build_server(
                     let graceful = graceful.clone();
                     async move { graceful.notified().await }
                 })
-                // The head; the body has its own deadline of the same length (`api::body`).
-                .client_request_timeout(limits.request_timeout)
+                // Off: `ProblemIo` times every head, actix only the first. The body has its own
+                // deadline of the same length (`api::body`).
+                .client_request_timeout(Duration::ZERO)
                 .keep_alive(limits.keep_alive)
                 .client_disconnect_timeout(limits.disconnect_timeout)
                 .finish(map_config(app, |()| AppConfig::default()));
-            fn_service(|io: TcpStream| async move {
-                let peer = io.peer_addr().ok();
-                Ok((ProblemIo::new(io), Protocol::Http1, peer))
+            let slots = slots.clone();
+            let timeout = limits.request_timeout;
+            fn_service(move |io: TcpStream| {
+                let slots = slots.clone();
+                async move {
+                    let accepted = tokio::time::Instant::now();
+                    let peer = io.peer_addr().ok();
+                    // No room by its first head's deadline: closed unanswered, as a server
+                    // that never accepted it.
+                    let Some(slot) = slots.admit(accepted + timeout).await else {
+                        return Err(DispatchError::SlowRequestTimeout);
+                    };
+                    Ok((
+                        ProblemIo::new(io, slot, accepted, timeout),
+                        Protocol::Http1,
+                        peer,
+                    ))
+                }
             })
             .and_then(http)
         })?;

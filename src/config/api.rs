@@ -11,14 +11,16 @@ use super::{ConfigError, Millis, invalid};
 pub struct ApiSettings {
     /// Request bodies above this are refused with 413 before parsing.
     pub max_body_bytes: usize,
-    /// Deadline for receiving a whole request, head and body; a client that has not sent
-    /// it by then gets 408 and its connection is closed.
+    /// Deadline for receiving each request's head (from the connection's start or from
+    /// the previous response), then again for its body; a client that has not sent it by
+    /// then gets 408 and its connection is closed.
     #[serde(rename = "request_timeout_ms", with = "Millis")]
     pub request_timeout: Duration,
     /// How long an idle keep-alive connection stays open.
     #[serde(rename = "keep_alive_ms", with = "Millis")]
     pub(crate) keep_alive: Duration,
-    /// Open connections this process accepts at once; more wait in the kernel's backlog.
+    /// Open connections this process serves at once (per listener); a newcomer at the cap
+    /// closes one that is only waiting for a head, else waits for room (`api::slots`).
     pub(crate) max_connections: usize,
     /// Request-body bytes all requests of this process may hold at once.
     pub body_budget_bytes: usize,

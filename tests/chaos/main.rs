@@ -26,6 +26,7 @@ mod poison;
 mod recipients;
 mod redis_restart;
 mod sigterm;
+mod slow_heads;
 
 /// A fresh run id for idempotency keys, so keys never repeat across runs or tests.
 pub fn run_id() -> String {

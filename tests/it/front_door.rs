@@ -345,3 +345,106 @@ async fn protocol_errors_the_http_layer_answers_itself_are_problem_json() {
     shutdown.trigger();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }
+
+/// One whole response (head and `content-length` body) from a keep-alive connection.
+async fn read_response(conn: &mut TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                return String::from_utf8_lossy(&got).into_owned();
+            }
+        }
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return String::from_utf8_lossy(&got).into_owned(),
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// actix times only a connection's first head; every later one must arrive within the
+/// request deadline of the previous response too, however it trickles in, or the client
+/// gets a 408 problem and the connection is closed. A connection whose requests each come
+/// in time lives longer than the deadline.
+#[tokio::test]
+async fn every_head_on_a_connection_is_due_within_the_deadline_of_the_previous_response() {
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    let deadline = Duration::from_millis(800);
+    settings.api.request_timeout = deadline;
+    let app = env
+        .services()
+        .settings(settings)
+        .application(Roles::all())
+        .await;
+    let port = app.port();
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(app.run(shutdown.clone()));
+
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // Four requests, each head 500 ms after the previous answer: 2 s on one connection.
+    for i in 0..4 {
+        if i > 0 {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let answer = read_response(&mut conn).await;
+        assert!(answer.starts_with("HTTP/1.1 200 "), "request {i}: {answer}");
+    }
+    // A POST, then the next head a byte every 100 ms: no gap is long, the head never ends.
+    let post = format!(
+        "POST /v1/summaries HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         X-Tenant-Id: acme\r\nIdempotency-Key: slow-second-head-0001\r\n\
+         Content-Length: {}\r\n\r\n{BODY}",
+        BODY.len()
+    );
+    conn.write_all(post.as_bytes()).await.unwrap();
+    let answer = read_response(&mut conn).await;
+    assert!(answer.starts_with("HTTP/1.1 202 "), "{answer}");
+    let answered = std::time::Instant::now();
+    let (mut rd, mut wr) = conn.into_split();
+    let trickle = tokio::spawn(async move {
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: "
+            .iter()
+            .cycle()
+        {
+            if wr.write_all(&[*byte]).await.is_err() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let mut got = Vec::new();
+    let closed = tokio::time::timeout(Duration::from_secs(5), rd.read_to_end(&mut got))
+        .await
+        .is_ok();
+    let held = answered.elapsed();
+    trickle.abort();
+    let answer = String::from_utf8_lossy(&got);
+    assert!(closed, "the connection is closed");
+    assert!(
+        held >= deadline && held < deadline + Duration::from_millis(500),
+        "closed {held:?} after the answer, deadline {deadline:?}"
+    );
+    assert!(answer.starts_with("HTTP/1.1 408 "), "{answer}");
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    assert!(
+        head.contains("content-type: application/problem+json"),
+        "{head}"
+    );
+    let p: Value = serde_json::from_str(body).unwrap();
+    assert_eq!(p["status"], 408, "{p}");
+    // The request before the slow head was served in full: its job was accepted.
+    assert_eq!(accepted_jobs(&env).await, 1);
+    shutdown.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}

@@ -77,6 +77,8 @@ pub(crate) enum ReadEvent {
 pub(crate) struct HeadTracker {
     awaiting: bool,
     started: bool,
+    /// The last response said `connection: close`: no head follows on this connection.
+    closing: bool,
     scanner: HeadScanner,
 }
 
@@ -86,6 +88,7 @@ impl Default for HeadTracker {
         Self {
             awaiting: true,
             started: false,
+            closing: false,
             scanner: HeadScanner::default(),
         }
     }
@@ -123,17 +126,39 @@ impl HeadTracker {
 
     /// Bytes of a response written: the next head is awaited from now on. `false` for an
     /// interim response (`100 Continue`), after which the request's body follows, not a
-    /// head. More writes of the same response keep what was read of the next head.
+    /// head, and for a response that closes the connection (an early refusal: the HTTP
+    /// layer drains the unread body for its short disconnect timeout, then closes). Bytes
+    /// read after such a response are that body, not a head, so the connection stays
+    /// inside its request and is never taken for a stalled one. More writes of the same
+    /// response keep what was read of the next head.
     pub(crate) fn on_write(&mut self, buf: &[u8]) -> bool {
+        if self.closing {
+            return false;
+        }
         if self.awaiting {
             return true;
         }
         if buf.starts_with(b"HTTP/1.1 1") {
             return false;
         }
+        if closes(buf) {
+            self.closing = true;
+            return false;
+        }
         *self = Self::default();
         true
     }
+}
+
+/// Whether the response head at the start of `buf` says `connection: close`.
+fn closes(buf: &[u8]) -> bool {
+    const CLOSE: &[u8] = b"\r\nconnection: close\r\n";
+    let head = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(buf, |end| &buf[..end + 2]);
+    head.windows(CLOSE.len())
+        .any(|w| w.eq_ignore_ascii_case(CLOSE))
 }
 
 #[cfg(test)]
@@ -245,6 +270,31 @@ mod tests {
             ReadEvent::HeadComplete
         );
         assert!(!t.awaiting());
+    }
+
+    #[test]
+    fn after_a_response_that_closes_the_connection_no_head_is_awaited() {
+        let mut t = HeadTracker::default();
+        t.on_read(b"POST / HTTP/1.1\r\ncontent-length: 9999\r\n\r\n");
+        assert!(!t.on_write(
+            b"HTTP/1.1 503 Service Unavailable\r\nConnection: close\r\ncontent-length: 2\r\n\r\n{}"
+        ));
+        assert!(!t.awaiting());
+        // The unread body drains: not a head, however it looks.
+        assert_eq!(t.on_read(b"GET / HTTP/1.1\r\n"), ReadEvent::None);
+        assert!(!t.awaiting() && !t.started());
+        assert!(!t.on_write(b"more"));
+        // Only in the head: a body that mentions it closes nothing.
+        let mut t = HeadTracker::default();
+        t.on_read(b"GET / HTTP/1.1\r\n\r\n");
+        assert!(
+            t.on_write(b"HTTP/1.1 200 OK\r\ncontent-length: 24\r\n\r\n\r\nconnection: close\r\n")
+        );
+        assert!(t.awaiting());
+        assert!(closes(b"HTTP/1.1 408 x\r\nconnection: close\r\n\r\n"));
+        assert!(!closes(
+            b"HTTP/1.1 200 OK\r\nconnection: keep-alive\r\n\r\n"
+        ));
     }
 
     #[test]

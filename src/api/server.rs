@@ -25,6 +25,10 @@ use crate::config::roles::{Role, Roles};
 use crate::infra::metrics::Metrics;
 use crate::shutdown::Shutdown;
 
+/// Connections a listener accepts beyond its cap, each waiting for a slot (and making one
+/// by closing a connection that is only waiting, `api::slots`).
+const ADMISSION_QUEUE: usize = 16;
+
 /// Routes, shared state and fallbacks. Ops routes are served on every role; `/v1/*` only
 /// with role api, so a worker-only process answers 404 there.
 pub fn configure(
@@ -188,14 +192,16 @@ pub fn build_server(
             _ => std::thread::available_parallelism().map_or(1, usize::from),
         };
         // The cap itself is `Slots` (per listener, across worker threads). actix's own
-        // count, per worker thread, only bounds the connections accepted but not yet given
-        // a slot, which hold their socket and nothing else: at the cap a newcomer first
-        // closes a connection that is only waiting, so it waits here, not in the kernel's
-        // backlog where it could not make room.
+        // count, per worker thread, also bounds the connections accepted but not yet given
+        // a slot: at the cap a newcomer first closes a connection that is only waiting, so
+        // it must wait here, not in the kernel's backlog where it could not make room. A
+        // few such newcomers are enough (one at a time makes room); letting in as many as
+        // the cap again made an attack of slow bodies turn slots over faster and raised the
+        // peak memory of `chaos::front_door::slow_bodies_…` by about a fifth.
         let slots = Slots::new(limits.max_connections);
         let per_worker = limits
             .max_connections
-            .saturating_mul(2)
+            .saturating_add(ADMISSION_QUEUE)
             .div_ceil(workers)
             .max(1);
         // What actix-web's `HttpServer::listen` builds, with one difference: each connection

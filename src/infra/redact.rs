@@ -1,13 +1,23 @@
 //! Showing a configured URL without its secrets, for `Debug` output and log fields.
 //!
-//! A URL's password (`scheme://user:PASSWORD@host`) and the values of query parameters that
-//! conventionally hold credentials are replaced by `<redacted>`; everything else stays, so
-//! the output still says which server is meant.
+//! A URL's password (`scheme://user:PASSWORD@host`), the values of query parameters that
+//! conventionally hold credentials, and the same keywords in a libpq key/value string
+//! (`host=db password='a b'`) are replaced by `<redacted>`; everything else stays, so the
+//! output still says which server is meant.
+//!
+//! The URL is taken apart here rather than by the `url` crate: a WHATWG parser ends the
+//! authority at the first `/`, `?` or `#`, but real configured URLs carry passwords with
+//! those characters unescaped (`redis://:pa/ss@cache`), and the parser would put the rest of
+//! such a password in the path or query, where it would be shown. What is redacted is
+//! decided by where a password *can* end, not by what a strict parser accepts.
+
+use std::ops::Range;
 
 /// Query (or libpq key/value) parameters whose values are credentials.
-const SECRET_PARAMS: [&str; 8] = [
+const SECRET_PARAMS: [&str; 9] = [
     "password",
     "pass",
+    "sslpassword",
     "api_key",
     "apikey",
     "key",
@@ -18,78 +28,207 @@ const SECRET_PARAMS: [&str; 8] = [
 
 const REDACTED: &str = "<redacted>";
 
+/// One credential in a connection string: where it is written, and its value as the server
+/// receives it (percent-decoded, or unquoted and unescaped).
+#[derive(Debug, PartialEq, Eq)]
+struct Secret {
+    span: Range<usize>,
+    value: String,
+}
+
 /// `url` with its password and credential-bearing parameters replaced by `<redacted>`.
 pub(crate) fn url(url: &str) -> String {
-    let (head, query) = match url.split_once('?') {
-        Some((h, q)) => (h, Some(q)),
-        None => (url, None),
-    };
-    let mut out = match head.split_once("://") {
-        Some((scheme, rest)) => {
-            // The authority ends at the first '/'; its userinfo at the last '@' before that.
-            let authority_end = rest.find('/').unwrap_or(rest.len());
-            let (authority, path) = rest.split_at(authority_end);
-            let authority = match authority.rsplit_once('@') {
-                Some((userinfo, host)) => match userinfo.split_once(':') {
-                    Some((user, _password)) => format!("{user}:{REDACTED}@{host}"),
-                    None => format!("{userinfo}@{host}"),
-                },
-                None => authority.to_owned(),
-            };
-            format!("{scheme}://{authority}{path}")
-        }
-        // Not a URL (e.g. libpq's `host=… password=…`): redact `password=` words.
-        None => head
-            .split(' ')
-            .map(redact_param)
-            .collect::<Vec<_>>()
-            .join(" "),
-    };
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(
-            &query
-                .split('&')
-                .map(redact_param)
-                .collect::<Vec<_>>()
-                .join("&"),
-        );
+    let mut out = String::with_capacity(url.len());
+    let mut from = 0;
+    for secret in find_secrets(url) {
+        out.push_str(&url[from..secret.span.start]);
+        out.push_str(REDACTED);
+        from = secret.span.end;
     }
+    out.push_str(&url[from..]);
     out
 }
 
 /// The credentials `url` carries (its password, the values of its credential-bearing
-/// parameters), as written and percent-decoded: for scrubbing from what a server answers,
-/// which may echo the request.
+/// parameters), as written and as the server receives them: for scrubbing from what a
+/// server answers, which may echo the request.
 pub(crate) fn credentials(url: &str) -> Vec<String> {
-    let (head, query) = url
-        .split_once('?')
-        .map_or((url, None), |(h, q)| (h, Some(q)));
-    let mut found = Vec::new();
-    if let Some((_scheme, rest)) = head.split_once("://") {
-        let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
-        if let Some((userinfo, _host)) = authority.rsplit_once('@')
-            && let Some((_user, password)) = userinfo.split_once(':')
-        {
-            found.push(password);
-        }
-    }
-    for pair in query.into_iter().flat_map(|q| q.split('&')) {
-        if let Some((key, value)) = pair.split_once('=')
-            && SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str())
-        {
-            found.push(value);
-        }
-    }
     let mut out = Vec::new();
-    for raw in found.into_iter().filter(|v| !v.is_empty()) {
-        let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
-        if decoded != raw {
-            out.push(decoded.into_owned());
+    for secret in find_secrets(url) {
+        let raw = &url[secret.span];
+        if secret.value != raw {
+            out.push(secret.value);
         }
         out.push(raw.to_owned());
     }
     out
+}
+
+/// The non-empty secrets of a URL or a libpq key/value string, in order, not overlapping.
+fn find_secrets(text: &str) -> Vec<Secret> {
+    let found = match scheme_end(text) {
+        Some(rest) => url_secrets(text, rest),
+        None => keyword_secrets(text),
+    };
+    found.into_iter().filter(|s| !s.span.is_empty()).collect()
+}
+
+/// Where the part after `scheme://` starts, if `text` begins with a URL scheme.
+fn scheme_end(text: &str) -> Option<usize> {
+    let (scheme, _) = text.split_once("://")?;
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    valid.then_some(scheme.len() + "://".len())
+}
+
+/// The password and the credential parameters of `text[rest..]`, the part after `scheme://`.
+fn url_secrets(text: &str, rest: usize) -> Vec<Secret> {
+    let (authority_end, password) = split_authority(&text[rest..]);
+    let mut found: Vec<Secret> = password
+        .into_iter()
+        .map(|span| {
+            let span = rest + span.start..rest + span.end;
+            let value = percent_decoded(&text[span.clone()]);
+            Secret { span, value }
+        })
+        .collect();
+    // After the authority: path, then `?query`, then `#fragment` (which may itself hold a
+    // token, as OAuth's implicit grant puts it there).
+    let tail = rest + authority_end;
+    let fragment = text[tail..].find('#').map_or(text.len(), |i| tail + i);
+    if let Some(q) = text[tail..fragment].find('?') {
+        found.extend(param_secrets(text, tail + q + 1..fragment));
+    }
+    if fragment < text.len() {
+        found.extend(param_secrets(text, fragment + 1..text.len()));
+    }
+    found
+}
+
+/// Split what follows `scheme://` into the authority's length and its password's span.
+///
+/// The userinfo ends at the *last* `@` that can end it, so a password may hold `@`, `/`,
+/// `?`, `#` and `:` unescaped. An `@` can end the userinfo only if the user name before it
+/// (up to the first `:`) has no `/`, `?`, `#`, `[` or `]`: a user name never holds them
+/// unescaped, so they put the `@` in a path or query (`https://api.example/send?to=bob@x`)
+/// or after an IPv6 host (`https://[::1]/?to=bob@x`). Where a password and an `@` later in
+/// the path cannot be told apart (`https://h:8443/send?to=bob@x`), more is hidden rather
+/// than less.
+fn split_authority(rest: &str) -> (usize, Option<Range<usize>>) {
+    let path_start = |from: usize| {
+        rest[from..]
+            .find(['/', '?', '#'])
+            .map_or(rest.len(), |i| from + i)
+    };
+    for (at, _) in rest.match_indices('@').rev() {
+        let userinfo = &rest[..at];
+        let (user, has_password) = match userinfo.split_once(':') {
+            Some((user, _)) => (user, true),
+            None => (userinfo, false),
+        };
+        if user.contains(['/', '?', '#', '[', ']']) {
+            continue;
+        }
+        let password = has_password.then(|| user.len() + 1..at);
+        return (path_start(at + 1), password);
+    }
+    (path_start(0), None)
+}
+
+/// The credential parameters among `key=value` pairs separated by `&` (or `;`) in `range`.
+fn param_secrets(text: &str, range: Range<usize>) -> Vec<Secret> {
+    let mut found = Vec::new();
+    let mut start = range.start;
+    for pair in text[range.clone()].split(['&', ';']) {
+        if let Some((key, value)) = pair.split_once('=')
+            && is_secret_key(&percent_decoded(key).replace('+', " "))
+        {
+            let value_start = start + key.len() + 1;
+            found.push(Secret {
+                span: value_start..value_start + value.len(),
+                value: percent_decoded(&value.replace('+', " ")),
+            });
+        }
+        start += pair.len() + 1;
+    }
+    found
+}
+
+/// The credential values of a libpq key/value string (`host=db password = 'a b' user=x`):
+/// words separated by spaces, `=` with optional spaces around it, values single-quoted
+/// (with `\'` and `\\` escapes) or running to the next space (with `\` escapes). A quote
+/// left open runs to the end, so a malformed string hides more, not less.
+fn keyword_secrets(text: &str) -> Vec<Secret> {
+    let mut found = Vec::new();
+    let mut chars = text.char_indices().peekable();
+    let skip_spaces = |chars: &mut std::iter::Peekable<std::str::CharIndices<'_>>| {
+        while chars.next_if(|(_, c)| c.is_whitespace()).is_some() {}
+    };
+    loop {
+        skip_spaces(&mut chars);
+        let Some(&(key_start, _)) = chars.peek() else {
+            break;
+        };
+        let mut key_end = text.len();
+        while let Some(&(i, c)) = chars.peek() {
+            if c.is_whitespace() || c == '=' {
+                key_end = i;
+                break;
+            }
+            chars.next();
+        }
+        skip_spaces(&mut chars);
+        if chars.next_if(|&(_, c)| c == '=').is_none() {
+            // A word without a value: nothing to hide in it.
+            continue;
+        }
+        skip_spaces(&mut chars);
+        let Some(&(value_start, first)) = chars.peek() else {
+            break;
+        };
+        let quoted = first == '\'';
+        if quoted {
+            chars.next();
+        }
+        let mut value = String::new();
+        let mut value_end = text.len();
+        while let Some((i, c)) = chars.next() {
+            match c {
+                '\\' => {
+                    if let Some((_, escaped)) = chars.next() {
+                        value.push(escaped);
+                    }
+                }
+                '\'' if quoted => {
+                    value_end = i + c.len_utf8();
+                    break;
+                }
+                c if c.is_whitespace() && !quoted => {
+                    value_end = i;
+                    break;
+                }
+                c => value.push(c),
+            }
+        }
+        if is_secret_key(&text[key_start..key_end]) {
+            found.push(Secret {
+                span: value_start..value_end,
+                value,
+            });
+        }
+    }
+    found
+}
+
+fn is_secret_key(key: &str) -> bool {
+    SECRET_PARAMS.contains(&key.trim().to_ascii_lowercase().as_str())
+}
+
+fn percent_decoded(raw: &str) -> String {
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8_lossy()
+        .into_owned()
 }
 
 /// A short, stable stand-in for personal data in logs (a recipient, say): the first 12 hex
@@ -136,17 +275,10 @@ pub(crate) fn secrets(text: &str, key: Option<&str>) -> String {
         .join(" ")
 }
 
-fn redact_param(pair: &str) -> String {
-    match pair.split_once('=') {
-        Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
-            format!("{key}={REDACTED}")
-        }
-        _ => pair.to_owned(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::{credentials, secrets, url};
 
     #[test]
@@ -160,7 +292,9 @@ mod tests {
             ["t1"]
         );
         assert!(credentials("https://user@api.example/a:b@c").is_empty());
-        assert!(credentials("host=db password=pw").is_empty());
+        assert_eq!(credentials("host=db password='p w'"), ["p w", "'p w'"]);
+        assert_eq!(credentials("redis://:pa/ss@cache:6379/0"), ["pa/ss"]);
+        assert!(credentials("redis://:@cache?password=").is_empty());
     }
 
     #[test]
@@ -208,5 +342,150 @@ mod tests {
             url("host=db password=pw dbname=x"),
             "host=db password=<redacted> dbname=x"
         );
+    }
+
+    #[test]
+    fn passwords_with_url_delimiters_are_hidden_whole() {
+        for (raw, shown) in [
+            ("redis://:pa/ss@host", "redis://:<redacted>@host"),
+            ("postgres://u:p?w@h/db", "postgres://u:<redacted>@h/db"),
+            ("redis://u:a#b@h:1/0", "redis://u:<redacted>@h:1/0"),
+            ("redis://u:a@b/c@h/0?x=1", "redis://u:<redacted>@h/0?x=1"),
+            (
+                "smtp://me@x.io:p:w@mx:25",
+                "smtp://me@x.io:<redacted>@mx:25",
+            ),
+            ("redis://:@h", "redis://:@h"),
+            ("redis://u@h/0", "redis://u@h/0"),
+        ] {
+            assert_eq!(url(raw), shown, "{raw}");
+        }
+    }
+
+    #[test]
+    fn an_at_sign_in_a_path_or_query_is_not_a_userinfo() {
+        for plain in [
+            "https://api.example/send?to=bob@x",
+            "https://user@api.example/a:b@c",
+            "https://api.example#to=a@b",
+            "https://api.example?to=a@b",
+        ] {
+            assert_eq!(url(plain), plain);
+        }
+        assert_eq!(
+            url("https://api.example/send?api_key=k1&to=bob@x"),
+            "https://api.example/send?api_key=<redacted>&to=bob@x"
+        );
+        assert_eq!(
+            url("https://api.example/cb#access_token=t1&x=2"),
+            "https://api.example/cb#access_token=<redacted>&x=2"
+        );
+        assert_eq!(
+            url("https://api.example/x?a=1;Pass%77ord=pw;b=2"),
+            "https://api.example/x?a=1;Pass%77ord=<redacted>;b=2"
+        );
+    }
+
+    #[test]
+    fn libpq_values_are_hidden_quoted_spaced_or_escaped() {
+        for (raw, shown) in [
+            (
+                "host=db password='a b' dbname=x",
+                "host=db password=<redacted> dbname=x",
+            ),
+            (
+                "host=db password = x user=u",
+                "host=db password = <redacted> user=u",
+            ),
+            (r"password='it\'s' host=db", "password=<redacted> host=db"),
+            (r"PASSWORD=a\ b host=db", "PASSWORD=<redacted> host=db"),
+            ("host=db password='open", "host=db password=<redacted>"),
+            ("host=db password=", "host=db password="),
+            (
+                "host=db sslmode password=x",
+                "host=db sslmode password=<redacted>",
+            ),
+            (
+                "  host=db\tpassword=x  ",
+                "  host=db\tpassword=<redacted>  ",
+            ),
+            (
+                "host=b\u{e9}b\u{e9} password=\u{e9}",
+                "host=b\u{e9}b\u{e9} password=<redacted>",
+            ),
+        ] {
+            assert_eq!(url(raw), shown, "{raw}");
+        }
+        assert_eq!(credentials(r"password='it\'s'"), ["it's", r"'it\'s'"]);
+        assert_eq!(credentials(r"password=a\ b"), ["a b", r"a\ b"]);
+        assert!(credentials("host=db user=pw").is_empty());
+    }
+
+    #[test]
+    fn only_a_real_scheme_makes_a_url() {
+        // `=` before `://`: a libpq value that happens to hold a URL.
+        assert_eq!(
+            url("password=a://b@c host=db"),
+            "password=<redacted> host=db"
+        );
+        assert_eq!(url("1x://u:pw@h"), "1x://u:pw@h");
+        assert_eq!(url("://u:pw@h"), "://u:pw@h");
+        assert_eq!(url("s+s-s.1://u:pw@h"), "s+s-s.1://u:<redacted>@h");
+    }
+
+    /// Characters a password may hold in a configured URL's userinfo, unescaped or not.
+    const USERINFO_PASSWORD: &str = "[A-Za-z0-9/?@#: '\"%!$&()*+,;=~-]{1,16}";
+    /// In a query a password cannot hold `&`, `;` or `#` unescaped (the server would split
+    /// there too), but may hold percent-encodings.
+    const QUERY_PASSWORD: &str = "([A-Za-z0-9/?@: '\"!$()*+,=~-]|%[0-9A-F]{2}){1,16}";
+    const HOSTS: [&str; 4] = ["cache.internal", "db-1.example", "10.0.0.7", "[::1]"];
+
+    proptest! {
+        #[test]
+        fn no_userinfo_password_survives_and_the_host_stays(
+            secret in USERINFO_PASSWORD,
+            host in prop::sample::select(&HOSTS[..]),
+            scheme in prop::sample::select(&["redis", "rediss", "postgres", "smtp", "https"][..]),
+            tail in prop::sample::select(&["", "/0", ":6379/0?sslmode=require", "/db?x=1#f"][..]),
+        ) {
+            // A marker no host or scheme holds, so "contains" cannot match by accident.
+            let password = format!("Q{secret}Q");
+            let raw = format!("{scheme}://user:{password}@{host}{tail}");
+            let out = url(&raw);
+            prop_assert!(!out.contains(&password), "{raw} -> {out}");
+            prop_assert!(out.contains(&format!("@{host}{tail}")), "{raw} -> {out}");
+            prop_assert!(credentials(&raw).contains(&password), "{raw}");
+        }
+
+        #[test]
+        fn no_query_password_survives_and_the_host_stays(
+            secret in QUERY_PASSWORD,
+            host in prop::sample::select(&HOSTS[..]),
+            key in prop::sample::select(&["password", "api_key", "Token", "access_token"][..]),
+        ) {
+            let password = format!("Q{secret}Q");
+            let raw = format!("https://{host}/send?to=x&{key}={password}&y=1");
+            let out = url(&raw);
+            prop_assert!(!out.contains(&password), "{raw} -> {out}");
+            prop_assert!(out.starts_with(&format!("https://{host}/send?to=x&")), "{raw} -> {out}");
+            prop_assert!(out.ends_with("&y=1"), "{raw} -> {out}");
+        }
+
+        #[test]
+        fn no_libpq_password_survives_and_the_host_stays(
+            secret in "[A-Za-z0-9 '\\\"=@/?#:%]{1,16}",
+            host in prop::sample::select(&HOSTS[..]),
+            spaced in any::<bool>(),
+        ) {
+            let password = format!("Q{secret}Q");
+            let quoted = format!("'{}'", password.replace('\\', "\\\\").replace('\'', "\\'"));
+            let eq = if spaced { " = " } else { "=" };
+            let raw = format!("host={host} password{eq}{quoted} dbname=x");
+            let out = url(&raw);
+            prop_assert!(!out.contains(&password), "{raw} -> {out}");
+            prop_assert!(!out.contains(&quoted), "{raw} -> {out}");
+            prop_assert_eq!(out, format!("host={host} password{eq}<redacted> dbname=x"));
+            prop_assert!(credentials(&raw).contains(&password), "{raw}");
+        }
     }
 }

@@ -231,6 +231,56 @@ fn percent_decoded(raw: &str) -> String {
         .into_owned()
 }
 
+/// What a recipient's address becomes in a provider's error text.
+pub(crate) const RECIPIENT: &str = "<recipient>";
+
+/// `text` (a provider's error message) with the recipient `address` replaced by
+/// `<recipient>`: SMTP servers echo it in rejections (`550 5.1.1 <bob@acme.com>: Recipient
+/// address rejected`) and mail APIs in error bodies, and logs and `outbox.last_error` are
+/// no place for it. Matched without regard to ASCII case, in its `<…>` form, and its local
+/// part alone where it stands as a word of its own (`unknown user bob`).
+pub(crate) fn recipient(text: &str, address: &str) -> String {
+    let address = address.trim();
+    let Some(local) = address.rsplit_once('@').map(|(local, _)| local) else {
+        return replace_ignoring_case(text, address, false);
+    };
+    let text = replace_ignoring_case(text, &format!("<{address}>"), false);
+    let text = replace_ignoring_case(&text, address, false);
+    replace_ignoring_case(&text, local, true)
+}
+
+/// `text` with every occurrence of `needle` (ASCII case ignored) replaced by `<recipient>`;
+/// with `whole_word`, only where no address character touches it on either side.
+fn replace_ignoring_case(text: &str, needle: &str, whole_word: bool) -> String {
+    if needle.is_empty() {
+        return text.to_owned();
+    }
+    let (haystack, needle) = (text.as_bytes(), needle.as_bytes());
+    // Characters that continue a local part: a match next to one is part of another word.
+    let word =
+        |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'%' | b'+' | b'-') || b >= 0x80;
+    let mut out = String::with_capacity(text.len());
+    let (mut copied, mut at) = (0, 0);
+    while at + needle.len() <= haystack.len() {
+        let end = at + needle.len();
+        let alone = !whole_word
+            || ((at == 0 || !word(haystack[at - 1]))
+                && (end == haystack.len() || !word(haystack[end])));
+        // Byte-wise, so a match starts and ends where `needle`'s characters do: on
+        // character boundaries of `text`.
+        if alone && haystack[at..end].eq_ignore_ascii_case(needle) {
+            out.push_str(&text[copied..at]);
+            out.push_str(RECIPIENT);
+            copied = end;
+            at = end;
+        } else {
+            at += 1;
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
 /// A short, stable stand-in for personal data in logs (a recipient, say): the first 12 hex
 /// digits of its SHA-256, enough to correlate lines about one address without showing it.
 pub fn fingerprint(value: &str) -> String {
@@ -279,7 +329,7 @@ pub(crate) fn secrets(text: &str, key: Option<&str>) -> String {
 mod tests {
     use proptest::prelude::*;
 
-    use super::{credentials, secrets, url};
+    use super::{credentials, recipient, secrets, url};
 
     #[test]
     fn a_urls_credentials_are_its_password_and_secret_parameters() {
@@ -431,6 +481,38 @@ mod tests {
         assert_eq!(url("1x://u:pw@h"), "1x://u:pw@h");
         assert_eq!(url("://u:pw@h"), "://u:pw@h");
         assert_eq!(url("s+s-s.1://u:pw@h"), "s+s-s.1://u:<redacted>@h");
+    }
+
+    #[test]
+    fn a_recipient_echoed_by_a_server_is_replaced_in_every_spelling() {
+        let to = "Bob.Smith@Acme.com";
+        for (said, shown) in [
+            (
+                "550 5.1.1 <bob.smith@acme.COM>: Recipient address rejected",
+                "550 5.1.1 <recipient>: Recipient address rejected",
+            ),
+            (
+                "550 unknown user BOB.SMITH; bob.smith@acme.com bounced",
+                "550 unknown user <recipient>; <recipient> bounced",
+            ),
+            ("no mailbox bob.smith.", "no mailbox <recipient>."),
+            (
+                "bob.smithy and xbob.smith and bob.smith-2 stay",
+                "bob.smithy and xbob.smith and bob.smith-2 stay",
+            ),
+            ("<Bob.Smith>", "<<recipient>>"),
+            ("b\u{f6}b bob.smith", "b\u{f6}b <recipient>"),
+            ("", ""),
+        ] {
+            assert_eq!(recipient(said, to), shown, "{said}");
+        }
+        assert_eq!(recipient("say bob", "bob"), "say <recipient>");
+        assert_eq!(recipient("a@b is a", "@b"), "a<recipient> is a");
+        assert_eq!(recipient("keep all", " "), "keep all");
+        assert_eq!(
+            recipient("caf\u{e9}@x.io: no", "CAF\u{e9}@X.IO"),
+            "<recipient>: no"
+        );
     }
 
     /// Characters a password may hold in a configured URL's userinfo, unescaped or not.

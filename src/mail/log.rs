@@ -12,7 +12,7 @@ pub struct LogMailer;
 
 #[async_trait]
 impl Mailer for LogMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn attempt(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         // Info, not debug: with this provider the log line *is* the delivery.
         tracing::info!(
             from = %email.from,

@@ -995,3 +995,53 @@ async fn smtp_535_is_a_misconfigured_provider_and_the_row_waits_for_new_credenti
     assert_eq!(messages[0].rcpt_to, vec![NOTIFY.to_owned()]);
     assert!(outbox_row(&env, job).await.sent);
 }
+
+/// SMTP servers quote the recipient in a rejection; the row's `last_error` and the relay's
+/// log keep the code and lose the address, in every spelling the server used.
+#[tokio::test]
+async fn an_smtp_rejection_echoing_the_recipient_is_stored_and_logged_without_it() {
+    let env = TestEnv::new().await;
+    let sink = SmtpSink::start().await;
+    let upper = NOTIFY.to_ascii_uppercase();
+    let local = NOTIFY.split('@').next().unwrap();
+    sink.reject_rcpt_with(&format!(
+        "550 5.1.1 <{{rcpt}}>: Recipient address rejected: {upper} unknown (user {local})"
+    ));
+    let mut settings = fast_settings(&env);
+    settings.mail.provider = MailProvider::Smtp;
+    settings.mail.smtp_url = Some(sink.url().into());
+    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let svc = env
+        .services()
+        .settings(settings)
+        .mailer(mailer)
+        .build()
+        .relay();
+    let job = commit_job(&svc, 1).await;
+
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let report = {
+        // The test runtime is single-threaded, so the thread-local default sees the pass.
+        let _guard = tracing::subscriber::set_default(subscriber);
+        relay_pass(&svc).await.unwrap()
+    };
+    assert_eq!(report.stuck, 1, "550 is permanent: {report:?}");
+    let row = outbox_row(&env, job).await;
+    let last_error = row.last_error.clone().unwrap_or_default();
+    let log = captured.text();
+    assert!(log.contains("outbox send failed permanently"), "{log}");
+    for (what, text) in [("last_error", &last_error), ("log", &log)] {
+        assert!(text.contains("550"), "{what} keeps the SMTP code: {text}");
+        assert!(text.contains("<recipient>"), "{what}: {text}");
+        let lower = text.to_ascii_lowercase();
+        assert!(!lower.contains(NOTIFY), "{what} holds the address: {text}");
+        assert!(!lower.contains(&format!("user {local}")), "{what}: {text}");
+    }
+    assert!(sink.messages().is_empty());
+}

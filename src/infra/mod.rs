@@ -4,6 +4,7 @@
 pub mod connections;
 pub(crate) mod http_client;
 pub mod keys;
+pub mod log_key;
 pub mod metrics;
 pub mod postgres;
 pub mod redact;

@@ -281,14 +281,6 @@ fn replace_ignoring_case(text: &str, needle: &str, whole_word: bool) -> String {
     out
 }
 
-/// A short, stable stand-in for personal data in logs (a recipient, say): the first 12 hex
-/// digits of its SHA-256, enough to correlate lines about one address without showing it.
-pub fn fingerprint(value: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(value.as_bytes());
-    hex::encode(&digest[..6])
-}
-
 /// `text` (a provider's error message) with every word that is or shows part of a
 /// credential replaced by `<redacted>`: the configured `key` itself, a word sharing its last
 /// four characters, a masked key (`sk-ab**********wxyz`), or a word shaped like an API key or

@@ -64,6 +64,9 @@ pub enum MailError {
     /// The message itself could not be put together.
     #[error("cannot build the message: {0}")]
     Message(#[source] lettre::error::Error),
+    /// The `log` provider could not read the deployment's key to hash the recipient with.
+    #[error("{0}")]
+    LogKey(#[source] crate::infra::log_key::LogKeyError),
 }
 
 impl MailError {
@@ -103,7 +106,8 @@ impl MailError {
             e @ (MailError::Unreachable(_)
             | MailError::SmtpTimeout { .. }
             | MailError::Timeout { .. }
-            | MailError::Message(_)) => e,
+            | MailError::Message(_)
+            | MailError::LogKey(_)) => e,
         }
     }
 }
@@ -119,7 +123,8 @@ impl Classify for MailError {
             MailError::Unreachable(_)
             | MailError::SmtpConnection { .. }
             | MailError::SmtpTimeout { .. }
-            | MailError::Timeout { .. } => Disposition::TRANSIENT,
+            | MailError::Timeout { .. }
+            | MailError::LogKey(_) => Disposition::TRANSIENT,
             MailError::Status { status, .. } if HTTP_MISCONFIGURED.contains(status) => {
                 Disposition::Unavailable
             }

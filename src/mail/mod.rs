@@ -18,6 +18,7 @@ pub use self::log::LogMailer;
 pub use self::smtp::{SmtpMailer, build_message, message_id};
 
 use crate::config::{MailProvider, MailSettings};
+use crate::infra::log_key::DeploymentKey;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OutgoingEmail {
@@ -48,10 +49,14 @@ pub trait Mailer: Send + Sync {
 }
 
 /// Build the configured provider. No network I/O: a down mail server shows up as transient
-/// send failures on outbox rows, not as a process that refuses to start.
-pub fn from_settings(settings: &MailSettings) -> Result<Arc<dyn Mailer>, MailConfigError> {
+/// send failures on outbox rows, not as a process that refuses to start. `log_key` is the
+/// deployment's key the `log` provider hashes recipients with (read on first use).
+pub fn from_settings(
+    settings: &MailSettings,
+    log_key: Arc<DeploymentKey>,
+) -> Result<Arc<dyn Mailer>, MailConfigError> {
     Ok(match settings.provider {
-        MailProvider::Log => Arc::new(LogMailer),
+        MailProvider::Log => Arc::new(LogMailer::new(log_key)),
         MailProvider::Smtp => Arc::new(SmtpMailer::new(settings)?),
         MailProvider::Http => Arc::new(HttpMailer::new(settings)?),
     })

@@ -35,7 +35,7 @@ fn services(env: &TestEnv, sink: &HttpStub) -> RelayServices {
     settings.mail.provider = MailProvider::Http;
     settings.mail.http_url = Some(sink.url("/v1/emails").into());
     settings.relay.backoff = Duration::ZERO;
-    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let mailer = summaryd::mail::from_settings(&settings.mail, crate::shared::log_key()).unwrap();
     env.services()
         .settings(settings)
         .mailer(mailer)
@@ -165,7 +165,7 @@ async fn an_expired_mail_token_parks_nothing_pauses_the_relay_and_every_row_goes
     // The probe's cooldown grows like a row's backoff: 50 ms doubling to 400 ms.
     settings.relay.backoff = Duration::from_millis(50);
     settings.relay.max_backoff = Duration::from_millis(400);
-    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let mailer = summaryd::mail::from_settings(&settings.mail, crate::shared::log_key()).unwrap();
     let services = env.services().settings(settings).mailer(mailer).build();
     let relay = services.relay();
     let jobs: Vec<Job> = (10..15).map(job).collect();

@@ -136,6 +136,7 @@ pub(crate) async fn create(
         payload,
         api.max_body_bytes,
         &state.body_budget,
+        &tenant.0,
         deadline,
     )
     .await?;

@@ -143,8 +143,7 @@ impl TenantShares {
 
     /// Count `bytes` for `tenant` if that keeps it within the cap.
     fn take(&mut self, tenant: &TenantId, bytes: usize) -> bool {
-        let held = self.held.get(tenant).copied().unwrap_or(0);
-        match held.checked_add(bytes) {
+        match self.held(tenant).checked_add(bytes) {
             Some(total) if total <= self.cap => {
                 self.held.insert(tenant.clone(), total);
                 true

@@ -176,12 +176,13 @@ impl Tokens {
     /// Load `path`: an error if it cannot be read or parsed (start-up refuses to run
     /// unprotected).
     pub fn load(path: &Path) -> Result<Self, AuthFileError> {
-        let text = read(path)?;
-        let store = TokenStore::parse(&text).map_err(|reason| invalid(path, reason))?;
+        // Hashed before it is loaded: a file replaced in between then differs from what was
+        // hashed, and the watcher loads it again, rather than taking it for one already seen.
+        let seen = Sha256::digest(read(path)?.as_bytes()).into();
         Ok(Self {
             path: path.to_path_buf(),
-            current: ArcSwap::from_pointee(store),
-            seen: Mutex::new(Sha256::digest(text.as_bytes()).into()),
+            current: ArcSwap::from_pointee(TokenStore::load(path)?),
+            seen: Mutex::new(seen),
         })
     }
 

@@ -131,7 +131,8 @@ fn split_authority(rest: &str) -> (usize, Option<Range<usize>>) {
             continue;
         }
         let password = has_password.then(|| user.len() + 1..at);
-        return (path_start(at + 1), password);
+        // The host runs from the '@' (itself no delimiter) to the first delimiter after it.
+        return (path_start(at), password);
     }
     (path_start(0), None)
 }

@@ -270,3 +270,39 @@ async fn ops_stuck(relay: &RelayServices) -> String {
     ops::outbox::stuck(&relay.pg, true, &mut out).await.unwrap();
     String::from_utf8(out).unwrap()
 }
+
+/// Mail APIs echo the recipient in error bodies; the stored `last_error` keeps the status
+/// and loses the address.
+#[tokio::test]
+async fn an_error_body_echoing_the_recipient_is_stored_without_it() {
+    let env = TestEnv::new().await;
+    let sink = HttpStub::start(Reply::json(
+        422,
+        serde_json::json!({"error": "recipient AM@Example.com is suppressed", "to": "<am@example.com>"}),
+    ))
+    .await;
+    let services = services(&env, &sink);
+    let msg = job(1);
+    commit_with_outbox(
+        &services.pg,
+        &msg,
+        &crate::shared::model_summary("Renewal agreed."),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(relay_once(&services).await.unwrap(), 0, "422 is not a send");
+    let row = env
+        .pg()
+        .await
+        .query_one("SELECT last_error FROM outbox", &[])
+        .await
+        .unwrap();
+    let last_error: String = row.get(0);
+    assert!(last_error.contains("422"), "{last_error}");
+    assert!(last_error.contains("<recipient>"), "{last_error}");
+    assert!(
+        !last_error.to_ascii_lowercase().contains("am@example.com"),
+        "{last_error}"
+    );
+}

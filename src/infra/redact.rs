@@ -497,7 +497,10 @@ mod tests {
             // The whole address goes wherever it stands; its local part only as a word.
             ("xbob.smith@acme.comy", "x<recipient>y"),
             ("\u{100}bob.smith \u{100}", "\u{100}bob.smith \u{100}"),
-            ("bob.smith_1 bob.smith%x +bob.smith", "bob.smith_1 bob.smith%x +bob.smith"),
+            (
+                "bob.smith_1 bob.smith%x +bob.smith",
+                "bob.smith_1 bob.smith%x +bob.smith",
+            ),
             ("b\u{f6}b bob.smith", "b\u{f6}b <recipient>"),
             ("", ""),
         ] {

@@ -367,6 +367,27 @@ mod tests {
     }
 
     #[test]
+    fn key_fragments_need_a_long_enough_key_and_a_prefix_with_more_after_it() {
+        // A 12-character key is long enough for its tail to be matched; 11 is not.
+        assert_eq!(
+            secrets("masked as ****1234.", Some("abcdefgh1234")),
+            "masked as <redacted>"
+        );
+        assert_eq!(
+            secrets("room 1234 booked", Some("abcdefgh1234")),
+            "room <redacted> booked"
+        );
+        assert_eq!(
+            secrets("room 1234 booked", Some("abcdefg1234")),
+            "room 1234 booked"
+        );
+        assert_eq!(secrets("room 1234", Some("  ")), "room 1234");
+        // A bare prefix, a single star or a prefix inside a word is no key.
+        assert_eq!(secrets("sk- org- a*b task-1", None), "sk- org- a*b task-1");
+        assert_eq!(secrets("(sk-x) Bearer", None), "<redacted> Bearer");
+    }
+
+    #[test]
     fn passwords_and_credential_parameters_are_hidden_and_the_host_stays() {
         assert_eq!(
             url("rediss://default:s3cr3t@cache.internal:6380/0"),

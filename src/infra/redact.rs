@@ -464,6 +464,8 @@ mod tests {
             (r"password='it\'s' host=db", "password=<redacted> host=db"),
             (r"PASSWORD=a\ b host=db", "PASSWORD=<redacted> host=db"),
             ("host=db password='open", "host=db password=<redacted>"),
+            // A quote inside an unquoted value is part of it.
+            ("password=ab'cd host=db", "password=<redacted> host=db"),
             ("host=db password=", "host=db password="),
             (
                 "host=db sslmode password=x",

@@ -20,6 +20,7 @@ use summaryd::app::Application;
 use summaryd::config::Settings;
 use summaryd::config::roles::{Role, Roles};
 use summaryd::domain::{Email, Job, JobId, TenantId};
+use summaryd::infra::log_key::{DeploymentKey, LogKey};
 use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
 use summaryd::shutdown::Shutdown;
@@ -110,7 +111,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         inner: BuiltinSummariser,
     });
     let roles = Roles::of(&[Role::Worker, Role::Relay]);
-    let app = Application::build(settings.clone(), roles, llm, Arc::new(LogMailer), true).await?;
+    let mailer = LogMailer::new(Arc::new(DeploymentKey::Fixed(LogKey::random())));
+    let app = Application::build(settings.clone(), roles, llm, Arc::new(mailer), true).await?;
     let services = app.handles().clone();
     let shutdown = Shutdown::new();
     let running = tokio::spawn(app.run(shutdown.clone()));

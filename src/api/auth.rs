@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use serde::Deserialize;
@@ -229,21 +230,33 @@ impl TokenStore {
     }
 }
 
+/// How often the tokens file is read for a change. A revoked token stops working within
+/// two of these after the file settles (see [`Settle`]); reading a file of a few KiB once a
+/// second costs nothing.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
 /// The tokens file as currently loaded, replaceable while requests run: a reload swaps
 /// the whole store at once, so every request is checked against exactly one version of the
 /// file, and no request waits for a reload or is dropped by it.
 pub struct Tokens {
     path: PathBuf,
     current: ArcSwap<TokenStore>,
+    /// SHA-256 of the content last acted on (loaded, or refused and logged), so the watcher
+    /// acts on each version of the file once, whoever read it first.
+    seen: Mutex<[u8; 32]>,
 }
 
 impl Tokens {
     /// Load `path`: an error if it cannot be read or parsed (start-up refuses to run
     /// unprotected).
     pub fn load(path: &Path) -> Result<Self, AuthFileError> {
+        // Hashed before it is loaded: a file replaced in between then differs from what was
+        // hashed, and the watcher loads it again, rather than taking it for one already seen.
+        let seen = Sha256::digest(read(path)?.as_bytes()).into();
         Ok(Self {
             path: path.to_path_buf(),
             current: ArcSwap::from_pointee(TokenStore::load(path)?),
+            seen: Mutex::new(seen),
         })
     }
 
@@ -255,11 +268,88 @@ impl Tokens {
     /// Read the file again and switch to it. An invalid file changes nothing: the store in
     /// use stays, and the error says why. Returns the number of tenants now loaded.
     pub(crate) fn reload(&self) -> Result<usize, AuthFileError> {
-        let store = TokenStore::load(&self.path)?;
+        let text = read(&self.path)?;
+        self.apply(&text)
+    }
+
+    /// Switch to `text` (the file's content) if it parses; either way it is the version
+    /// acted on.
+    fn apply(&self, text: &str) -> Result<usize, AuthFileError> {
+        *self.seen.lock().unwrap_or_else(PoisonError::into_inner) =
+            Sha256::digest(text.as_bytes()).into();
+        let store = TokenStore::parse(text).map_err(|reason| invalid(&self.path, reason))?;
         let tenants = store.entries.len();
         self.current.store(Arc::new(store));
         Ok(tenants)
     }
+
+    /// One look at the file for the watcher: what it now holds decides, with `settle`
+    /// carrying the version seen on the previous look.
+    fn look(&self, text: &str, settle: &mut Settle) -> Look {
+        let digest: [u8; 32] = Sha256::digest(text.as_bytes()).into();
+        let seen = *self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+        match settle.next(seen, digest) {
+            Step::Unchanged | Step::Settling => Look::Nothing,
+            Step::Apply => match self.apply(text) {
+                Ok(tenants) => Look::Reloaded(tenants),
+                Err(e) => Look::Refused(e),
+            },
+        }
+    }
+}
+
+fn read(path: &Path) -> Result<String, AuthFileError> {
+    std::fs::read_to_string(path).map_err(|source| AuthFileError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
+fn invalid(path: &Path, reason: String) -> AuthFileError {
+    AuthFileError::Invalid {
+        path: path.display().to_string(),
+        reason,
+    }
+}
+
+/// A new version of the file is applied only once two looks in a row find the same
+/// content: an editor or `cat > file` writes in steps, and a half-written file that still
+/// parses (cut after one tenant's table) would lock every other tenant out until the next
+/// look. An atomic replace (a rename, or a Kubernetes ConfigMap's symlink swap) settles at
+/// once, so its cost is one interval.
+#[derive(Debug, Default)]
+struct Settle {
+    pending: Option<[u8; 32]>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// The content is the version already acted on.
+    Unchanged,
+    /// A new version, not yet seen twice.
+    Settling,
+    /// A new version seen on two looks in a row.
+    Apply,
+}
+
+impl Settle {
+    fn next(&mut self, seen: [u8; 32], now: [u8; 32]) -> Step {
+        if now == seen {
+            self.pending = None;
+            return Step::Unchanged;
+        }
+        if self.pending.replace(now) == Some(now) {
+            self.pending = None;
+            return Step::Apply;
+        }
+        Step::Settling
+    }
+}
+
+enum Look {
+    Nothing,
+    Reloaded(usize),
+    Refused(AuthFileError),
 }
 
 /// Reload `tokens` on every SIGHUP until `shutdown`. Installed even without a tokens file,
@@ -290,6 +380,51 @@ pub(crate) async fn reload_on_sighup(
                     "SIGHUP: tokens file not reloaded; the previous one stays in use"
                 ),
             },
+        }
+    }
+}
+
+/// Reload `tokens` when the file's content changes, until `shutdown`, so a revoked token
+/// stops working without a signal.
+///
+/// Polled, not watched with inotify: Kubernetes updates a mounted ConfigMap or Secret by
+/// swapping a `..data` symlink, which an inotify watch on the file's path does not see
+/// (the watched inode never changes, it is only unlinked), and inotify does not work on
+/// network filesystems. The content is compared, not the mtime and size: a rotated hash
+/// has the same size, and a coarse mtime can hide a second write in the same second.
+pub(crate) async fn reload_on_change(
+    tokens: Option<Arc<Tokens>>,
+    shutdown: crate::shutdown::Shutdown,
+) {
+    let Some(tokens) = tokens else { return };
+    let mut settle = Settle::default();
+    let mut unreadable = false;
+    loop {
+        tokio::select! {
+            () = shutdown.wait() => return,
+            () = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        let text = match tokio::fs::read_to_string(&tokens.path).await {
+            Ok(text) => text,
+            Err(e) => {
+                // Once per outage: a file that is gone for a while (mid-deploy) is one event.
+                if !std::mem::replace(&mut unreadable, true) {
+                    tracing::warn!(path = %tokens.path.display(), error = %e,
+                        "tokens file cannot be read; the loaded one stays in use");
+                }
+                continue;
+            }
+        };
+        unreadable = false;
+        match tokens.look(&text, &mut settle) {
+            Look::Nothing => {}
+            Look::Reloaded(tenants) => {
+                tracing::info!(tenants, "tokens file changed on disk: reloaded");
+            }
+            Look::Refused(e) => tracing::error!(
+                error = %e,
+                "tokens file changed on disk but not reloaded; the previous one stays in use"
+            ),
         }
     }
 }
@@ -465,5 +600,75 @@ mod tests {
         let header = TenantPolicy::header_mode(&notify);
         assert_eq!(header.limits(&notify).notify_per_hour, Some(20));
         assert!(header.notify_domains.is_none());
+    }
+
+    #[test]
+    fn a_new_version_applies_once_seen_twice_and_only_once() {
+        let (a, b, c) = ([1; 32], [2; 32], [3; 32]);
+        let mut settle = Settle::default();
+        assert_eq!(settle.next(a, a), Step::Unchanged);
+        assert_eq!(settle.next(a, b), Step::Settling);
+        assert_eq!(settle.next(a, c), Step::Settling, "still being written");
+        assert_eq!(settle.next(a, c), Step::Apply);
+        assert_eq!(settle.next(c, c), Step::Unchanged);
+        // A change that is undone before it settled is forgotten.
+        assert_eq!(settle.next(c, b), Step::Settling);
+        assert_eq!(settle.next(c, c), Step::Unchanged);
+        assert_eq!(settle.next(c, b), Step::Settling);
+        assert_eq!(settle.next(c, b), Step::Apply);
+    }
+
+    #[test]
+    fn the_watcher_applies_a_changed_file_and_keeps_the_old_one_on_a_bad_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        let file = |tokens: &[&str]| {
+            tokens
+                .iter()
+                .enumerate()
+                .map(|(i, t)| format!("[tenants.t{i}]\ntoken_sha256 = \"{}\"\n", token_sha256(t)))
+                .collect::<String>()
+        };
+        std::fs::write(&path, file(&["a", "b"])).unwrap();
+        let tokens = Tokens::load(&path).unwrap();
+        let mut settle = Settle::default();
+        let look = |text: &str, settle: &mut Settle| match tokens.look(text, settle) {
+            Look::Nothing => "nothing".to_owned(),
+            Look::Reloaded(n) => format!("reloaded {n}"),
+            Look::Refused(e) => e.to_string(),
+        };
+        assert_eq!(look(&file(&["a", "b"]), &mut settle), "nothing");
+        let revoked = file(&["a"]);
+        assert_eq!(look(&revoked, &mut settle), "nothing");
+        assert!(
+            tokens.current().authenticate("b").is_ok(),
+            "not settled yet"
+        );
+        assert_eq!(look(&revoked, &mut settle), "reloaded 1");
+        assert_eq!(
+            tokens.current().authenticate("b"),
+            Err(Denied::Unauthenticated)
+        );
+        assert!(tokens.current().authenticate("a").is_ok());
+        assert_eq!(look(&revoked, &mut settle), "nothing");
+
+        let broken = "[tenants.t0]\ntoken_sha256 = \"nope\"\n";
+        assert_eq!(look(broken, &mut settle), "nothing");
+        assert!(look(broken, &mut settle).contains("64 hex"));
+        assert_eq!(
+            look(broken, &mut settle),
+            "nothing",
+            "refused once, not every look"
+        );
+        assert!(
+            tokens.current().authenticate("a").is_ok(),
+            "the old file stays"
+        );
+
+        // A SIGHUP reload counts as acted on: the watcher does not repeat it.
+        std::fs::write(&path, file(&["c"])).unwrap();
+        assert_eq!(tokens.reload().unwrap(), 1);
+        assert_eq!(look(&file(&["c"]), &mut settle), "nothing");
+        assert_eq!(look(&file(&["c"]), &mut settle), "nothing");
     }
 }

@@ -90,6 +90,9 @@ pub enum ApiError {
     /// The process holds as many request-body bytes as its budget allows.
     #[error("request-body budget exhausted")]
     BodyBudgetExhausted,
+    /// The tenant already holds its share of the room for large bodies.
+    #[error("the tenant's share of the request-body budget is exhausted")]
+    TenantBodyShareExhausted,
     #[error("a request with this Idempotency-Key is still in progress")]
     InProgress,
     #[error("Idempotency-Key reused with a different body")]
@@ -300,6 +303,18 @@ impl ApiError {
                 "The server is reading as many request bodies as it can hold; nothing was \
                  read, stored or enqueued. Retry after the Retry-After delay (same \
                  Idempotency-Key).",
+            )
+            .retry_after(BODY_BUDGET_RETRY_AFTER_S)
+            .close()
+            .unlogged(),
+            Self::TenantBodyShareExhausted => P::new(
+                S::SERVICE_UNAVAILABLE,
+                "busy",
+                "Too many large request bodies in flight for this tenant",
+                "This tenant's large request bodies already hold its share (half) of the \
+                 room the server keeps for large bodies; nothing was read, stored or \
+                 enqueued. Retry after the Retry-After delay (same Idempotency-Key), or \
+                 send fewer large bodies at once.",
             )
             .retry_after(BODY_BUDGET_RETRY_AFTER_S)
             .close()
@@ -579,6 +594,16 @@ mod tests {
                     "nothing was read, stored or enqueued",
                 )
             },
+            K::TenantBodyShareExhausted => Documented {
+                headers: &[("retry-after", "1")],
+                close: true,
+                ..doc(
+                    ApiError::TenantBodyShareExhausted,
+                    503,
+                    "busy",
+                    "its share (half) of the room",
+                )
+            },
             K::InProgress => Documented {
                 headers: &[("retry-after", "1")],
                 ..doc(
@@ -798,7 +823,10 @@ mod tests {
     fn server_errors_are_logged_except_load_shedding() {
         for kind in ApiErrorKind::iter() {
             let spec = documented(kind).error.spec();
-            let shed = matches!(kind, ApiErrorKind::BodyBudgetExhausted);
+            let shed = matches!(
+                kind,
+                ApiErrorKind::BodyBudgetExhausted | ApiErrorKind::TenantBodyShareExhausted
+            );
             assert_eq!(
                 spec.logged,
                 spec.status.is_server_error() && !shed,

@@ -179,6 +179,10 @@ pub fn build_server(
     let state = state(services, roles, shutdown.clone());
     tokio::spawn(crate::api::auth::reload_on_sighup(
         state.services.auth.clone(),
+        shutdown.clone(),
+    ));
+    tokio::spawn(crate::api::auth::reload_on_change(
+        state.services.auth.clone(),
         shutdown,
     ));
     let serve = |which: Routes, listener: TcpListener| -> std::io::Result<Server> {

@@ -138,6 +138,7 @@ pub(crate) async fn create(
         payload,
         api.max_body_bytes,
         &state.body_budget,
+        &tenant.id,
         deadline,
     )
     .await?;

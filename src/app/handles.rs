@@ -12,6 +12,7 @@ use crate::config::Settings;
 use crate::config::roles::{Role, Roles};
 use crate::infra::connections::{self, ConnectError, SharedRedis};
 use crate::infra::keys::RedisKeys;
+use crate::infra::log_key::DeploymentKey;
 use crate::infra::metrics::Metrics;
 use crate::llm::ModelChain;
 use crate::mail::Mailer;
@@ -33,6 +34,9 @@ pub struct Handles {
     /// Whether this process's relay tasks may claim rows (open while the mail provider
     /// refuses us as misconfigured); one per process, like the worker gate.
     pub mail_breaker: Arc<MailBreaker>,
+    /// The deployment's key for hashes of personal data in logs, read from Postgres once
+    /// per process on first use.
+    pub log_key: Arc<DeploymentKey>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,11 +50,13 @@ pub enum HandlesError {
 impl Handles {
     pub fn new(settings: Settings) -> Result<Self, HandlesError> {
         let redis_client = connections::redis_client(&settings)?;
+        let pg = connections::pg_pool(&settings)?;
         Ok(Self {
             keys: RedisKeys::new(settings.key_prefix.clone()),
             redis: connections::redis_pool(&settings, &redis_client)?,
             redis_shared: SharedRedis::new(redis_client),
-            pg: connections::pg_pool(&settings)?,
+            log_key: Arc::new(DeploymentKey::from_postgres(pg.clone())),
+            pg,
             metrics: Arc::new(Metrics::new()?),
             worker_gate: Arc::new(DependencyGate::new()),
             mail_breaker: Arc::new(MailBreaker::new(&settings.relay)),

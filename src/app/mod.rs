@@ -100,9 +100,13 @@ impl Providers {
         }
     }
 
-    fn mailer(&self, settings: &Settings) -> Result<Arc<dyn Mailer>, MailConfigError> {
+    fn mailer(
+        &self,
+        settings: &Settings,
+        log_key: &Arc<crate::infra::log_key::DeploymentKey>,
+    ) -> Result<Arc<dyn Mailer>, MailConfigError> {
         match self {
-            Self::FromSettings => crate::mail::from_settings(&settings.mail),
+            Self::FromSettings => crate::mail::from_settings(&settings.mail, log_key.clone()),
             Self::Given { mailer, .. } => Ok(mailer.clone()),
         }
     }
@@ -172,7 +176,7 @@ impl Application {
             None
         };
         let mailer = if roles.has(Role::Relay) {
-            Some(providers.mailer(&settings)?)
+            Some(providers.mailer(&settings, &handles.log_key)?)
         } else {
             None
         };

@@ -5,6 +5,7 @@ pub mod cleartext;
 pub mod connections;
 pub(crate) mod http_client;
 pub mod keys;
+pub mod log_key;
 pub mod metrics;
 pub mod postgres;
 pub mod redact;

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use crate::infra::http_client::with_causes;
+use crate::infra::redact;
 use crate::resilience::failure::{Classify, Disposition};
 
 /// SMTP replies from here up (5yz, a permanent negative completion) will be refused again;
@@ -23,8 +24,9 @@ const SMTP_MISCONFIGURED: [u16; 2] = [530, 535];
 /// and the relay's log lines say.
 ///
 /// Text that a server wrote (an error body, an SMTP reply) is kept as a `String` that has
-/// been scrubbed of the provider's credentials where it is made (`http.rs`, `smtp.rs`):
-/// servers echo what they were sent, and a kept source would carry the unscrubbed text on.
+/// been scrubbed of the provider's credentials where it is made (`http.rs`, `smtp.rs`), and
+/// of the recipient by [`Mailer::send`](super::Mailer::send) for every provider: servers
+/// echo what they were sent, and a kept source would carry the unscrubbed text on.
 #[derive(Debug, thiserror::Error)]
 pub enum MailError {
     /// The mail API could not be reached or broke off (refused, reset, DNS, TLS, its own
@@ -62,6 +64,52 @@ pub enum MailError {
     /// The message itself could not be put together.
     #[error("cannot build the message: {0}")]
     Message(#[source] lettre::error::Error),
+    /// The `log` provider could not read the deployment's key to hash the recipient with.
+    #[error("{0}")]
+    LogKey(#[source] crate::infra::log_key::LogKeyError),
+}
+
+impl MailError {
+    /// This error with the recipient `to` replaced by `<recipient>` in every text a server
+    /// wrote or that quotes the address, so neither logs nor `outbox.last_error` hold it.
+    /// The codes and statuses stay: they are what operators act on.
+    pub(crate) fn without_recipient(self, to: &str) -> Self {
+        let scrub = |text: String| redact::recipient(&text, to);
+        match self {
+            MailError::Status { status, message } => MailError::Status {
+                status,
+                message: scrub(message),
+            },
+            MailError::SmtpReply {
+                server,
+                code,
+                message,
+            } => MailError::SmtpReply {
+                server,
+                code,
+                message: scrub(message),
+            },
+            MailError::SmtpConnection { server, message } => MailError::SmtpConnection {
+                server,
+                message: scrub(message),
+            },
+            MailError::InvalidAddress {
+                field,
+                value,
+                source,
+            } => MailError::InvalidAddress {
+                field,
+                value: scrub(value),
+                source,
+            },
+            // No server text: reqwest's error without its URL, lettre's own wording, a time.
+            e @ (MailError::Unreachable(_)
+            | MailError::SmtpTimeout { .. }
+            | MailError::Timeout { .. }
+            | MailError::Message(_)
+            | MailError::LogKey(_)) => e,
+        }
+    }
 }
 
 impl Classify for MailError {
@@ -75,7 +123,8 @@ impl Classify for MailError {
             MailError::Unreachable(_)
             | MailError::SmtpConnection { .. }
             | MailError::SmtpTimeout { .. }
-            | MailError::Timeout { .. } => Disposition::TRANSIENT,
+            | MailError::Timeout { .. }
+            | MailError::LogKey(_) => Disposition::TRANSIENT,
             MailError::Status { status, .. } if HTTP_MISCONFIGURED.contains(status) => {
                 Disposition::Unavailable
             }
@@ -211,6 +260,54 @@ mod tests {
             }
             .to_string(),
             "SMTP send to mx:25 timed out after 300ms"
+        );
+    }
+
+    #[test]
+    fn the_recipient_leaves_every_server_text_and_the_codes_stay() {
+        let to = "Bob@Acme.com";
+        let echo = "5.1.1 <bob@acme.com>: Recipient address rejected: user bob unknown";
+        let source = "x".parse::<lettre::message::Mailbox>().unwrap_err();
+        for e in [
+            MailError::Status {
+                status: 422,
+                message: echo.into(),
+            },
+            MailError::SmtpReply {
+                server: "mx:25".into(),
+                code: 550,
+                message: echo.into(),
+            },
+            MailError::SmtpConnection {
+                server: "mx:25".into(),
+                message: echo.into(),
+            },
+            MailError::InvalidAddress {
+                field: "to",
+                value: to.into(),
+                source,
+            },
+        ] {
+            let before = e.disposition();
+            let e = e.without_recipient(to);
+            let shown = e.to_string();
+            assert!(!shown.to_ascii_lowercase().contains("bob"), "{shown}");
+            assert!(shown.contains("<recipient>"), "{shown}");
+            assert_eq!(e.disposition(), before, "{shown}");
+        }
+        let kept = MailError::Timeout {
+            after: Duration::from_millis(5),
+        }
+        .without_recipient(to);
+        assert!(matches!(kept, MailError::Timeout { .. }), "{kept}");
+        let status = MailError::Status {
+            status: 422,
+            message: echo.into(),
+        }
+        .without_recipient(to);
+        assert!(
+            status.to_string().starts_with("mail API answered 422: "),
+            "{status}"
         );
     }
 }

@@ -85,7 +85,7 @@ impl HttpMailer {
 
 #[async_trait]
 impl Mailer for HttpMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn attempt(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         let response = self
             .http
             .post(self.url.clone())

@@ -134,7 +134,7 @@ pub fn build_message(email: &OutgoingEmail, dedupe_key: &str) -> Result<Message,
 
 #[async_trait]
 impl Mailer for SmtpMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn attempt(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         let message = build_message(email, dedupe_key)?;
         match tokio::time::timeout(self.timeout, self.transport.send(message)).await {
             Err(_) => Err(MailError::SmtpTimeout {

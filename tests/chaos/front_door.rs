@@ -492,3 +492,145 @@ async fn schemathesis_finds_no_5xx_and_no_undocumented_response() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Jobs of `tenant` on `world`'s stream (an api-only world: nothing consumes them).
+async fn stream_jobs_of(world: &World, tenant: &str) -> usize {
+    let mut redis = world.redis_conn().await;
+    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
+        .arg(format!("{}jobs:summaries", world.key_prefix))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    entries
+        .iter()
+        .filter(|(_, fields)| fields.iter().any(|(k, v)| k == "tenant" && v == tenant))
+        .count()
+}
+
+/// The first of `attempts` POSTs (fresh keys, 100 ms apart) with `token` that gets `status`,
+/// and how many of the others were accepted.
+async fn first_post_with_status(
+    http: &reqwest::Client,
+    base: &str,
+    token: &str,
+    status: u16,
+    prefix: &str,
+) -> (Option<Duration>, usize) {
+    let start = Instant::now();
+    let mut accepted = 0;
+    for i in 0..100 {
+        let got = post_status(http, base, token, &format!("{prefix}-{i:06}")).await;
+        if got == status {
+            return (Some(start.elapsed()), accepted);
+        }
+        accepted += usize::from(got == 202);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (None, accepted)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tokens_file_changed_without_a_signal_takes_effect_within_seconds() {
+    let (acme, acme_toml) = token_new("acme");
+    let (globex, globex_toml) = token_new("globex");
+    // The path the API is given is a symlink, as a mounted ConfigMap's is.
+    let dir = tempfile::tempdir().unwrap();
+    let (v1, v2) = (dir.path().join("v1.toml"), dir.path().join("v2.toml"));
+    let file = dir.path().join("tokens.toml");
+    std::fs::write(&v1, format!("{acme_toml}\n{globex_toml}")).unwrap();
+    std::os::unix::fs::symlink(&v1, &file).unwrap();
+    let world = World::new(
+        "tokens-watch",
+        WorldOptions {
+            env: vec![("SUMMARYD_AUTH_TOKENS_FILE", file.display().to_string())],
+            ..Default::default()
+        },
+    )
+    .await;
+    let api = world.spawn("api", "api", &[]).await;
+    let base = api.base_url();
+    let http = reqwest::Client::new();
+    assert_eq!(
+        post_status(&http, &base, &globex, "globex-before-00001").await,
+        202
+    );
+    let mut globex_accepted = 1;
+
+    // acme keeps posting throughout.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let lane = {
+        let (http, base, acme, stop) = (http.clone(), base.clone(), acme.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut statuses = Vec::new();
+            while !stop.load(Ordering::SeqCst) {
+                let key = format!("acme-during-watch-{:06}", statuses.len());
+                statuses.push(post_status(&http, &base, &acme, &key).await);
+            }
+            statuses
+        })
+    };
+
+    // 1. globex's table removed in place, no signal: its token is refused within seconds.
+    std::fs::write(&v1, &acme_toml).unwrap();
+    let (revoked_after, accepted) =
+        first_post_with_status(&http, &base, &globex, 401, "globex-revoking").await;
+    globex_accepted += accepted;
+    let revoked_after = revoked_after.expect("globex's token refused without a SIGHUP");
+    assert!(revoked_after < Duration::from_secs(5), "{revoked_after:?}");
+    let refused_key = "globex-after-revocation-0001";
+    assert_eq!(post_status(&http, &base, &globex, refused_key).await, 401);
+    assert!(
+        api.output()
+            .contains("tokens file changed on disk: reloaded"),
+        "{}",
+        api.tail()
+    );
+
+    // 2. The ConfigMap way: the symlink swapped atomically to a file with globex again.
+    std::fs::write(&v2, format!("{acme_toml}\n{globex_toml}")).unwrap();
+    let swap = dir.path().join("tokens.toml.new");
+    std::os::unix::fs::symlink(&v2, &swap).unwrap();
+    std::fs::rename(&swap, &file).unwrap();
+    let (restored_after, _) =
+        first_post_with_status(&http, &base, &globex, 202, "globex-restoring").await;
+    let restored_after = restored_after.expect("globex let in again after the symlink swap");
+    assert!(
+        restored_after < Duration::from_secs(5),
+        "{restored_after:?}"
+    );
+    globex_accepted += 1;
+
+    stop.store(true, Ordering::SeqCst);
+    let statuses = lane.await.unwrap();
+    assert!(
+        statuses.len() >= 10,
+        "too few acme requests: {}",
+        statuses.len()
+    );
+    assert!(
+        statuses.iter().all(|s| *s == 202),
+        "acme accepted throughout: {:?}",
+        statuses.iter().filter(|s| **s != 202).collect::<Vec<_>>()
+    );
+    // Effects: every globex 202 is one job on the stream, no 401 wrote anything.
+    assert_eq!(stream_jobs_of(&world, "globex").await, globex_accepted);
+    assert_eq!(stream_jobs_of(&world, "acme").await, statuses.len());
+    let mut redis = world.redis_conn().await;
+    let record: bool = redis::cmd("EXISTS")
+        .arg(format!(
+            "{}idem:globex:POST:/v1/summaries:{refused_key}",
+            world.key_prefix
+        ))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(!record, "the refused request stored no idempotency record");
+    eprintln!(
+        "tokens watch: revoked after {revoked_after:?}, restored after {restored_after:?}, \
+         {} acme requests all accepted",
+        statuses.len()
+    );
+    drop(api);
+}

@@ -167,10 +167,21 @@ async fn an_address_the_smtp_provider_cannot_send_to_is_422_naming_notify() {
 
 /// Send a request head announcing `length` body bytes, then `sent` of them.
 async fn start_post(port: u16, key: &str, length: usize, sent: &[u8]) -> TcpStream {
+    start_post_as(port, "acme", key, length, sent).await
+}
+
+/// `start_post` for `tenant`.
+async fn start_post_as(
+    port: u16,
+    tenant: &str,
+    key: &str,
+    length: usize,
+    sent: &[u8],
+) -> TcpStream {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let head = format!(
         "POST /v1/summaries HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-         X-Tenant-Id: acme\r\nIdempotency-Key: {key}\r\nContent-Length: {length}\r\n\r\n"
+         X-Tenant-Id: {tenant}\r\nIdempotency-Key: {key}\r\nContent-Length: {length}\r\n\r\n"
     );
     conn.write_all(head.as_bytes()).await.unwrap();
     conn.write_all(sent).await.unwrap();
@@ -286,6 +297,67 @@ async fn bodies_beyond_the_budget_get_503_unread_and_stalled_bodies_408_at_the_d
         "the ordinary and the retried job only"
     );
     assert_eq!(idempotency_records(&env).await, 2);
+    shutdown.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+}
+
+/// One tenant's slow large bodies hold at most its share (half) of the room for large
+/// bodies: its next one is refused, and another tenant's large body still gets in.
+#[tokio::test]
+async fn a_tenant_holding_its_share_of_large_bodies_does_not_refuse_another_tenants() {
+    let env = TestEnv::new().await;
+    let mut settings = env.settings.clone();
+    // 128 KB: 96 KB for large bodies, 48 KB of it for one tenant.
+    settings.api.max_body_bytes = 48 * 1024;
+    settings.api.body_budget_bytes = 128 * 1024;
+    settings.api.body_budget_wait = Duration::from_millis(100);
+    settings.api.request_timeout = Duration::from_secs(5);
+    let app = env
+        .services()
+        .settings(settings)
+        .application(Roles::all())
+        .await;
+    let port = app.port();
+    let shutdown = Shutdown::new();
+    let task = tokio::spawn(app.run(shutdown.clone()));
+
+    // Tenant a stalls a 40 KB body after 1 KB: it holds 40 KB of its 48 KB share.
+    let _stalled = start_post_as(port, "a", "stalled-body-key-a0001", 40_000, &[b'{'; 1000]).await;
+    // A real wait, as in the test above: nothing outside the process marks the reservation.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    // a's next large body would pass its share: 503 + Retry-After at once, saying why.
+    let mut over = start_post_as(port, "a", "over-share-key-a00001", 20_000, b"").await;
+    let (answer, closed) = read_until_closed(&mut over, Duration::from_secs(5)).await;
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert!(answer.contains("this tenant"), "{answer}");
+    assert!(closed, "the refused connection is closed");
+
+    // Tenant b's large body, sent in full, is accepted beside a's.
+    let mut b = start_post_as(
+        port,
+        "b",
+        "large-body-key-b00001",
+        40_000,
+        &body_of_len(40_000),
+    )
+    .await;
+    let mut head = [0u8; 12];
+    b.read_exact(&mut head).await.unwrap();
+    assert_eq!(&head, b"HTTP/1.1 202");
+
+    // Only b's job was accepted: a's refused body stored nothing.
+    let records: Vec<String> = redis::cmd("KEYS")
+        .arg(format!("{}idem:*", env.settings.key_prefix))
+        .query_async(&mut env.redis().await)
+        .await
+        .unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert!(records[0].contains(":b:"), "{records:?}");
     shutdown.trigger();
     let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
 }

@@ -399,7 +399,7 @@ async fn a_mail_outage_longer_than_ten_backoffs_parks_nothing_and_sends_each_row
         settings.relay.max_attempts, 10,
         "the default attempt budget"
     );
-    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let mailer = summaryd::mail::from_settings(&settings.mail, crate::shared::log_key()).unwrap();
     let services = env.services().settings(settings).mailer(mailer).build();
     let jobs: Vec<Job> = (0..3).map(|n| job(&format!("mail-outage-{n}"))).collect();
     for j in &jobs {

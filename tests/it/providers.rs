@@ -409,7 +409,7 @@ async fn http_mail_posts_json_with_the_dedupe_key_as_idempotency_key() {
     let sink = HttpStub::start(Reply::json(202, json!({"id": "msg_1"}))).await;
     let mut settings = mail_settings(MailProvider::Http);
     settings.http_url = Some(sink.url("/v1/emails").into());
-    let mailer = mail::from_settings(&settings).unwrap();
+    let mailer = mail::from_settings(&settings, crate::shared::log_key()).unwrap();
 
     mailer
         .send(&email(), "outbox:6f1c2a9e:summary-ready")
@@ -513,7 +513,7 @@ async fn http_mail_unreachable_or_stalled_provider_is_transient() {
 fn smtp_mailer(sink: &SmtpSink) -> Arc<dyn Mailer> {
     let mut settings = mail_settings(MailProvider::Smtp);
     settings.smtp_url = Some(sink.url().into());
-    mail::from_settings(&settings).unwrap()
+    mail::from_settings(&settings, crate::shared::log_key()).unwrap()
 }
 
 #[tokio::test]
@@ -621,12 +621,14 @@ async fn smtp_server_that_never_greets_is_cut_by_the_mail_timeout() {
 
 #[tokio::test]
 async fn mail_from_settings_builds_each_provider_and_names_missing_urls() {
-    assert!(mail::from_settings(&mail_settings(MailProvider::Log)).is_ok());
+    assert!(
+        mail::from_settings(&mail_settings(MailProvider::Log), crate::shared::log_key()).is_ok()
+    );
     for (provider, setting) in [
         (MailProvider::Http, "SUMMARYD_MAIL_HTTP_URL"),
         (MailProvider::Smtp, "SUMMARYD_MAIL_SMTP_URL"),
     ] {
-        let err = mail::from_settings(&mail_settings(provider))
+        let err = mail::from_settings(&mail_settings(provider), crate::shared::log_key())
             .err()
             .map(|e| e.to_string());
         assert!(
@@ -636,9 +638,11 @@ async fn mail_from_settings_builds_each_provider_and_names_missing_urls() {
     }
     let mut settings = mail_settings(MailProvider::Smtp);
     settings.smtp_url = Some("smtp://u:p@mail.example.com:587?tls=required".into());
-    assert!(mail::from_settings(&settings).is_ok());
+    assert!(mail::from_settings(&settings, crate::shared::log_key()).is_ok());
     settings.from = "not an address".into();
-    let err = mail::from_settings(&settings).err().map(|e| e.to_string());
+    let err = mail::from_settings(&settings, crate::shared::log_key())
+        .err()
+        .map(|e| e.to_string());
     assert!(
         err.as_deref()
             .unwrap_or_default()

@@ -35,7 +35,7 @@ fn services(env: &TestEnv, sink: &HttpStub) -> RelayServices {
     settings.mail.provider = MailProvider::Http;
     settings.mail.http_url = Some(sink.url("/v1/emails").into());
     settings.relay.backoff = Duration::ZERO;
-    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let mailer = summaryd::mail::from_settings(&settings.mail, crate::shared::log_key()).unwrap();
     env.services()
         .settings(settings)
         .mailer(mailer)
@@ -165,7 +165,7 @@ async fn an_expired_mail_token_parks_nothing_pauses_the_relay_and_every_row_goes
     // The probe's cooldown grows like a row's backoff: 50 ms doubling to 400 ms.
     settings.relay.backoff = Duration::from_millis(50);
     settings.relay.max_backoff = Duration::from_millis(400);
-    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let mailer = summaryd::mail::from_settings(&settings.mail, crate::shared::log_key()).unwrap();
     let services = env.services().settings(settings).mailer(mailer).build();
     let relay = services.relay();
     let jobs: Vec<Job> = (10..15).map(job).collect();
@@ -269,4 +269,40 @@ async fn ops_stuck(relay: &RelayServices) -> String {
     let mut out = Vec::new();
     ops::outbox::stuck(&relay.pg, true, &mut out).await.unwrap();
     String::from_utf8(out).unwrap()
+}
+
+/// Mail APIs echo the recipient in error bodies; the stored `last_error` keeps the status
+/// and loses the address.
+#[tokio::test]
+async fn an_error_body_echoing_the_recipient_is_stored_without_it() {
+    let env = TestEnv::new().await;
+    let sink = HttpStub::start(Reply::json(
+        422,
+        serde_json::json!({"error": "recipient AM@Example.com is suppressed", "to": "<am@example.com>"}),
+    ))
+    .await;
+    let services = services(&env, &sink);
+    let msg = job(1);
+    commit_with_outbox(
+        &services.pg,
+        &msg,
+        &crate::shared::model_summary("Renewal agreed."),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(relay_once(&services).await.unwrap(), 0, "422 is not a send");
+    let row = env
+        .pg()
+        .await
+        .query_one("SELECT last_error FROM outbox", &[])
+        .await
+        .unwrap();
+    let last_error: String = row.get(0);
+    assert!(last_error.contains("422"), "{last_error}");
+    assert!(last_error.contains("<recipient>"), "{last_error}");
+    assert!(
+        !last_error.to_ascii_lowercase().contains("am@example.com"),
+        "{last_error}"
+    );
 }

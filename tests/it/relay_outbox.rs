@@ -7,10 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::Utc;
+use sha2::Digest;
 use summaryd::config::{MailProvider, Settings};
 use summaryd::db::outbox::{self, StuckRow};
 use summaryd::db::summaries::{self, CommitOutcome};
 use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId};
+use summaryd::infra::log_key::{DeploymentKey, LogKey};
 use summaryd::mail::{
     LogMailer, MailError, Mailer, OutgoingEmail, SUMMARY_READY_SUBJECT, summary_ready_email,
 };
@@ -575,8 +577,22 @@ async fn the_email_names_the_job_and_carries_the_summary() {
     assert!(email.text.contains(&job.to_string()), "{}", email.text);
 }
 
+/// The deployment key's one row, as the first process to need it stored it.
+async fn stored_log_key(env: &TestEnv) -> Vec<Vec<u8>> {
+    env.pg()
+        .await
+        .query("SELECT log_hmac_key FROM deployment_key", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect()
+}
+
 #[tokio::test]
-async fn the_log_mailer_logs_the_email_with_the_recipient_hashed_and_the_text_as_a_length() {
+async fn the_log_mailer_logs_the_email_with_the_recipient_hmac_and_the_text_as_a_length() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
     let captured = Captured::default();
     let writer = captured.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -593,27 +609,42 @@ async fn the_log_mailer_logs_the_email_with_the_recipient_hashed_and_the_text_as
         accepted_at: None,
     };
     let email: OutgoingEmail = summary_ready_email("summaryd@localhost", &event);
+    assert!(
+        stored_log_key(&env).await.is_empty(),
+        "no key before it is needed"
+    );
+    // Two processes of one deployment, racing to create the key.
+    let other = DeploymentKey::from_postgres(services.pg.clone());
+    let (mine, theirs) = tokio::join!(services.log_key.get(), other.get());
+    assert_eq!(mine.unwrap(), theirs.unwrap(), "one key per deployment");
+    let stored = stored_log_key(&env).await;
+    assert_eq!(stored.len(), 1);
+    let db_key = LogKey::from_bytes(stored[0].as_slice().try_into().unwrap());
 
     let result = {
         // The test runtime is single-threaded, so the thread-local default sees the send.
         let _guard = tracing::subscriber::set_default(subscriber);
-        LogMailer.send(&email, &key(job)).await
+        LogMailer::new(services.log_key.clone())
+            .send(&email, &key(job))
+            .await
     };
     assert!(result.is_ok());
     let log = captured.text();
-    let to_hash = summaryd::infra::redact::fingerprint(NOTIFY);
+    let to_hmac = format!("to_hmac={}", db_key.recipient_tag(NOTIFY));
     let text_chars = format!("text_chars={}", email.text.chars().count());
     for needle in [
         SUMMARY_READY_SUBJECT,
         key(job).as_str(),
         &job.to_string(),
-        &to_hash,
+        &to_hmac,
         &text_chars,
     ] {
         assert!(log.contains(needle), "{needle:?} missing from {log}");
     }
-    // Logs are no place for personal data: neither the address nor the summary.
-    for absent in [NOTIFY, "Churn fell by 3 %."] {
+    // Logs are no place for personal data: neither the address, nor the summary, nor an
+    // unkeyed hash of the address that anyone could compute from a guess.
+    let unkeyed = hex::encode(sha2::Sha256::digest(NOTIFY.as_bytes()));
+    for absent in [NOTIFY, "Churn fell by 3 %.", &unkeyed[..12]] {
         assert!(!log.contains(absent), "{absent:?} in {log}");
     }
     assert!(log.contains("INFO"), "{log}");
@@ -964,7 +995,7 @@ async fn smtp_535_is_a_misconfigured_provider_and_the_row_waits_for_new_credenti
     let mut settings = fast_settings(&env);
     settings.mail.provider = MailProvider::Smtp;
     settings.mail.smtp_url = Some(format!("smtp://relay:hunter2-secret@{}", sink.addr).into());
-    let mailer = summaryd::mail::from_settings(&settings.mail).unwrap();
+    let mailer = summaryd::mail::from_settings(&settings.mail, crate::shared::log_key()).unwrap();
     let svc = env
         .services()
         .settings(settings)
@@ -994,4 +1025,54 @@ async fn smtp_535_is_a_misconfigured_provider_and_the_row_waits_for_new_credenti
     assert_eq!(messages.len(), 1, "sent once");
     assert_eq!(messages[0].rcpt_to, vec![NOTIFY.to_owned()]);
     assert!(outbox_row(&env, job).await.sent);
+}
+
+/// SMTP servers quote the recipient in a rejection; the row's `last_error` and the relay's
+/// log keep the code and lose the address, in every spelling the server used.
+#[tokio::test]
+async fn an_smtp_rejection_echoing_the_recipient_is_stored_and_logged_without_it() {
+    let env = TestEnv::new().await;
+    let sink = SmtpSink::start().await;
+    let upper = NOTIFY.to_ascii_uppercase();
+    let local = NOTIFY.split('@').next().unwrap();
+    sink.reject_rcpt_with(&format!(
+        "550 5.1.1 <{{rcpt}}>: Recipient address rejected: {upper} unknown (user {local})"
+    ));
+    let mut settings = fast_settings(&env);
+    settings.mail.provider = MailProvider::Smtp;
+    settings.mail.smtp_url = Some(sink.url().into());
+    let mailer = summaryd::mail::from_settings(&settings.mail, crate::shared::log_key()).unwrap();
+    let svc = env
+        .services()
+        .settings(settings)
+        .mailer(mailer)
+        .build()
+        .relay();
+    let job = commit_job(&svc, 1).await;
+
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_max_level(tracing::Level::TRACE)
+        .with_writer(move || writer.clone())
+        .finish();
+    let report = {
+        // The test runtime is single-threaded, so the thread-local default sees the pass.
+        let _guard = tracing::subscriber::set_default(subscriber);
+        relay_pass(&svc).await.unwrap()
+    };
+    assert_eq!(report.stuck, 1, "550 is permanent: {report:?}");
+    let row = outbox_row(&env, job).await;
+    let last_error = row.last_error.clone().unwrap_or_default();
+    let log = captured.text();
+    assert!(log.contains("outbox send failed permanently"), "{log}");
+    for (what, text) in [("last_error", &last_error), ("log", &log)] {
+        assert!(text.contains("550"), "{what} keeps the SMTP code: {text}");
+        assert!(text.contains("<recipient>"), "{what}: {text}");
+        let lower = text.to_ascii_lowercase();
+        assert!(!lower.contains(NOTIFY), "{what} holds the address: {text}");
+        assert!(!lower.contains(&format!("user {local}")), "{what}: {text}");
+    }
+    assert!(sink.messages().is_empty());
 }

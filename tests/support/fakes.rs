@@ -173,7 +173,7 @@ impl Default for FakeMailer {
 
 #[async_trait]
 impl Mailer for FakeMailer {
-    async fn send(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
+    async fn attempt(&self, email: &OutgoingEmail, dedupe_key: &str) -> Result<(), MailError> {
         self.attempts.fetch_add(1, Ordering::SeqCst);
         let step = self.script.next();
         match step {

@@ -25,6 +25,13 @@ use std::time::Duration;
 pub use fakes::{FakeLlm, FakeMailer, model_summary};
 pub use test_env::TestEnv;
 
+/// A deployment key for providers built outside an application (the `log` provider hashes
+/// recipients with it).
+pub fn log_key() -> std::sync::Arc<summaryd::infra::log_key::DeploymentKey> {
+    use summaryd::infra::log_key::{DeploymentKey, LogKey};
+    std::sync::Arc::new(DeploymentKey::Fixed(LogKey::from_bytes([42; 32])))
+}
+
 /// Poll `check` until true, for at most `limit`; false if it never was. The one way tests
 /// wait for an effect: every look is immediate, then every 20 ms.
 pub async fn eventually<F, Fut>(limit: Duration, check: F) -> bool

@@ -2,7 +2,8 @@
 //!
 //! Speaks just enough of RFC 5321 for a plaintext client (EHLO/HELO, AUTH PLAIN/LOGIN, MAIL,
 //! RCPT, DATA, RSET, NOOP, QUIT; any credentials are accepted); `RCPT TO` and `AUTH` can be
-//! scripted to answer with an error to test classification.
+//! scripted to answer with an error to test classification, `RCPT TO` echoing the address
+//! as real servers do.
 
 use std::sync::{Arc, Mutex};
 
@@ -52,7 +53,8 @@ impl Received {
 #[derive(Default)]
 struct State {
     messages: Mutex<Vec<Received>>,
-    /// When set, the full reply line to `RCPT TO` (e.g. "550 5.1.1 no such user").
+    /// When set, the full reply line to `RCPT TO` (e.g. "550 5.1.1 no such user"), with
+    /// `{rcpt}` standing for the address the client sent, as servers echo it.
     rcpt_reply: Mutex<Option<String>>,
     /// AUTH exchanges completed (credentials are accepted, not checked).
     logins: Mutex<usize>,
@@ -98,6 +100,7 @@ impl SmtpSink {
         *self.state.logins.lock().unwrap()
     }
 
+    /// Refuse every recipient with `reply_line`; `{rcpt}` in it becomes the address sent.
     pub fn reject_rcpt_with(&self, reply_line: &str) {
         *self.state.rcpt_reply.lock().unwrap() = Some(reply_line.into());
     }
@@ -170,7 +173,7 @@ async fn session(stream: TcpStream, state: &State) -> std::io::Result<()> {
                 "250 2.1.0 ok\r\n".to_owned()
             }
             "RCPT" => match state.rcpt_reply.lock().unwrap().clone() {
-                Some(custom) => format!("{custom}\r\n"),
+                Some(custom) => format!("{}\r\n", custom.replace("{rcpt}", &angle_addr(&command))),
                 None => {
                     rcpt_to.push(angle_addr(&command));
                     "250 2.1.5 ok\r\n".to_owned()

@@ -568,6 +568,44 @@ mod tests {
     }
 
     #[test]
+    fn header_mode_holds_every_tenant_to_the_notify_settings() {
+        let notify = NotifySettings {
+            domains: Some(crate::config::DomainList::Joined("acme.com".into())),
+            per_hour: None,
+        };
+        let policy = TenantPolicy::header_mode(&notify);
+        assert_eq!(policy.notify_domains.unwrap().to_string(), "acme.com");
+        assert_eq!(policy.limits, TenantLimits::default());
+        // Settings that would not load fail closed: no domain at all, not every one.
+        let broken = NotifySettings {
+            domains: Some(crate::config::DomainList::Joined("localhost".into())),
+            per_hour: None,
+        };
+        let policy = TenantPolicy::header_mode(&broken);
+        assert_eq!(policy.notify_domains.unwrap().to_string(), "no domain");
+    }
+
+    #[test]
+    fn the_settings_choose_token_mode_only_with_a_tokens_file() {
+        let notify = NotifySettings::default();
+        let none = from_settings(&AuthSettings::default(), &notify).unwrap();
+        assert!(none.is_none(), "header mode");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens.toml");
+        std::fs::write(
+            &path,
+            format!("[tenants.acme]\ntoken_sha256 = \"{}\"\n", token_sha256("t")),
+        )
+        .unwrap();
+        let settings = AuthSettings {
+            tokens_file: Some(path),
+            ..Default::default()
+        };
+        let tokens = from_settings(&settings, &notify).unwrap().expect("token mode");
+        assert_eq!(tokens.current().authenticate("t").unwrap().0.as_str(), "acme");
+    }
+
+    #[test]
     fn one_token_for_two_tenants_refuses_the_file() {
         let hash = token_sha256("shared");
         let err = TokenStore::parse(&format!(

@@ -601,8 +601,13 @@ mod tests {
             tokens_file: Some(path),
             ..Default::default()
         };
-        let tokens = from_settings(&settings, &notify).unwrap().expect("token mode");
-        assert_eq!(tokens.current().authenticate("t").unwrap().0.as_str(), "acme");
+        let tokens = from_settings(&settings, &notify)
+            .unwrap()
+            .expect("token mode");
+        assert_eq!(
+            tokens.current().authenticate("t").unwrap().0.as_str(),
+            "acme"
+        );
     }
 
     #[test]

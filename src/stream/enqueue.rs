@@ -69,7 +69,7 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
         .key(keys.job(job.job_id))
         .key(keys.in_flight(tenant))
         .key(keys.rate(tenant))
-        .key(keys.notify_window(tenant, &job.notify.recipient_id()))
+        .key(limits.notify_window(keys, tenant, &job.notify))
         .arg(record)
         .arg(record_ttl_s)
         .arg(job.job_id.to_string());

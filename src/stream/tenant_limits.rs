@@ -22,7 +22,7 @@ use redis::aio::ConnectionLike;
 use redis::{Pipeline, Script, ScriptInvocation};
 
 use super::job_entry;
-use crate::domain::JobId;
+use crate::domain::{Email, JobId};
 use crate::infra::keys::RedisKeys;
 
 /// One tenant's limits; `None` is unlimited. From the tokens file (`auth`).
@@ -106,6 +106,18 @@ impl TenantLimits {
             .arg(now_us)
             .arg(per_hour)
             .arg(now_ms);
+    }
+}
+
+impl TenantLimits {
+    /// The key of the recipient's window for the enqueue script. Without a
+    /// `notify_per_hour` the script never touches it, so the recipient is not hashed (an
+    /// IDNA pass and a SHA-256 less per POST) and a fixed name stands in.
+    pub(crate) fn notify_window(&self, keys: &RedisKeys, tenant: &str, to: &Email) -> String {
+        match self.notify_per_hour {
+            Some(_) => keys.notify_window(tenant, &to.recipient_id()),
+            None => keys.notify_window(tenant, "unlimited"),
+        }
     }
 }
 
@@ -327,6 +339,24 @@ mod tests {
         assert_eq!(l.burst(), 3.0);
         assert_eq!(l.interval_us(), 400_000.0);
         assert_eq!(TenantLimits::default().interval_us(), 0.0);
+    }
+
+    #[test]
+    fn only_a_limited_tenant_has_a_window_per_recipient() {
+        let keys = RedisKeys::new("p:");
+        let to = Email::parse_recipient("Ann@Example.com").unwrap();
+        let limited = TenantLimits {
+            notify_per_hour: Some(3),
+            ..Default::default()
+        };
+        assert_eq!(
+            limited.notify_window(&keys, "acme", &to),
+            format!("p:tenant:acme:notify:{}", to.recipient_id())
+        );
+        assert_eq!(
+            TenantLimits::default().notify_window(&keys, "acme", &to),
+            "p:tenant:acme:notify:unlimited"
+        );
     }
 
     #[test]

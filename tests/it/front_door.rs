@@ -217,6 +217,36 @@ async fn accepted_jobs(env: &TestEnv) -> usize {
 }
 
 /// A valid body of exactly `len` bytes.
+/// A whole application serving on a port of its own, with `settings`.
+struct Served {
+    port: u16,
+    shutdown: Shutdown,
+    task: tokio::task::JoinHandle<Result<(), summaryd::app::StartError>>,
+}
+
+impl Served {
+    async fn start(env: &TestEnv, settings: summaryd::config::Settings) -> Self {
+        let app = env
+            .services()
+            .settings(settings)
+            .application(Roles::all())
+            .await;
+        let port = app.port();
+        let shutdown = Shutdown::new();
+        let task = tokio::spawn(app.run(shutdown.clone()));
+        Self {
+            port,
+            shutdown,
+            task,
+        }
+    }
+
+    async fn stop(self) {
+        self.shutdown.trigger();
+        let _ = tokio::time::timeout(Duration::from_secs(10), self.task).await;
+    }
+}
+
 fn body_of_len(len: usize) -> Vec<u8> {
     let frame = r#"{"text":"","notify":"am@example.com"}"#.len();
     let text = "a".repeat(len - frame);
@@ -231,14 +261,8 @@ async fn bodies_beyond_the_budget_get_503_unread_and_stalled_bodies_408_at_the_d
     settings.api.body_budget_bytes = 64 * 1024;
     settings.api.body_budget_wait = Duration::from_millis(100);
     settings.api.request_timeout = Duration::from_millis(1_500);
-    let app = env
-        .services()
-        .settings(settings)
-        .application(Roles::all())
-        .await;
-    let port = app.port();
-    let shutdown = Shutdown::new();
-    let task = tokio::spawn(app.run(shutdown.clone()));
+    let served = Served::start(&env, settings).await;
+    let port = served.port;
 
     // A large body that stalls after 1 KB holds 40 KB of the 64 KB budget.
     let started = tokio::time::Instant::now();
@@ -297,8 +321,7 @@ async fn bodies_beyond_the_budget_get_503_unread_and_stalled_bodies_408_at_the_d
         "the ordinary and the retried job only"
     );
     assert_eq!(idempotency_records(&env).await, 2);
-    shutdown.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    served.stop().await;
 }
 
 /// One tenant's slow large bodies hold at most its share (half) of the room for large
@@ -312,14 +335,8 @@ async fn a_tenant_holding_its_share_of_large_bodies_does_not_refuse_another_tena
     settings.api.body_budget_bytes = 128 * 1024;
     settings.api.body_budget_wait = Duration::from_millis(100);
     settings.api.request_timeout = Duration::from_secs(5);
-    let app = env
-        .services()
-        .settings(settings)
-        .application(Roles::all())
-        .await;
-    let port = app.port();
-    let shutdown = Shutdown::new();
-    let task = tokio::spawn(app.run(shutdown.clone()));
+    let served = Served::start(&env, settings).await;
+    let port = served.port;
 
     // Tenant a stalls a 40 KB body after 1 KB: it holds 40 KB of its 48 KB share.
     let _stalled = start_post_as(port, "a", "stalled-body-key-a0001", 40_000, &[b'{'; 1000]).await;
@@ -358,8 +375,7 @@ async fn a_tenant_holding_its_share_of_large_bodies_does_not_refuse_another_tena
         .unwrap();
     assert_eq!(records.len(), 1, "{records:?}");
     assert!(records[0].contains(":b:"), "{records:?}");
-    shutdown.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    served.stop().await;
 }
 
 /// The answers the HTTP layer gives by itself, before any handler runs, are problem
@@ -370,14 +386,8 @@ async fn protocol_errors_the_http_layer_answers_itself_are_problem_json() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
     settings.api.request_timeout = Duration::from_millis(500);
-    let app = env
-        .services()
-        .settings(settings)
-        .application(Roles::all())
-        .await;
-    let port = app.port();
-    let shutdown = Shutdown::new();
-    let task = tokio::spawn(app.run(shutdown.clone()));
+    let served = Served::start(&env, settings).await;
+    let port = served.port;
 
     let huge_header = format!("X-Filler: {}\r\n", "a".repeat(140 * 1024));
     let cases: [(&str, String, bool); 3] = [
@@ -414,8 +424,7 @@ async fn protocol_errors_the_http_layer_answers_itself_are_problem_json() {
         assert!(closed, "{status}: connection closed after the answer");
     }
     assert_eq!(stream_len(&env).await, 0);
-    shutdown.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    served.stop().await;
 }
 
 /// One whole response (head and `content-length` body) from a keep-alive connection.
@@ -451,14 +460,8 @@ async fn every_head_on_a_connection_is_due_within_the_deadline_of_the_previous_r
     let mut settings = env.settings.clone();
     let deadline = Duration::from_millis(800);
     settings.api.request_timeout = deadline;
-    let app = env
-        .services()
-        .settings(settings)
-        .application(Roles::all())
-        .await;
-    let port = app.port();
-    let shutdown = Shutdown::new();
-    let task = tokio::spawn(app.run(shutdown.clone()));
+    let served = Served::start(&env, settings).await;
+    let port = served.port;
 
     let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     // Four requests, each head 500 ms after the previous answer: 2 s on one connection.
@@ -517,6 +520,5 @@ async fn every_head_on_a_connection_is_due_within_the_deadline_of_the_previous_r
     assert_eq!(p["status"], 408, "{p}");
     // The request before the slow head was served in full: its job was accepted.
     assert_eq!(accepted_jobs(&env).await, 1);
-    shutdown.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(10), task).await;
+    served.stop().await;
 }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::harness::latencies::Latencies;
 use crate::harness::process::{Proc, run_to_completion};
 use crate::harness::{World, WorldOptions, eventually};
 
@@ -197,9 +198,7 @@ async fn slow_bodies_from_1000_connections_neither_exhaust_memory_nor_block_ordi
     let hwm = proc_status_kib(pid, "VmHWM:");
 
     let failed: Vec<_> = results.iter().filter(|(s, _)| *s != 202).collect();
-    let mut latencies: Vec<Duration> = results.iter().map(|(_, d)| *d).collect();
-    latencies.sort();
-    let p = |q: f64| latencies[((latencies.len() as f64 * q) as usize).min(latencies.len() - 1)];
+    let latencies = Latencies::new(results.iter().map(|(_, d)| *d));
     let mut by_ending = std::collections::BTreeMap::new();
     for (e, _) in &endings {
         *by_ending.entry(*e).or_insert(0usize) += 1;
@@ -212,9 +211,9 @@ async fn slow_bodies_from_1000_connections_neither_exhaust_memory_nor_block_ordi
          ordinary requests {} ok / {} (p50 {:?}, p99 {:?}, max {:?})",
         results.len() - failed.len(),
         results.len(),
-        p(0.50),
-        p(0.99),
-        latencies.last().copied().unwrap_or_default(),
+        latencies.quantile(0.50),
+        latencies.quantile(0.99),
+        latencies.max(),
     );
 
     assert!(failed.is_empty(), "ordinary requests failed: {failed:?}");

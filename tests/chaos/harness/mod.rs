@@ -4,6 +4,7 @@
 
 pub mod client;
 pub mod db;
+pub mod latencies;
 pub mod load;
 pub mod mail_sink;
 pub mod model_server;

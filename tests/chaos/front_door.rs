@@ -356,14 +356,7 @@ async fn sighup_reloads_rotated_tokens_without_dropping_a_request_and_keeps_them
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("tokens.toml");
     std::fs::write(&file, &acme_toml).unwrap();
-    let world = World::new(
-        "sighup",
-        WorldOptions {
-            env: vec![("SUMMARYD_AUTH_TOKENS_FILE", file.display().to_string())],
-            ..Default::default()
-        },
-    )
-    .await;
+    let world = World::new("sighup", WorldOptions::tokens_file(&file)).await;
     let api = world.spawn("api", "api", &[]).await;
     let base = api.base_url();
     let http = reqwest::Client::new();
@@ -540,14 +533,7 @@ async fn a_tokens_file_changed_without_a_signal_takes_effect_within_seconds() {
     let file = dir.path().join("tokens.toml");
     std::fs::write(&v1, format!("{acme_toml}\n{globex_toml}")).unwrap();
     std::os::unix::fs::symlink(&v1, &file).unwrap();
-    let world = World::new(
-        "tokens-watch",
-        WorldOptions {
-            env: vec![("SUMMARYD_AUTH_TOKENS_FILE", file.display().to_string())],
-            ..Default::default()
-        },
-    )
-    .await;
+    let world = World::new("tokens-watch", WorldOptions::tokens_file(&file)).await;
     let api = world.spawn("api", "api", &[]).await;
     let base = api.base_url();
     let http = reqwest::Client::new();

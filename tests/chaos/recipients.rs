@@ -48,14 +48,7 @@ async fn the_recipient_policy_holds_on_the_wire_and_the_email_names_the_tenant()
         ),
     )
     .unwrap();
-    let world = World::new(
-        "recipients",
-        WorldOptions {
-            env: vec![("SUMMARYD_AUTH_TOKENS_FILE", file.display().to_string())],
-            ..Default::default()
-        },
-    )
-    .await;
+    let world = World::new("recipients", WorldOptions::tokens_file(&file)).await;
     let all = world.spawn("all", "api,worker,relay", &[]).await;
     let (http, base) = (reqwest::Client::new(), all.base_url());
     let run = crate::run_id();

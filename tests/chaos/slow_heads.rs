@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 
 use crate::harness::latencies::Latencies;
 use crate::harness::{World, WorldOptions};
+use crate::shared::http_request::read_response;
 
 /// `SUMMARYD_API_MAX_CONNECTIONS` of the process under attack.
 const CAP: usize = 8;
@@ -40,29 +41,6 @@ struct Attack {
     held: Option<Duration>,
     /// The status the server answered the slow head with before closing, if any.
     answer: Option<u16>,
-}
-
-/// Read one whole HTTP response (head and `content-length` body) from `conn`; its status.
-async fn read_response(conn: &mut TcpStream) -> Option<u16> {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if got.len() >= end + 4 + len {
-                return head.get(9..12).and_then(|s| s.parse().ok());
-            }
-        }
-        match conn.read(&mut buf).await {
-            Ok(0) | Err(_) => return None,
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
 }
 
 /// One attacking connection: a complete first request, its answer, then the next head a

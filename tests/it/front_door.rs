@@ -15,6 +15,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::shared::TestEnv;
+use crate::shared::http_request::read_response;
 
 const BODY: &str = r#"{"text":"Renewal agreed.","notify":"am@example.com"}"#;
 
@@ -427,29 +428,6 @@ async fn protocol_errors_the_http_layer_answers_itself_are_problem_json() {
     served.stop().await;
 }
 
-/// One whole response (head and `content-length` body) from a keep-alive connection.
-async fn read_response(conn: &mut TcpStream) -> String {
-    let mut got = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
-            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
-            let len: usize = head
-                .lines()
-                .find_map(|l| l.strip_prefix("content-length:"))
-                .and_then(|v| v.trim().parse().ok())
-                .unwrap_or(0);
-            if got.len() >= end + 4 + len {
-                return String::from_utf8_lossy(&got).into_owned();
-            }
-        }
-        match conn.read(&mut buf).await {
-            Ok(0) | Err(_) => return String::from_utf8_lossy(&got).into_owned(),
-            Ok(n) => got.extend_from_slice(&buf[..n]),
-        }
-    }
-}
-
 /// actix times only a connection's first head; every later one must arrive within the
 /// request deadline of the previous response too, however it trickles in, or the client
 /// gets a 408 problem and the connection is closed. A connection whose requests each come
@@ -472,7 +450,7 @@ async fn every_head_on_a_connection_is_due_within_the_deadline_of_the_previous_r
         conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             .await
             .unwrap();
-        let answer = read_response(&mut conn).await;
+        let answer = read_response(&mut conn).await.expect("a whole response");
         assert!(answer.starts_with("HTTP/1.1 200 "), "request {i}: {answer}");
     }
     // A POST, then the next head a byte every 100 ms: no gap is long, the head never ends.
@@ -483,7 +461,7 @@ async fn every_head_on_a_connection_is_due_within_the_deadline_of_the_previous_r
         BODY.len()
     );
     conn.write_all(post.as_bytes()).await.unwrap();
-    let answer = read_response(&mut conn).await;
+    let answer = read_response(&mut conn).await.expect("a whole response");
     assert!(answer.starts_with("HTTP/1.1 202 "), "{answer}");
     let answered = std::time::Instant::now();
     let (mut rd, mut wr) = conn.into_split();

@@ -71,3 +71,27 @@ pub async fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<R
         body,
     })
 }
+
+/// Read one whole HTTP/1.1 response (head and `content-length` body) from a client's side of
+/// a keep-alive connection, as text; `None` when the connection ends before it is complete.
+pub async fn read_response(conn: &mut TcpStream) -> Option<String> {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if got.len() >= end + 4 + len {
+                return Some(String::from_utf8_lossy(&got).into_owned());
+            }
+        }
+        match conn.read(&mut buf).await {
+            Ok(0) | Err(_) => return None,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}

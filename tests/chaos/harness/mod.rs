@@ -61,6 +61,16 @@ impl Default for WorldOptions {
     }
 }
 
+impl WorldOptions {
+    /// Token mode: every process authenticates clients with the tokens file at `path`.
+    pub fn tokens_file(path: &std::path::Path) -> Self {
+        Self {
+            env: vec![("SUMMARYD_AUTH_TOKENS_FILE", path.display().to_string())],
+            ..Default::default()
+        }
+    }
+}
+
 pub struct World {
     pub name: String,
     pub db_name: String,

@@ -667,9 +667,16 @@ async fn data_memory(redis: &mut MultiplexedConnection) -> i64 {
     m["used_memory"] - m["mem_clients_normal"]
 }
 
+/// Posts `n` jobs, 32 at a time, as a client should: it drops pooled connections before
+/// the server's keep-alive (5 s) can close them under it, and resends a request whose
+/// connection failed with the same `Idempotency-Key` (a reused connection the server
+/// closed at that very moment is reset; the key makes the resend safe).
 async fn post_jobs(base: &str, tag: &str, n: usize, text: &str) {
     use futures_util::StreamExt;
-    let client = reqwest::Client::new();
+    let client = reqwest::Client::builder()
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
     let url = format!("{base}/v1/summaries");
     futures_util::stream::iter(0..n)
         .map(|i| {
@@ -678,7 +685,17 @@ async fn post_jobs(base: &str, tag: &str, n: usize, text: &str) {
                 .header("Idempotency-Key", format!("{tag}-key-{i:08}"))
                 .header("X-Tenant-Id", "acme")
                 .json(&serde_json::json!({"text": text, "notify": "team@example.com"}));
-            async move { req.send().await.unwrap().status().as_u16() }
+            async move {
+                let mut tries = 0;
+                loop {
+                    let attempt = req.try_clone().unwrap().send().await;
+                    match attempt {
+                        Ok(response) => break response.status().as_u16(),
+                        Err(e) if tries < 3 && (e.is_connect() || e.is_request()) => tries += 1,
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+            }
         })
         .buffer_unordered(32)
         .for_each(|status| async move { assert_eq!(status, 202) })

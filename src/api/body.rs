@@ -208,7 +208,8 @@ pub(crate) async fn read_limited(
     limit: usize,
     budget: &BodyBudget,
     tenant: &TenantId,
-    deadline: Instant,
+    started: Instant,
+    timeout: Duration,
 ) -> Result<(Bytes, BodyPermit), ApiError> {
     let too_large = || ApiError::PayloadTooLarge { limit };
     let declared = req
@@ -219,6 +220,7 @@ pub(crate) async fn read_limited(
     if declared.is_some_and(|n| n > limit) {
         return Err(too_large());
     }
+    let deadline = started + body_time(timeout, declared.unwrap_or(limit));
     let read = async {
         let permit = budget.reserve(declared.unwrap_or(limit), tenant).await?;
         // Grown as bytes arrive, never sized from the header: a client that declares
@@ -236,6 +238,20 @@ pub(crate) async fn read_limited(
     tokio::time::timeout_at(deadline, read)
         .await
         .map_err(|_| ApiError::RequestTimeout)?
+}
+
+/// A body gets its request deadline once per this many bytes it declares: the deadline
+/// was sized for a 256 KiB body at 256 kbit/s, a slow mobile uplink, and a longer body at
+/// that rate needs proportionally longer. The budget holds its declared size meanwhile,
+/// so a slow long body costs its tenant's share, not other tenants' room.
+const BYTES_PER_TIMEOUT: usize = 256 * 1024;
+
+/// How long a body of `declared` bytes may take to arrive.
+pub(crate) fn body_time(timeout: Duration, declared: usize) -> Duration {
+    // A size-proportional deadline, not a growing wait (those live in `resilience`).
+    let periods = u64::try_from(declared.div_ceil(BYTES_PER_TIMEOUT).max(1)).unwrap_or(u64::MAX);
+    let ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    Duration::from_millis(ms.saturating_mul(periods))
 }
 
 /// Parse and validate the body of `POST /v1/summaries`.
@@ -285,6 +301,16 @@ fn classify(e: serde_json::Error) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_body_gets_the_deadline_once_per_256_kib() {
+        let t = Duration::from_secs(10);
+        assert_eq!(body_time(t, 0), t);
+        assert_eq!(body_time(t, 1), t);
+        assert_eq!(body_time(t, 256 * 1024), t);
+        assert_eq!(body_time(t, 256 * 1024 + 1), 2 * t);
+        assert_eq!(body_time(t, 4 * 1024 * 1024), 16 * t);
+    }
 
     fn field_of(json: &str) -> Option<String> {
         match parse_summary_request(json.as_bytes()) {

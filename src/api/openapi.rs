@@ -9,7 +9,7 @@ use utoipa::OpenApi;
 use super::health::{self, Health};
 use super::metrics;
 use super::problem::{ApiError, Problem};
-use super::summaries::{self, Accepted, CreateSummary, JobStatus, JobView};
+use super::summaries::{self, Accepted, CreateSummary, JobStatus, JobView, Progress};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,7 +26,7 @@ use super::summaries::{self, Accepted, CreateSummary, JobStatus, JobView};
         metrics::metrics,
         openapi_json,
     ),
-    components(schemas(CreateSummary, Accepted, JobView, JobStatus, Problem, Health)),
+    components(schemas(CreateSummary, Accepted, JobView, JobStatus, Progress, Problem, Health)),
     tags(
         (name = "summaries", description = "Summary jobs (served with role api)"),
         (name = "operations", description = "Health, metrics and this document (served on every role)"),

@@ -70,10 +70,14 @@ pub enum ApiError {
     Validation { field: String, message: String },
     #[error("request body larger than {limit} bytes")]
     PayloadTooLarge { limit: usize },
-    /// Within the byte limit, but longer than the model's context budget: it could never
-    /// be summarised, so it must not reach the queue.
+    /// Within the byte limit, but longer than `SUMMARYD_API_MAX_TEXT_CHARS`.
     #[error("text longer than {max_chars} characters")]
     TextTooLong { max_chars: usize },
+    /// A text that would need more model calls than `SUMMARYD_LLM_MAX_PARTS` on the
+    /// configured chain: refused before it costs anything, never accepted and then
+    /// dead-lettered.
+    #[error("text needs {needed} model calls, more than {max_parts}")]
+    TooManyParts { needed: usize, max_parts: usize },
     #[error("unsupported content type {got:?}")]
     UnsupportedMediaType { got: Option<String> },
     #[error("could not read the request body: {0}")]
@@ -253,9 +257,18 @@ impl ApiError {
             Self::TextTooLong { max_chars } => P::new(
                 S::PAYLOAD_TOO_LARGE,
                 "text-too-long",
-                "Text too long for the model",
+                "Text too long",
                 format!(
-                    "text: at most {max_chars} characters fit the model's context; shorten or split the text."
+                    "text: at most {max_chars} characters are accepted (SUMMARYD_API_MAX_TEXT_CHARS); shorten or split the text."
+                ),
+            )
+            .field("text"),
+            Self::TooManyParts { needed, max_parts } => P::new(
+                S::PAYLOAD_TOO_LARGE,
+                "text-too-many-parts",
+                "Text needs too many model calls",
+                format!(
+                    "text: summarising it takes {needed} model calls on the configured models, more than the {max_parts} one job may make (SUMMARYD_LLM_MAX_PARTS); shorten or split the text."
                 ),
             )
             .field("text"),
@@ -552,6 +565,18 @@ mod tests {
                     413,
                     "text-too-long",
                     "text: at most 7 characters",
+                )
+            },
+            K::TooManyParts => Documented {
+                names: Some(("field", "text")),
+                ..doc(
+                    ApiError::TooManyParts {
+                        needed: 300,
+                        max_parts: 256,
+                    },
+                    413,
+                    "text-too-many-parts",
+                    "takes 300 model calls",
                 )
             },
             K::UnsupportedMediaType => doc(

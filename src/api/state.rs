@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use crate::llm::Fit;
+
 use crate::api::auth::{TenantPolicy, Tokens};
 use crate::api::body::BodyBudget;
 use crate::api::idempotency::IdempotencyStore;
@@ -46,6 +48,9 @@ pub struct ApiState {
     /// What every tenant may do in header mode (`[notify]`); token mode reads each
     /// tenant's own from the tokens file.
     pub(crate) header_policy: Arc<TenantPolicy>,
+    /// What fits each configured model provider, to refuse a text that would need more
+    /// than `SUMMARYD_LLM_MAX_PARTS` calls before it is accepted.
+    pub(crate) fits: Arc<Vec<Fit>>,
 }
 
 impl ApiState {
@@ -58,8 +63,10 @@ impl ApiState {
         );
         let body_budget = BodyBudget::new(&services.settings.api);
         let header_policy = Arc::new(TenantPolicy::header_mode(&services.settings.notify));
+        let fits = Arc::new(crate::llm::fits(&services.settings.llm));
         Self {
             header_policy,
+            fits,
             services,
             roles,
             shutdown,

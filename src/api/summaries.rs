@@ -16,7 +16,7 @@ use super::state::ApiServices;
 use super::state::ApiState;
 use super::tenant::{Tenant, single_header};
 use crate::db;
-use crate::domain::{IdempotencyKey, Job, JobId, TenantId};
+use crate::domain::{IdempotencyKey, Job, JobId, JobText, TenantId};
 use crate::infra::keys::ScopedKey;
 use crate::stream::job_state::{self, Status};
 
@@ -90,6 +90,23 @@ pub struct JobView {
     /// When the summary was stored (RFC 3339); only for `done`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) completed_at: Option<DateTime<Utc>>,
+    /// How far a job summarised in parts has come; only while it is `queued` and after its
+    /// first delivery planned the parts.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+    /// Model calls the summary took, for a `done` job summarised in parts (absent for one
+    /// call).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parts: Option<u32>,
+}
+
+/// Model calls of a job summarised in parts: finished (or found finished by an earlier
+/// delivery) and planned. The plan counts combinations as if every summary were as long
+/// as it may be, so `parts_total` may shrink as the summaries come back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+pub struct Progress {
+    pub parts_done: u32,
+    pub parts_total: u32,
 }
 
 #[utoipa::path(
@@ -114,7 +131,7 @@ pub struct JobView {
             headers(("Retry-After" = String, description = "Seconds"))),
         (status = 409, description = "An in-progress marker of an older version holds the key (rolling upgrade only: this version accepts a key in one atomic step, with no observable in-progress state)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds; 1"))),
-        (status = 413, description = "Body over the limit (default 256 KiB)", body = Problem, content_type = "application/problem+json"),
+        (status = 413, description = "Body over SUMMARYD_API_MAX_BODY_BYTES (default 4 MiB), text over SUMMARYD_API_MAX_TEXT_CHARS (default 1,000,000 characters), or a text that would need more than SUMMARYD_LLM_MAX_PARTS model calls (`field` is `text`); nothing is stored", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Content-Type is not application/json", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "Valid JSON not matching the schema (`field` names it; `text` with NUL or control characters other than tab, LF, CR; a `notify` that is not a public dotted domain name or is outside the tenant's notify_domains), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "Redis unavailable, or no room for the body in the process's request-body budget (the body is not read and the connection is closed): nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
@@ -128,8 +145,9 @@ pub(crate) async fn create(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let api = &state.services.settings.api;
-    // The head has arrived; the body gets the same time again, then the request is cut.
-    let deadline = tokio::time::Instant::now() + api.request_timeout;
+    // The head has arrived; the body gets the same time again (per 256 KiB it declares),
+    // then the request is cut.
+    let started = tokio::time::Instant::now();
     let key = idempotency_key(req.headers())?;
     body::require_json(&req)?;
     // `_room` returns the body's bytes to the process budget when this handler ends.
@@ -139,16 +157,13 @@ pub(crate) async fn create(
         api.max_body_bytes,
         &state.body_budget,
         &tenant.id,
-        deadline,
+        started,
+        api.request_timeout,
     )
     .await?;
     let request = body::parse_summary_request(&bytes)?;
-    let llm = &state.services.settings.llm;
-    if crate::llm::check_input(llm, &request.text).is_err() {
-        return Err(ApiError::TextTooLong {
-            max_chars: llm.max_input_chars,
-        });
-    }
+    drop(bytes);
+    check_length(&state, &request.text).await?;
 
     // Before anything is stored: a recipient the tenant may not notify is the client's to
     // fix (422), never a job.
@@ -161,10 +176,19 @@ pub(crate) async fn create(
     let job_id = scoped.job_id(&fingerprint);
     let redis_key = state.services.keys.idempotency(&scoped);
     let limits = tenant.policy.limits(&state.services.settings.notify);
+    // A long text goes to Postgres first, so a job on the stream always finds it; a
+    // retry of the request finds it there (the job id is the key).
+    let (text, stored_here) = if request.text.len() > api.inline_text_bytes {
+        let stored =
+            db::job_texts::store(&state.services.pg, job_id, &tenant.id, &request.text).await?;
+        (JobText::Stored, stored)
+    } else {
+        (JobText::Inline(request.text), false)
+    };
     let job = Job {
         job_id,
         tenant: tenant.id,
-        text: request.text,
+        text,
         notify: request.notify,
         created_at: Utc::now(),
     };
@@ -173,9 +197,48 @@ pub(crate) async fn create(
     let outcome = state
         .idempotency
         .enqueue_once(&redis_key, &fingerprint, &job, accepted(job_id)?, &limits)
-        .await?;
-    respond(&outcome, job_id)
+        .await;
+    if stored_here && !matches!(outcome, Ok(Outcome::Fresh(_))) {
+        // Not enqueued by this request (a replay of a job that may have finished and
+        // dropped its text, another body under the key, a limit, Redis down): the text
+        // this request stored belongs to no job. A retry stores it again.
+        if let Err(e) = db::job_texts::forget(&state.services.pg, job_id).await {
+            tracing::warn!(error = %e, %job_id, "could not remove a stored text no job uses; retention removes it");
+        }
+    }
+    respond(&outcome?, job_id)
 }
+
+/// 413 for a text longer than `SUMMARYD_API_MAX_TEXT_CHARS`, or one that would need more
+/// than `SUMMARYD_LLM_MAX_PARTS` model calls on the configured chain.
+async fn check_length(state: &ApiState, text: &str) -> Result<(), ApiError> {
+    let api = &state.services.settings.api;
+    // A UTF-8 char is at least one byte, so a short byte length settles it without a scan.
+    if text.len() > api.max_text_chars && text.chars().nth(api.max_text_chars).is_some() {
+        return Err(ApiError::TextTooLong {
+            max_chars: api.max_text_chars,
+        });
+    }
+    let max_parts = state.services.settings.llm.max_parts;
+    // Planning a long text counts its tokens, milliseconds per 100 KB: off the HTTP
+    // workers' threads for a long one.
+    let needed = if text.len() <= PLAN_INLINE_BYTES {
+        crate::llm::most_calls(&state.fits, text)
+    } else {
+        let fits = state.fits.clone();
+        let text = text.to_owned();
+        actix_web::rt::task::spawn_blocking(move || crate::llm::most_calls(&fits, &text))
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("planning the text's parts failed: {e}")))?
+    };
+    if needed > max_parts {
+        return Err(ApiError::TooManyParts { needed, max_parts });
+    }
+    Ok(())
+}
+
+/// Texts up to this size are planned on the request's own thread.
+const PLAN_INLINE_BYTES: usize = 16 * 1024;
 
 fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
     let invalid = |message: String| ApiError::InvalidHeader {
@@ -295,6 +358,8 @@ pub async fn read_job(
             error: None,
             created_at: Some(row.created_at),
             completed_at: Some(row.completed_at),
+            progress: None,
+            parts: row.parts.and_then(|n| u32::try_from(n).ok()),
         }));
     }
     Ok(match state? {
@@ -310,6 +375,11 @@ pub async fn read_job(
             error: s.error,
             created_at: s.created_at,
             completed_at: None,
+            progress: s.progress.map(|(parts_done, parts_total)| Progress {
+                parts_done,
+                parts_total,
+            }),
+            parts: None,
         }),
         _ => None,
     })

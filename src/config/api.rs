@@ -11,6 +11,11 @@ use super::{ConfigError, Millis, invalid};
 pub struct ApiSettings {
     /// Request bodies above this are refused with 413 before parsing.
     pub max_body_bytes: usize,
+    /// Longest accepted `text`, in characters (413 above).
+    pub max_text_chars: usize,
+    /// A `text` longer than this (UTF-8 bytes) is stored in Postgres at intake and the
+    /// stream entry carries a reference, so long texts do not fill Redis.
+    pub inline_text_bytes: usize,
     /// Deadline for receiving each request's head (from the connection's start or from
     /// the previous response), then again for its body; a client that has not sent it by
     /// then gets 408 and its connection is closed.
@@ -36,9 +41,18 @@ pub struct ApiSettings {
 impl Default for ApiSettings {
     fn default() -> Self {
         Self {
-            max_body_bytes: 256 * 1024,
-            // A 256 KiB body needs 8 s at 256 kbit/s, a slow mobile uplink; anything
-            // slower is holding memory on purpose.
+            // The longest text (1,000,000 characters) in UTF-8 is up to 4 MB when most of
+            // it is outside ASCII; the rest of the body is a few hundred bytes.
+            max_body_bytes: 4 * 1024 * 1024,
+            // Tens of thousands of tokens, hundreds of pages: summarised in parts (`SUMMARYD_LLM_MAX_PARTS`
+            // bounds what one job may cost).
+            max_text_chars: 1_000_000,
+            // A job entry of a few KiB is the common case and stays inline (one XADD, no
+            // Postgres round trip at intake); longer texts would sit in Redis's memory
+            // for as long as they are queued.
+            inline_text_bytes: 64 * 1024,
+            // A head within 10 s; a body gets 10 s per 256 KiB it declares (`api::body`):
+            // 256 kbit/s, a slow mobile uplink; anything slower is holding memory on purpose.
             request_timeout: Duration::from_secs(10),
             keep_alive: Duration::from_secs(5),
             // actix reads whatever a client has already sent (up to 128 KiB, in a
@@ -46,9 +60,9 @@ impl Default for ApiSettings {
             // memory of bodies in flight: 128 x ~0.3 MiB. Measured with 1,000 stalled
             // 250 KB bodies: peak RSS stays under 64 MiB (README, "Security: the HTTP front door").
             max_connections: 128,
-            // 32 bodies at the size limit (24 of them large, see `api::body`), or
-            // thousands of ordinary few-KiB ones.
-            body_budget_bytes: 8 * 1024 * 1024,
+            // 8 bodies at the size limit (6 of them at once from large bodies, 3 from one
+            // tenant, see `api::body`), or thousands of ordinary few-KiB ones.
+            body_budget_bytes: 32 * 1024 * 1024,
             // Bodies in flight finish in milliseconds; a longer wait only keeps a
             // refused connection (and actix's buffer for it) alive.
             body_budget_wait: Duration::from_millis(100),
@@ -61,6 +75,9 @@ impl ApiSettings {
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         if self.max_body_bytes == 0 {
             return Err(invalid("SUMMARYD_API_MAX_BODY_BYTES", "must be at least 1"));
+        }
+        if self.max_text_chars == 0 {
+            return Err(invalid("SUMMARYD_API_MAX_TEXT_CHARS", "must be at least 1"));
         }
         if self.body_budget_bytes < self.max_body_bytes {
             return Err(invalid(

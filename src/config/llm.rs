@@ -34,10 +34,17 @@ pub struct LlmSettings {
     pub backoff: Duration,
     #[serde(rename = "max_backoff_ms", with = "Millis")]
     pub max_backoff: Duration,
-    /// Longest text (in characters) sent to the model. Longer input would overflow the
-    /// model's context and fail the same way on every attempt, so it is refused up front
-    /// (413 at the API, `InvalidInput` in the worker) instead of paying for doomed calls.
+    /// Replaced by `SUMMARYD_API_MAX_TEXT_CHARS` (texts longer than a model's context are
+    /// summarised in parts); still accepted so configurations stay valid, and has no effect.
     pub max_input_chars: usize,
+    /// The model's context window in tokens: a prompt that does not fit is summarised in
+    /// parts that do.
+    pub context_tokens: u32,
+    /// Parts of one job summarised at once.
+    pub parallel_parts: usize,
+    /// Most model calls one job may need (parts and combinations); a text that would need
+    /// more is refused at intake (413).
+    pub max_parts: usize,
     /// Completion cap sent with every request (`max_tokens`), so one job's cost is bounded.
     pub max_tokens: u32,
     /// Consecutive transient failures of one provider that open its circuit breaker.
@@ -70,6 +77,9 @@ pub struct FallbackSettings {
         with = "As::<Option<DurationMilliSeconds>>"
     )]
     pub call_timeout: Option<Duration>,
+    /// This provider's context window in tokens; defaults to `[llm] context_tokens`.
+    #[serde(default)]
+    pub context_tokens: Option<u32>,
 }
 
 impl Default for LlmSettings {
@@ -83,9 +93,15 @@ impl Default for LlmSettings {
             max_attempts: 4,
             backoff: Duration::from_millis(500),
             max_backoff: Duration::from_secs(8),
-            // ~25k tokens of English: fits every current chat model's context with room
-            // for the prompt and the answer.
             max_input_chars: 100_000,
+            // What current hosted models take at least; a local server is often smaller
+            // and says so with `context_tokens` in its `[[llm.fallback]]` table.
+            context_tokens: 32_768,
+            // Four calls at once finish a long job about four times sooner, while one
+            // job holds no more than four of a provider's concurrent requests.
+            parallel_parts: 4,
+            // 256 calls: a 1,000,000-character text on a 4,096-token model, with room.
+            max_parts: 256,
             // A few paragraphs: what a summary for the account team needs.
             max_tokens: 512,
             // Five failures in a row is past what one flaky call or a short blip makes,
@@ -95,6 +111,13 @@ impl Default for LlmSettings {
             fallback: Vec::new(),
         }
     }
+}
+
+/// The smallest context a provider may be configured with: room for the instructions
+/// (about 200 tokens), the answer (`max_tokens`) and, to combine, the summaries of at least
+/// two parts (each up to `max_tokens`), so every combination step shrinks the job.
+pub(crate) fn min_context_tokens(max_tokens: u32) -> u32 {
+    max_tokens.saturating_mul(4).saturating_add(512)
 }
 
 impl LlmSettings {
@@ -113,6 +136,33 @@ impl LlmSettings {
         }
         if self.max_tokens == 0 {
             return Err(invalid("SUMMARYD_LLM_MAX_TOKENS", "must be at least 1"));
+        }
+        if self.parallel_parts == 0 {
+            return Err(invalid("SUMMARYD_LLM_PARALLEL_PARTS", "must be at least 1"));
+        }
+        if self.max_parts == 0 {
+            return Err(invalid("SUMMARYD_LLM_MAX_PARTS", "must be at least 1"));
+        }
+        let need = min_context_tokens(self.max_tokens);
+        if self.context_tokens < need {
+            return Err(invalid(
+                "SUMMARYD_LLM_CONTEXT_TOKENS",
+                &format!(
+                    "must be at least {need} with SUMMARYD_LLM_MAX_TOKENS = {}: the prompt, the answer and the summaries of two parts must fit",
+                    self.max_tokens
+                ),
+            ));
+        }
+        for (i, fallback) in self.fallback.iter().enumerate() {
+            if fallback.context_tokens.is_some_and(|c| c < need) {
+                return Err(invalid(
+                    &format!("[[llm.fallback]] #{} context_tokens", i + 1),
+                    &format!(
+                        "must be at least {need} with SUMMARYD_LLM_MAX_TOKENS = {}: the prompt, the answer and the summaries of two parts must fit",
+                        self.max_tokens
+                    ),
+                ));
+            }
         }
         if self.breaker_failures == 0 {
             return Err(invalid(

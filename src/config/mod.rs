@@ -508,6 +508,11 @@ mod tests {
             "llm.backoff_ms",
             "llm.max_backoff_ms",
             "llm.breaker_cooldown_ms",
+            "llm.context_tokens",
+            "llm.parallel_parts",
+            "llm.max_parts",
+            "api.max_text_chars",
+            "api.inline_text_bytes",
             "mail.smtp_url",
             "mail.http_url",
             "mail.timeout_ms",
@@ -536,7 +541,7 @@ mod tests {
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 60, "{known:?}");
+        assert_eq!(known.len(), 65, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.
@@ -567,6 +572,7 @@ mod tests {
             model: "llama".into(),
             api_key_env: Some("LOCAL_KEY".into()),
             call_timeout: None,
+            context_tokens: None,
         }];
         s.redis_url = "rediss://default:redis-pass@cache:6380".into();
         s.database_url = "postgres://app:pg-pass@db/summaryd?sslmode=verify-full".into();

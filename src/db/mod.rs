@@ -1,7 +1,9 @@
 //! Postgres: the pool, migrations, and one module per table.
 
+pub mod job_texts;
 pub mod migrate;
 pub mod outbox;
+pub mod parts;
 pub mod summaries;
 
 use deadpool_postgres::Pool;

@@ -9,7 +9,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
 
 use super::DbError;
-use crate::domain::{Job, JobId, ModelSummary, SummaryReady};
+use crate::domain::{Job, JobId, JobText, ModelSummary, SummaryReady};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SummaryRow {
@@ -19,6 +19,8 @@ pub(crate) struct SummaryRow {
     pub(crate) summary: Option<String>,
     /// The model that wrote it; `None` for summaries stored before models were recorded.
     pub(crate) model: Option<String>,
+    /// Model calls it took when it was summarised in parts; `None` for one call.
+    pub(crate) parts: Option<i32>,
     pub(crate) created_at: DateTime<Utc>,
     pub(crate) completed_at: DateTime<Utc>,
 }
@@ -92,7 +94,7 @@ pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached(
-            "SELECT tenant, summary, model, created_at, completed_at FROM summaries WHERE job_id = $1",
+            "SELECT tenant, summary, model, created_at, completed_at, parts FROM summaries WHERE job_id = $1",
         )
         .await?;
     Ok(client
@@ -105,11 +107,12 @@ pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow
             model: row.get(2),
             created_at: row.get(3),
             completed_at: row.get(4),
+            parts: row.get(5),
         }))
 }
 
 /// Insert the summary and its outbox row (the [`SummaryReady`] event) in one transaction,
-/// or nothing at all.
+/// or nothing at all; the job's stored text (`job_texts`), needed no more, goes with it.
 ///
 /// The primary key plus `ON CONFLICT DO NOTHING RETURNING` is the guarantee: when two
 /// deliveries race, both may have paid for the model, but only the one whose insert
@@ -123,13 +126,14 @@ pub async fn commit_with_outbox(
     let tokens = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     let prompt_tokens = summary.usage.map(|u| tokens(u.prompt));
     let completion_tokens = summary.usage.map(|u| tokens(u.completion));
+    let parts = summary.parts.map(tokens);
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let inserted = tx
         .query_opt(
             "INSERT INTO summaries \
-                (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens, parts) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
              ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
             &[
                 &job.job_id.as_uuid(),
@@ -139,6 +143,7 @@ pub async fn commit_with_outbox(
                 &summary.model,
                 &prompt_tokens,
                 &completion_tokens,
+                &parts,
             ],
         )
         .await?;
@@ -162,6 +167,13 @@ pub async fn commit_with_outbox(
         ],
     )
     .await?;
+    if matches!(job.text, JobText::Stored) {
+        tx.execute(
+            "DELETE FROM job_texts WHERE job_id = $1",
+            &[&job.job_id.as_uuid()],
+        )
+        .await?;
+    }
     tx.commit().await?;
     Ok(CommitOutcome::Inserted)
 }

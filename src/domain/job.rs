@@ -10,10 +10,31 @@ use super::{Email, JobId, TenantId};
 pub struct Job {
     pub job_id: JobId,
     pub tenant: TenantId,
-    /// The text to summarise.
-    pub text: String,
+    /// The text to summarise, or where it is.
+    pub text: JobText,
     /// Who gets the "summary ready" email.
     pub notify: Email,
     /// When the API accepted the job; GET reports it as `created_at`.
     pub created_at: DateTime<Utc>,
+}
+
+/// A job's text: in the job itself, or stored in Postgres under the job's id (a text longer
+/// than `SUMMARYD_API_INLINE_TEXT_BYTES`, which would otherwise sit in Redis's memory for
+/// as long as it is queued).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobText {
+    Inline(String),
+    Stored,
+}
+
+impl From<String> for JobText {
+    fn from(text: String) -> Self {
+        JobText::Inline(text)
+    }
+}
+
+impl From<&str> for JobText {
+    fn from(text: &str) -> Self {
+        JobText::Inline(text.to_owned())
+    }
 }

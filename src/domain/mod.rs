@@ -15,7 +15,7 @@ mod tenant;
 
 pub use email::Email;
 pub use idempotency_key::IdempotencyKey;
-pub use job::Job;
+pub use job::{Job, JobText};
 pub use job_id::JobId;
 pub use model_summary::{ModelSummary, TokenUsage};
 pub use notify_domains::NotifyDomains;

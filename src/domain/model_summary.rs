@@ -9,8 +9,13 @@ pub struct ModelSummary {
     /// the one the server echoes: it is what operators chose and what labels metrics by, so
     /// a server cannot make the label set grow.
     pub model: String,
-    /// Tokens the provider reported; `None` when its response carried no `usage`.
+    /// Tokens the provider reported; `None` when its response carried no `usage`. For a
+    /// text summarised in parts, the sum over every call of the job whose provider
+    /// reported usage.
     pub usage: Option<TokenUsage>,
+    /// Model calls the summary took when it was summarised in parts (parts and
+    /// combinations); `None` for one call.
+    pub parts: Option<u32>,
 }
 
 /// Tokens of one model call, as the provider counted them.
@@ -18,4 +23,20 @@ pub struct ModelSummary {
 pub struct TokenUsage {
     pub(crate) prompt: u32,
     pub(crate) completion: u32,
+}
+
+impl TokenUsage {
+    /// The usage of two calls together; unknown only when neither reported one.
+    pub fn sum(a: Option<TokenUsage>, b: Option<TokenUsage>) -> Option<TokenUsage> {
+        match (a, b) {
+            (None, None) => None,
+            (a, b) => {
+                let (a, b) = (a.unwrap_or_default(), b.unwrap_or_default());
+                Some(TokenUsage {
+                    prompt: a.prompt.saturating_add(b.prompt),
+                    completion: a.completion.saturating_add(b.completion),
+                })
+            }
+        }
+    }
 }

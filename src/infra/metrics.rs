@@ -19,6 +19,11 @@ pub struct Metrics {
     pub llm_duration: Histogram,
     /// `summaryd_llm_tokens_total{model,kind}`: tokens the providers reported.
     pub(crate) llm_tokens: IntCounterVec,
+    /// `summaryd_job_parts_total`: parts of long texts summarised and stored (each one a
+    /// model call no later delivery of its job pays for again).
+    pub(crate) job_parts: IntCounter,
+    /// `summaryd_job_model_calls`: model calls each finished job's summary took.
+    pub(crate) job_model_calls: Histogram,
     /// `summaryd_llm_breaker_open{provider}`: 1 while a provider's breaker is open.
     pub(crate) llm_breaker_open: IntGaugeVec,
     pub(crate) http_duration: HistogramVec,
@@ -90,7 +95,7 @@ impl Metrics {
         )?;
         let llm_requests = counter_vec(
             "summaryd_llm_requests_total",
-            "Model calls by result: ok, timeout, connect, status_<code>, malformed, invalid_input, other",
+            "Model calls by result: ok, timeout, connect, status_<code>, malformed, invalid_input, context_exceeded, other",
             &["result"],
         )?;
         // Buckets span the builtin summariser (sub-ms) to a slow hosted model (tens of seconds).
@@ -180,6 +185,20 @@ impl Metrics {
             "Tokens the model providers reported, by configured model name and kind (prompt, completion); probes included",
             &["model", "kind"],
         )?;
+        let job_parts = IntCounter::new(
+            "summaryd_job_parts_total",
+            "Parts of long texts (pieces of the text and combinations of their summaries) summarised and stored",
+        )?;
+        registry.register(Box::new(job_parts.clone()))?;
+        // One call for most jobs; up to SUMMARYD_LLM_MAX_PARTS (256 by default) for the longest.
+        let job_model_calls = Histogram::with_opts(
+            HistogramOpts::new(
+                "summaryd_job_model_calls",
+                "Model calls each finished job's summary took (parts, reused or new, and combinations)",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]),
+        )?;
+        registry.register(Box::new(job_model_calls.clone()))?;
         let llm_breaker_open = IntGaugeVec::new(
             Opts::new(
                 "summaryd_llm_breaker_open",
@@ -209,6 +228,8 @@ impl Metrics {
             llm_requests,
             llm_duration,
             llm_tokens,
+            job_parts,
+            job_model_calls,
             llm_breaker_open,
             http_duration,
             job_latency,

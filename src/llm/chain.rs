@@ -22,11 +22,22 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::breaker::{self, Breaker, BreakerState, Transition};
-use super::{Completion, Fault, Llm, LlmConfigError, LlmError, ProviderConfig, provider_configs};
+use super::{
+    Completion, Fault, Fit, Llm, LlmConfigError, LlmError, Prompt, ProviderConfig, TokenCounter,
+    provider_configs,
+};
 use crate::config::LlmSettings;
 use crate::domain::{ModelSummary, TokenUsage};
 use crate::infra::metrics::Metrics;
 use crate::llm::retry::{self, AttemptObserver, Deadline, RetryError, RetryPolicy};
+
+/// After a provider said a prompt is over its context, the pieces it is split into are a
+/// third smaller than the prompt's data as counted here: the counter was off, by about
+/// that much at most for the estimate.
+const SHRINK_AFTER_REFUSAL: (usize, usize) = (2, 3);
+/// Pieces are never cut smaller than this: a provider that refuses a prompt this small
+/// for its length is refusing the job.
+const MIN_SPLIT_TOKENS: usize = 64;
 use crate::resilience::failure::{Classify, Disposition};
 
 /// One provider of the chain: the client, its retry policy (its own call timeout) and its
@@ -36,6 +47,8 @@ pub struct Provider {
     label: String,
     /// The configured model name summaries and token counts are recorded under.
     model: String,
+    /// What fits its context.
+    fit: Fit,
     llm: Arc<dyn Llm>,
     policy: RetryPolicy,
     breaker: Breaker,
@@ -70,6 +83,19 @@ pub enum ChainError {
     /// still usable: the job stays pending.
     #[error(transparent)]
     Transient(RetryError),
+    /// The prompt does not fit the provider about to be called (by its count, or by the
+    /// provider's own answer): its data is to be split into pieces of at most `room`
+    /// tokens as `counter` counts them (`worker::parts`). Nothing was paid for it.
+    #[error(
+        "the prompt does not fit the context of {provider}: split into pieces of at most {room} tokens"
+    )]
+    TooLong {
+        provider: String,
+        room: usize,
+        counter: TokenCounter,
+        /// Tokens one summary may take when summaries are combined on this provider.
+        summary_tokens: usize,
+    },
 }
 
 impl Classify for ChainError {
@@ -78,7 +104,8 @@ impl Classify for ChainError {
     /// whatever the last provider said, because another provider is still usable.
     fn disposition(&self) -> Disposition {
         match self {
-            ChainError::Job(_) => Disposition::Permanent,
+            // Only when nobody split it: a caller that cannot split refuses the job.
+            ChainError::Job(_) | ChainError::TooLong { .. } => Disposition::Permanent,
             ChainError::AllOpen { .. } => Disposition::Unavailable,
             ChainError::Transient(_) => Disposition::TRANSIENT,
         }
@@ -106,7 +133,7 @@ impl ModelChain {
     ) -> Result<Self, LlmConfigError> {
         let mut providers = Vec::new();
         for config in provider_configs(settings)? {
-            let llm = config.build(settings.max_input_chars)?;
+            let llm = config.build()?;
             providers.push((config, llm));
         }
         Ok(Self::new(settings, providers, metrics))
@@ -143,6 +170,7 @@ impl ModelChain {
                 }
                 Arc::new(Provider {
                     model: config.model_name().to_owned(),
+                    fit: config.fit(),
                     policy: RetryPolicy::for_call_timeout(settings, config.call_timeout),
                     breaker: breaker::for_provider(settings.breaker_failures, cooldown),
                     label,
@@ -160,19 +188,36 @@ impl ModelChain {
         text: &str,
         deadline: Deadline,
     ) -> Result<ModelSummary, ChainError> {
+        self.complete(&Prompt::Document(text.to_owned()), deadline)
+            .await
+    }
+
+    /// Answer `prompt` with the first provider that can, within `deadline`. A prompt that
+    /// does not fit the provider about to be called is not sent: [`ChainError::TooLong`]
+    /// says how small to split it for that provider.
+    pub async fn complete(
+        &self,
+        prompt: &Prompt,
+        deadline: Deadline,
+    ) -> Result<ModelSummary, ChainError> {
         let mut last = None;
         let mut called = false;
         for (i, provider) in self.providers.iter().enumerate() {
             if provider.breaker.is_open() {
                 continue;
             }
+            let tokens = prompt.data_tokens(provider.fit.counter());
+            let room = provider.fit.room(prompt.kind());
+            if tokens > room {
+                return Err(provider.too_long(room));
+            }
             let observer = Counted {
                 provider,
                 calls: AtomicU32::new(0),
             };
-            let attempted = retry::complete_with_retries(
+            let attempted = retry::complete_prompt_with_retries(
                 provider.llm.as_ref(),
-                text,
+                prompt,
                 deadline,
                 &provider.policy,
                 Some(&observer),
@@ -181,6 +226,14 @@ impl ModelChain {
             called |= observer.calls.load(Ordering::Relaxed) > 0;
             let err = match attempted {
                 Ok(completion) => return Ok(provider.summary(completion)),
+                Err(RetryError::Llm(LlmError::ContextExceeded(message))) => {
+                    let smaller = tokens / SHRINK_AFTER_REFUSAL.1 * SHRINK_AFTER_REFUSAL.0;
+                    if smaller < MIN_SPLIT_TOKENS {
+                        return Err(ChainError::Job(LlmError::ContextExceeded(message)));
+                    }
+                    tracing::warn!(provider = %provider.label, tokens, room, %message, "the model refused a prompt that was counted as fitting; splitting it smaller");
+                    return Err(provider.too_long(smaller));
+                }
                 Err(RetryError::Llm(e)) if e.fault() == Fault::Job => {
                     return Err(ChainError::Job(e));
                 }
@@ -207,7 +260,7 @@ impl ModelChain {
     }
 
     /// Whether every provider's breaker is open: no job can be summarised now.
-    pub(crate) fn all_open(&self) -> bool {
+    pub fn all_open(&self) -> bool {
         self.providers.iter().all(|p| p.breaker.is_open())
     }
 
@@ -272,11 +325,21 @@ impl ModelChain {
 }
 
 impl Provider {
+    fn too_long(&self, room: usize) -> ChainError {
+        ChainError::TooLong {
+            provider: self.label.clone(),
+            room,
+            counter: *self.fit.counter(),
+            summary_tokens: self.fit.summary_tokens(),
+        }
+    }
+
     fn summary(&self, completion: Completion) -> ModelSummary {
         ModelSummary {
             text: completion.summary,
             model: self.model.clone(),
             usage: completion.usage,
+            parts: None,
         }
     }
 
@@ -422,6 +485,7 @@ fn result_label(result: &Result<Option<TokenUsage>, &LlmError>) -> String {
         Err(LlmError::Status { status, .. }) => format!("status_{status}"),
         Err(LlmError::Malformed(_)) => "malformed".into(),
         Err(LlmError::InvalidInput(_)) => "invalid_input".into(),
+        Err(LlmError::ContextExceeded(_)) => "context_exceeded".into(),
         Err(LlmError::Other(_)) => "other".into(),
     }
 }

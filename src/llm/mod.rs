@@ -9,10 +9,13 @@
 mod breaker;
 mod builtin;
 mod chain;
-mod guard;
+mod fit;
 mod openai;
+pub mod prompts;
 pub mod retry;
 mod retry_after;
+pub mod split;
+pub mod tokens;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +26,10 @@ use secrecy::SecretString;
 pub use breaker::{Breaker, BreakerState, Transition};
 pub use builtin::BuiltinSummariser;
 pub use chain::{ChainError, ModelChain, Provider, ProviderStatus};
-pub use guard::{Guarded, check_input};
-pub use openai::{OpenAiClient, PROBE_TEXT, SYSTEM_PROMPT, document};
+pub use fit::Fit;
+pub use openai::{OpenAiClient, PROBE_TEXT};
+pub use prompts::{Prompt, PromptKind, SYSTEM_PROMPT, document};
+pub use tokens::TokenCounter;
 
 use crate::config::{FallbackSettings, LlmProvider, LlmSettings};
 use crate::domain::TokenUsage;
@@ -42,7 +47,8 @@ const PROVIDER_FAULT_4XX: [u16; 3] = [401, 403, 404];
 pub(crate) enum Fault {
     /// The provider is down, slow or rate-limiting: try again, here or on the next provider.
     Transient { retry_after: Option<Duration> },
-    /// The request itself is refused (400, 413, 422, an unusable answer, input too long):
+    /// The request itself is refused (400, 413, 422, an unusable answer, a prompt over the
+    /// context; the last is split smaller by the chain's caller while it can be):
     /// every provider would refuse it, so the job is dead-lettered at once.
     Job,
     /// The provider is misconfigured (401, 403, 404): its breaker opens at once and the job
@@ -91,6 +97,10 @@ pub enum LlmError {
     Malformed(String),
     #[error("input can never be summarised: {0}")]
     InvalidInput(String),
+    /// The provider says the prompt is longer than its context ("context length
+    /// exceeded" in any provider's wording): the text is split smaller, never retried as is.
+    #[error("the prompt is longer than the model's context: {0}")]
+    ContextExceeded(String),
     #[error("{0}")]
     Other(String),
 }
@@ -110,7 +120,10 @@ impl LlmError {
                 _ if PROVIDER_FAULT_4XX.contains(status) => Fault::Provider,
                 _ => Fault::Job,
             },
-            LlmError::Malformed(_) | LlmError::InvalidInput(_) | LlmError::Other(_) => Fault::Job,
+            LlmError::Malformed(_)
+            | LlmError::InvalidInput(_)
+            | LlmError::ContextExceeded(_)
+            | LlmError::Other(_) => Fault::Job,
         }
     }
 }
@@ -138,6 +151,13 @@ impl Classify for LlmError {
 pub trait Llm: Send + Sync {
     /// Summarise `text`. One attempt; the caller bounds it with a wall-clock timeout.
     async fn summarise(&self, text: &str) -> Result<Completion, LlmError>;
+
+    /// One request for `prompt` (a whole document, a part, or summaries to combine). A
+    /// provider that takes instructions builds its request from the prompt
+    /// (`llm::prompts`); the default summarises the prompt's plain text.
+    async fn complete(&self, prompt: &Prompt) -> Result<Completion, LlmError> {
+        self.summarise(&prompt.plain_text()).await
+    }
 
     /// The smallest request that proves the provider would take a job now: what an open
     /// breaker sends before it lets jobs through again (`chain.rs` says why a probe is a
@@ -167,6 +187,8 @@ pub struct ProviderConfig {
     pub(crate) api_key: Option<SecretString>,
     pub(crate) call_timeout: Duration,
     pub(crate) max_tokens: u32,
+    /// The model's context window in tokens.
+    pub(crate) context_tokens: u32,
     /// `SUMMARYD_LLM` for `[llm]`, `[[llm.fallback]] #n` for a fallback.
     pub(crate) setting: String,
 }
@@ -181,6 +203,7 @@ impl ProviderConfig {
             api_key: settings.api_key.clone(),
             call_timeout: settings.call_timeout,
             max_tokens: settings.max_tokens,
+            context_tokens: settings.context_tokens,
             setting: "SUMMARYD_LLM".into(),
         }
     }
@@ -223,6 +246,7 @@ impl ProviderConfig {
             api_key,
             call_timeout: fallback.call_timeout.unwrap_or(settings.call_timeout),
             max_tokens: settings.max_tokens,
+            context_tokens: fallback.context_tokens.unwrap_or(settings.context_tokens),
             setting,
         })
     }
@@ -244,8 +268,18 @@ impl ProviderConfig {
         }
     }
 
-    /// Build the provider, wrapped in the input-size guard (`SUMMARYD_LLM_MAX_INPUT_CHARS`).
-    pub fn build(&self, max_input_chars: usize) -> Result<Arc<dyn Llm>, LlmConfigError> {
+    /// What fits this provider: its context, counted by its model's tokenizer (OpenAI's
+    /// models) or the estimate (every other model, and the built-in summariser).
+    pub fn fit(&self) -> Fit {
+        let counter = match self.provider {
+            LlmProvider::Builtin => TokenCounter::Estimate,
+            LlmProvider::Openai => TokenCounter::for_openai_model(&self.model),
+        };
+        Fit::new(counter, self.context_tokens, self.max_tokens)
+    }
+
+    /// Build the provider.
+    pub fn build(&self) -> Result<Arc<dyn Llm>, LlmConfigError> {
         let provider: Arc<dyn Llm> = match self.provider {
             LlmProvider::Builtin => Arc::new(BuiltinSummariser),
             LlmProvider::Openai => {
@@ -260,7 +294,7 @@ impl ProviderConfig {
                 Arc::new(client)
             }
         };
-        Ok(Arc::new(Guarded::new(provider, max_input_chars)))
+        Ok(provider)
     }
 }
 
@@ -275,9 +309,31 @@ pub(crate) fn provider_configs(
     Ok(configs)
 }
 
-/// Build the primary provider alone (`[llm]`), guarded.
+/// Build the primary provider alone (`[llm]`).
 pub fn from_settings(settings: &LlmSettings) -> Result<Arc<dyn Llm>, LlmConfigError> {
-    ProviderConfig::primary(settings).build(settings.max_input_chars)
+    ProviderConfig::primary(settings).build()
+}
+
+/// What fits each configured provider, in chain order (no network I/O; a fallback whose
+/// key variable is missing is still measured, since only its context matters here).
+pub fn fits(settings: &LlmSettings) -> Vec<Fit> {
+    let mut fits = vec![ProviderConfig::primary(settings).fit()];
+    for fallback in &settings.fallback {
+        let config = ProviderConfig {
+            provider: fallback.provider,
+            model: fallback.model.clone(),
+            context_tokens: fallback.context_tokens.unwrap_or(settings.context_tokens),
+            ..ProviderConfig::primary(settings)
+        };
+        fits.push(config.fit());
+    }
+    fits
+}
+
+/// The model calls `text` needs at most on the configured chain: on the provider with the
+/// smallest room, since any provider may be the one that takes the job.
+pub fn most_calls(fits: &[Fit], text: &str) -> usize {
+    fits.iter().map(|f| f.calls_for(text)).max().unwrap_or(1)
 }
 
 #[cfg(test)]
@@ -387,6 +443,7 @@ mod tests {
             model: "local".into(),
             api_key_env: api_key_env.map(str::to_owned),
             call_timeout: None,
+            context_tokens: None,
         }
     }
 

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::config::LlmSettings;
-use crate::llm::{Completion, Llm, LlmError};
+use crate::llm::{Completion, Llm, LlmError, Prompt};
 use crate::resilience::backoff::{Backoff, Jitter};
 use crate::resilience::failure::{Classify, Disposition};
 
@@ -132,6 +132,18 @@ pub async fn complete_with_retries(
     policy: &RetryPolicy,
     observer: Option<&dyn AttemptObserver>,
 ) -> Result<Completion, RetryError> {
+    let prompt = Prompt::Document(text.to_owned());
+    complete_prompt_with_retries(llm, &prompt, deadline, policy, observer).await
+}
+
+/// [`complete_with_retries`] for any prompt (a part, a combination).
+pub async fn complete_prompt_with_retries(
+    llm: &dyn Llm,
+    prompt: &Prompt,
+    deadline: Deadline,
+    policy: &RetryPolicy,
+    observer: Option<&dyn AttemptObserver>,
+) -> Result<Completion, RetryError> {
     let mut attempt: u32 = 0;
     loop {
         if observer.is_some_and(|o| !o.may_attempt()) {
@@ -146,7 +158,7 @@ pub async fn complete_with_retries(
             });
         }
         attempt += 1;
-        let err = match call_once(llm, text, timeout, observer).await {
+        let err = match call_once(llm, prompt, timeout, observer).await {
             Ok(summary) => return Ok(summary),
             Err(err) => err,
         };
@@ -177,12 +189,12 @@ pub(crate) async fn bounded<T>(
 /// its body is cut off by it too), shown to the observer.
 async fn call_once(
     llm: &dyn Llm,
-    text: &str,
+    prompt: &Prompt,
     timeout: Duration,
     observer: Option<&dyn AttemptObserver>,
 ) -> Result<Completion, LlmError> {
     let started = Instant::now();
-    let result = bounded(timeout, llm.summarise(text)).await;
+    let result = bounded(timeout, llm.complete(prompt)).await;
     if let Some(o) = observer {
         o.observe(&result, started.elapsed());
     }

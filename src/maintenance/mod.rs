@@ -76,10 +76,15 @@ pub struct Report {
     pub consumers: u64,
     /// Members of tenants' in-flight sets whose job had finished or was gone.
     pub in_flight: u64,
+    /// Texts stored at intake of jobs that never finished (`what="job_texts"`).
+    pub job_texts: u64,
+    /// Stored parts of long texts whose summary text is gone, or whose job never finished
+    /// (`what="summary_parts"`).
+    pub summary_parts: u64,
 }
 
 impl Report {
-    fn removed(&self) -> [(&'static str, u64); 6] {
+    fn removed(&self) -> [(&'static str, u64); 8] {
         [
             ("stream_entries", self.stream_entries),
             ("dead_letters", self.dead_letters),
@@ -87,6 +92,8 @@ impl Report {
             ("summaries", self.summaries),
             ("consumers", self.consumers),
             ("in_flight", self.in_flight),
+            ("job_texts", self.job_texts),
+            ("summary_parts", self.summary_parts),
         ]
     }
 }
@@ -168,6 +175,8 @@ impl Maintenance {
                 summaries = report.summaries,
                 consumers = report.consumers,
                 in_flight = report.in_flight,
+                job_texts = report.job_texts,
+                summary_parts = report.summary_parts,
                 "maintenance removed finished work"
             );
         }

@@ -1,7 +1,9 @@
 //! Retention: dead letters, sent outbox rows and summary texts older than their horizon
 //! (`SUMMARYD_RETENTION_*`; 0 keeps them) are deleted, in short batches. A summary's row
 //! stays when its text goes: it is the job's identity, which keeps a resent request a
-//! duplicate and GET's answer `done`.
+//! duplicate and GET's answer `done`. The stored parts of a long text go with its
+//! summary's text; the parts and the stored text of a job that never finished go when a
+//! dead letter of that age would (`SUMMARYD_RETENTION_DEAD_LETTERS_S`).
 
 use chrono::{DateTime, Utc};
 
@@ -64,9 +66,50 @@ impl Maintenance {
                 }
             }
         }
+        let unfinished = horizon(self.retention.dead_letters_s);
+        if let Some(cutoff) = unfinished {
+            match delete_in_batches(|| {
+                db::job_texts::delete_stored_before(&self.pg, cutoff, DELETE_BATCH)
+            })
+            .await
+            {
+                Ok(n) => report.job_texts = n,
+                Err(e) => {
+                    first_error.get_or_insert(e.into());
+                }
+            }
+        }
+        // Kept for good, unfinished jobs' parts stay too: nothing older than the epoch.
+        let cutoff = unfinished.unwrap_or(DateTime::<Utc>::MIN_UTC);
+        match delete_parts(|| db::parts::delete_expired(&self.pg, cutoff, PARTS_JOBS_BATCH)).await {
+            Ok(n) => report.summary_parts = n,
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+            }
+        }
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),
+        }
+    }
+}
+
+/// Jobs whose parts one statement deletes: a job has up to `SUMMARYD_LLM_MAX_PARTS` parts.
+const PARTS_JOBS_BATCH: i64 = 20;
+
+/// Delete the parts of batch after batch of jobs until none is left or the pass's cap is
+/// reached.
+async fn delete_parts<F, Fut>(mut batch: F) -> Result<u64, DbError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<u64, DbError>>,
+{
+    let mut total = 0;
+    loop {
+        let n = batch().await?;
+        total += n;
+        if n == 0 || total >= MAX_DELETES_PER_PASS {
+            return Ok(total);
         }
     }
 }

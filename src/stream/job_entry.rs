@@ -10,11 +10,12 @@ use redis::Value;
 use serde::Deserialize;
 use serde_json::Map;
 
-use crate::domain::{Email, Job, JobId, TenantId};
+use crate::domain::{Email, Job, JobId, JobText, TenantId};
 
 pub(crate) const JOB_ID: &str = "job_id";
 pub(crate) const TENANT: &str = "tenant";
-/// JSON object `{"text", "notify"}`.
+/// JSON object `{"text", "notify"}`, or `{"text_stored": true, "notify"}` for a text kept
+/// in Postgres (`db::job_texts`).
 pub(crate) const PAYLOAD: &str = "payload";
 pub(crate) const CREATED_AT: &str = "created_at";
 
@@ -23,12 +24,15 @@ pub(crate) const FIELDS: [&str; 4] = [JOB_ID, TENANT, PAYLOAD, CREATED_AT];
 
 /// Fields of the `payload` JSON.
 const TEXT: &str = "text";
+const TEXT_STORED: &str = "text_stored";
 const NOTIFY: &str = "notify";
 
-/// What `payload` decodes into; its field names are `TEXT` and `NOTIFY`.
+/// What `payload` decodes into; its field names are `TEXT`, `TEXT_STORED` and `NOTIFY`.
 #[derive(Deserialize)]
 struct Payload {
-    text: String,
+    text: Option<String>,
+    #[serde(default)]
+    text_stored: bool,
     notify: String,
 }
 
@@ -46,7 +50,10 @@ pub fn to_fields(job: &Job) -> [(&'static str, String); 4] {
     // A JSON object of two strings, built as a `Value`: serialising a `Value` has no error
     // path, so there is no fallback to get wrong.
     let mut payload = Map::new();
-    payload.insert(TEXT.into(), job.text.as_str().into());
+    match &job.text {
+        JobText::Inline(text) => payload.insert(TEXT.into(), text.as_str().into()),
+        JobText::Stored => payload.insert(TEXT_STORED.into(), true.into()),
+    };
     payload.insert(NOTIFY.into(), job.notify.as_str().into());
     [
         (JOB_ID, job.job_id.to_string()),
@@ -69,13 +76,18 @@ pub fn from_fields(fields: &HashMap<String, Value>) -> Result<Job, MalformedMess
     let payload: Payload =
         serde_json::from_str(&get(PAYLOAD)?).map_err(|e| malformed(PAYLOAD, &e))?;
     let notify = Email::parse(&payload.notify).map_err(|e| malformed(NOTIFY, &e.message))?;
+    let text = match (payload.text, payload.text_stored) {
+        (Some(text), _) => JobText::Inline(text),
+        (None, true) => JobText::Stored,
+        (None, false) => return Err(malformed(PAYLOAD, &"has no text")),
+    };
     let created_at = DateTime::parse_from_rfc3339(&get(CREATED_AT)?)
         .map_err(|e| malformed(CREATED_AT, &e))?
         .with_timezone(&Utc);
     Ok(Job {
         job_id,
         tenant,
-        text: payload.text,
+        text,
         notify,
         created_at,
     })
@@ -148,9 +160,24 @@ mod tests {
         ]);
         let job = from_fields(&stored).unwrap();
         assert_eq!(job.tenant.as_str(), "acme");
-        assert_eq!((job.text.as_str(), job.notify.as_str()), ("Hi.", "a@b.co"));
+        assert_eq!(job.text, JobText::from("Hi."));
+        assert_eq!(job.notify.as_str(), "a@b.co");
         assert_eq!(timestamp(job.created_at), "2025-01-01T00:00:00.000000Z");
         assert_eq!(to_fields(&job)[2].1, r#"{"notify":"a@b.co","text":"Hi."}"#);
+    }
+
+    #[test]
+    fn a_stored_text_travels_as_a_reference() {
+        let job = Job {
+            text: JobText::Stored,
+            ..job()
+        };
+        let fields = to_fields(&job);
+        assert_eq!(fields[2].1, r#"{"notify":"a@b.co","text_stored":true}"#);
+        assert_eq!(
+            from_fields(&as_entry(fields)).unwrap().text,
+            JobText::Stored
+        );
     }
 
     #[test]
@@ -160,6 +187,8 @@ mod tests {
             (TENANT, "a:b"),
             (PAYLOAD, r#"{"text":"Hi.","notify":"nobody"}"#),
             (PAYLOAD, r#"{"text":"Hi."}"#),
+            (PAYLOAD, r#"{"notify":"a@b.co"}"#),
+            (PAYLOAD, r#"{"notify":"a@b.co","text_stored":false}"#),
         ] {
             let mut entry = as_entry(to_fields(&job()));
             entry.insert(name.into(), Value::BulkString(bad.as_bytes().to_vec()));

@@ -26,6 +26,11 @@ pub const REFUNDS: &str = "refunds";
 /// Why the job's last counted delivery failed, for the dead letter's reason should its
 /// deliveries run out (empty: none failed yet).
 const LAST_FAILURE: &str = "last_failure";
+/// Model calls a job summarised in parts has finished, and how many its plan needs (an
+/// estimate while it runs: combinations are counted as if every summary were as long as
+/// it may be). Absent for a job summarised in one call.
+const PARTS_DONE: &str = "parts_done";
+const PARTS_TOTAL: &str = "parts_total";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -60,6 +65,8 @@ pub struct JobState {
     pub error: Option<String>,
     pub(crate) created_at: Option<DateTime<Utc>>,
     pub(crate) last_failure: Option<String>,
+    /// `(parts_done, parts_total)` of a job being summarised in parts.
+    pub(crate) progress: Option<(u32, u32)>,
 }
 
 pub async fn get<C: redis::aio::ConnectionLike + Send + Sync>(
@@ -80,7 +87,37 @@ pub async fn get<C: redis::aio::ConnectionLike + Send + Sync>(
             .and_then(|s| DateTime::parse_from_rfc3339(s).ok())
             .map(|d| d.with_timezone(&Utc)),
         last_failure: map.get(LAST_FAILURE).filter(|s| !s.is_empty()).cloned(),
+        progress: map
+            .get(PARTS_DONE)
+            .and_then(|d| d.parse().ok())
+            .zip(map.get(PARTS_TOTAL).and_then(|t| t.parse().ok())),
     }))
+}
+
+/// Note how far a job summarised in parts has come, if the job still has its state (as
+/// [`note_failure`]: a finished job's state must not come back).
+pub(crate) async fn note_progress<C: redis::aio::ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    job_id: JobId,
+    done: u32,
+    total: u32,
+) -> redis::RedisResult<()> {
+    static NOTE: std::sync::LazyLock<redis::Script> = std::sync::LazyLock::new(|| {
+        redis::Script::new(
+            "if redis.call('EXISTS', KEYS[1]) == 1 then \
+               redis.call('HSET', KEYS[1], ARGV[1], ARGV[2], ARGV[3], ARGV[4]) end return 1",
+        )
+    });
+    let _: i64 = NOTE
+        .key(keys.job(job_id))
+        .arg(PARTS_DONE)
+        .arg(done)
+        .arg(PARTS_TOTAL)
+        .arg(total.max(done))
+        .invoke_async(conn)
+        .await?;
+    Ok(())
 }
 
 /// Note why a counted delivery of the job failed, if the job still has its state (a

@@ -86,6 +86,16 @@ impl Consumer {
                     retry.wait,
                 );
             }
+            Settlement::Continue { reason, retry } => {
+                self.count("retry");
+                tracing::info!(%reason, "job in parts stopped after storing new parts; it goes on at once, and this delivery does not count");
+                self.hold(
+                    delivery.clone(),
+                    Some(retry.count),
+                    Work::Run(None),
+                    retry.wait,
+                );
+            }
             Settlement::Refund(refund) => {
                 self.count("retry");
                 let refunded = self.refund(conn, delivery, refund).await;

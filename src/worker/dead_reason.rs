@@ -32,6 +32,9 @@ impl DeadReason {
             }
             LlmError::Malformed(_) => "the model returned a response that could not be used".into(),
             LlmError::InvalidInput(_) => "the text cannot be summarised".into(),
+            LlmError::ContextExceeded(_) => {
+                "the model refused even a small part of the text as too long".into()
+            }
             LlmError::Timeout | LlmError::Connect(_) => {
                 "the model could not be reached in time".into()
             }
@@ -48,7 +51,26 @@ impl DeadReason {
             ChainError::AllOpen { .. } | ChainError::Transient(_) => {
                 Self::new("the model could not be reached in time", err)
             }
+            ChainError::TooLong { .. } => Self::parts(err),
         }
+    }
+
+    /// A long text whose parts cannot be made to fit, or that would cost more calls than
+    /// the job may make.
+    pub(crate) fn parts(detail: impl std::fmt::Display) -> Self {
+        Self::new(
+            "the text could not be summarised in parts that fit the model",
+            detail,
+        )
+    }
+
+    /// A text stored at intake that is no longer there (removed by hand, or by retention
+    /// of a job queued for longer than it keeps texts).
+    pub(crate) fn text_missing() -> Self {
+        Self::new(
+            "the queued job could not be read",
+            "its text, stored in Postgres at intake, is gone (table job_texts)",
+        )
     }
 
     /// Postgres refused the summary's data (the permanent `DbError`s).

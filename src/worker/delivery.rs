@@ -9,7 +9,8 @@ use std::time::Duration;
 use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
 use super::gate::{MODEL, POSTGRES};
-use super::handler::{JobError, Unfinished, handle_summary_job_from};
+use super::handler::{Unfinished, handle_summary_job_from};
+use super::job_error::JobError;
 use super::liveness::Ran;
 use super::settle::{
     Admission, Limits, ModelCheck, Outcome, Probe, Settlement, admit, model_check, settle,
@@ -140,7 +141,14 @@ impl Consumer {
         };
         match handled {
             Ok(finished) => Outcome::Finished(finished),
-            Err(Unfinished { error, summary }) => match error.disposition() {
+            Err(Unfinished {
+                error,
+                summary,
+                progressed,
+            }) => match error.disposition() {
+                Disposition::Transient { .. } if progressed => {
+                    Outcome::Progressed(error.to_string())
+                }
                 Disposition::Transient { .. } => Outcome::Failed(error.to_string()),
                 Disposition::Unavailable => {
                     let probe = self.probe_after(&error).await;

@@ -3,13 +3,13 @@
 
 use super::WorkerServices;
 use super::dead_reason::DeadReason;
-use super::gate::{MODEL, POSTGRES};
-use crate::db::DbError;
+use super::job_error::JobError;
+use super::parts::{PartsFailure, summarise_in_parts};
+use crate::db::job_texts;
 use crate::db::summaries::{self, CommitOutcome};
-use crate::domain::{Job, ModelSummary};
-use crate::llm::ChainError;
+use crate::domain::{Job, JobText, ModelSummary};
 use crate::llm::retry::Deadline;
-use crate::resilience::failure::{Classify, Disposition};
+use crate::llm::{ChainError, Prompt};
 
 /// What became of one delivery that did not fail.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -18,55 +18,6 @@ pub enum JobOutcome {
     Done,
     /// The job was already finished (redelivery, or a concurrent delivery won the race).
     Duplicate,
-}
-
-/// Why a delivery did not finish its job: the model chain's or the database's error, each
-/// of which says what the consumer does next ([`Classify`]): a transient failure leaves the
-/// job pending for a counted redelivery; an unavailable dependency (Postgres, or every model
-/// provider's breaker open) means the job was not tried to the end, so the consumer asks the
-/// dependency directly and, if it is down, the delivery does not count (`docs/delivery.md`);
-/// a permanent one dead-letters the job with its [`DeadReason`].
-#[derive(Debug, thiserror::Error)]
-pub enum JobError {
-    #[error(transparent)]
-    Model(#[from] ChainError),
-    #[error(transparent)]
-    Db(#[from] DbError),
-}
-
-impl Classify for JobError {
-    fn disposition(&self) -> Disposition {
-        match self {
-            JobError::Model(e) => e.disposition(),
-            JobError::Db(e) => e.disposition(),
-        }
-    }
-}
-
-impl JobError {
-    /// The dependency the consumers' gate closes under while this one is unavailable.
-    pub(crate) fn dependency(&self) -> &'static str {
-        match self {
-            JobError::Model(_) => MODEL,
-            JobError::Db(_) => POSTGRES,
-        }
-    }
-
-    /// Whether this delivery called a model provider before every breaker was open.
-    pub(crate) fn called_model(&self) -> bool {
-        matches!(
-            self,
-            JobError::Model(ChainError::AllOpen { called: true, .. })
-        )
-    }
-
-    /// What the tenant and operators are told when this error dead-letters the job.
-    pub(crate) fn dead_reason(&self) -> DeadReason {
-        match self {
-            JobError::Model(e) => DeadReason::model_chain(e),
-            JobError::Db(e) => DeadReason::unstorable(e),
-        }
-    }
 }
 
 /// Process one job. Sends nothing itself: the relay sends the email from the outbox row.
@@ -86,6 +37,8 @@ pub async fn handle_summary_job(
 pub(crate) struct Unfinished {
     pub(crate) error: JobError,
     pub(crate) summary: Option<ModelSummary>,
+    /// A job in parts: this delivery stored parts no delivery had stored before.
+    pub(crate) progressed: bool,
 }
 
 impl<E: Into<JobError>> From<E> for Unfinished {
@@ -93,6 +46,17 @@ impl<E: Into<JobError>> From<E> for Unfinished {
         Self {
             error: error.into(),
             summary: None,
+            progressed: false,
+        }
+    }
+}
+
+impl From<PartsFailure> for Unfinished {
+    fn from(failure: PartsFailure) -> Self {
+        Self {
+            error: failure.error,
+            summary: None,
+            progressed: failure.progressed,
         }
     }
 }
@@ -111,10 +75,7 @@ pub(crate) async fn handle_summary_job_from(
 
     let summary = match summary {
         Some(summary) => summary,
-        None => {
-            let deadline = Deadline::after(services.settings.job_budget);
-            services.model.summarise(&job.text, deadline).await?
-        }
+        None => summarise(services, job).await?,
     };
 
     // A commit that fails because Postgres went away (or refuses writes) is unavailable too:
@@ -122,48 +83,40 @@ pub(crate) async fn handle_summary_job_from(
     // the retry after recovery commits it without another model call. Data Postgres
     // refuses is permanent.
     match summaries::commit_with_outbox(&services.pg, job, &summary).await {
-        Ok(CommitOutcome::Inserted) => Ok(JobOutcome::Done),
+        Ok(CommitOutcome::Inserted) => {
+            let calls = summary.parts.unwrap_or(1);
+            services.metrics.job_model_calls.observe(f64::from(calls));
+            Ok(JobOutcome::Done)
+        }
         Ok(CommitOutcome::Duplicate) => Ok(JobOutcome::Duplicate),
         Err(error) => Err(Unfinished {
             error: error.into(),
             summary: Some(summary),
+            progressed: false,
         }),
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::llm::LlmError;
-    use crate::llm::retry::RetryError;
-
-    #[test]
-    fn each_error_says_what_next_and_which_dependency_it_waits_for() {
-        let refused = JobError::from(ChainError::Job(LlmError::Status {
-            status: 422,
-            retry_after: None,
-            message: "too long".into(),
-        }));
-        assert_eq!(refused.disposition(), Disposition::Permanent);
-        assert_eq!(
-            refused.dead_reason().tenant,
-            "the model rejected the request (HTTP 422)"
-        );
-        let outage = JobError::from(ChainError::AllOpen {
-            reason: "openai:a: 401".into(),
-            called: false,
-        });
-        assert_eq!(outage.disposition(), Disposition::Unavailable);
-        assert_eq!(outage.dependency(), MODEL);
-        let slow = JobError::from(ChainError::Transient(RetryError::BreakerOpen));
-        assert_eq!(slow.disposition(), Disposition::TRANSIENT);
-        let down = JobError::from(DbError::Pool(deadpool_postgres::PoolError::Closed));
-        assert_eq!(down.disposition(), Disposition::Unavailable);
-        assert_eq!(down.dependency(), POSTGRES);
-        assert!(
-            down.dead_reason()
-                .tenant
-                .starts_with("the summary could not be stored")
-        );
+/// The model's summary of the job's text: one call when the text fits the provider about
+/// to be called (the common case, exactly one request), in parts otherwise.
+async fn summarise(services: &WorkerServices, job: &Job) -> Result<ModelSummary, Unfinished> {
+    let text = match &job.text {
+        JobText::Inline(text) => text.clone(),
+        JobText::Stored => match job_texts::load(&services.pg, job.job_id).await? {
+            Some(text) => text,
+            None => return Err(JobError::Refused(DeadReason::text_missing()).into()),
+        },
+    };
+    let deadline = Deadline::after(services.settings.job_budget);
+    match services
+        .model
+        .complete(&Prompt::Document(text.clone()), deadline)
+        .await
+    {
+        Ok(summary) => Ok(summary),
+        Err(too_long @ ChainError::TooLong { .. }) => {
+            Ok(summarise_in_parts(services, job.job_id, text, too_long).await?)
+        }
+        Err(e) => Err(e.into()),
     }
 }

@@ -93,6 +93,9 @@ pub enum Outcome {
     /// The job was tried and failed in a way a later delivery may not repeat (the model
     /// failed transiently on every usable provider, or the budget ran out).
     Failed(String),
+    /// The same for a job in parts, but this delivery stored parts no delivery had
+    /// stored before: it made progress, and is not a failed delivery.
+    Progressed(String),
     /// The job was tried and failed in a way every delivery repeats (the model refused the
     /// request, Postgres refused the data).
     Rejected(DeadReason),
@@ -146,6 +149,13 @@ pub(crate) enum Settlement {
         retry: Retry,
         summary: Option<ModelSummary>,
     },
+    /// The delivery made progress on a job in parts before it stopped: hold the entry and
+    /// run it again at once, as the same delivery (its count unchanged). Bounded without a
+    /// limit of its own: each such delivery stores at least one more of the job's parts.
+    Continue {
+        reason: String,
+        retry: Retry,
+    },
     /// The process is stopping: refund the delivery and leave the entry for whoever
     /// claims it next.
     Refund(RefundOf),
@@ -188,6 +198,13 @@ pub(crate) fn settle(outcome: Outcome, deliveries: u64, limits: &Limits) -> Sett
         Outcome::Finished(JobOutcome::Done) => Settlement::Ack(Finish::Summarised),
         Outcome::Finished(JobOutcome::Duplicate) => Settlement::Ack(Finish::Duplicate),
         Outcome::Failed(reason) => Settlement::LeavePending(Pending::Failed(reason)),
+        Outcome::Progressed(reason) => Settlement::Continue {
+            reason,
+            retry: Retry {
+                count: deliveries,
+                wait: Duration::ZERO,
+            },
+        },
         Outcome::Rejected(reason) => Settlement::DeadLetter(reason),
         Outcome::Unavailable {
             dependency,
@@ -343,6 +360,7 @@ mod tests {
             text: "paid for".into(),
             model: "m".into(),
             usage: None,
+            parts: None,
         })
     }
 

@@ -46,7 +46,7 @@ fn job_message(tenant: &str, key: &str, body: &str) -> Job {
     Job {
         job_id: scoped(tenant, key).job_id(&valid.fingerprint()),
         tenant: TenantId::parse(tenant).unwrap(),
-        text: valid.text,
+        text: valid.text.into(),
         notify: valid.notify,
         created_at: chrono::Utc::now(),
     }
@@ -257,7 +257,8 @@ async fn racing_different_bodies_on_one_key_enqueue_once_and_the_other_body_gets
     let results = join_all(calls).await;
 
     let [msg] = stream_messages(&env).await.try_into().unwrap();
-    let winner = if msg.text.starts_with("Quarterly") {
+    let winner = if matches!(&msg.text, summaryd::domain::JobText::Inline(t) if t.starts_with("Quarterly"))
+    {
         BODY
     } else {
         OTHER_BODY

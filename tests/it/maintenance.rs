@@ -216,7 +216,7 @@ fn job(name: &str) -> Job {
     Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:{name}")),
         tenant: TenantId::parse("acme").unwrap(),
-        text: format!("Fabricated job {name}. Revenue grew."),
+        text: format!("Fabricated job {name}. Revenue grew.").into(),
         notify: Email::parse("am@example.com").unwrap(),
         created_at: Utc::now().trunc_subsecs(6),
     }

@@ -62,6 +62,7 @@ fn settings(env: &TestEnv, primary: &HttpStub, fallback: Option<&HttpStub>) -> S
             model: LOCAL.into(),
             api_key_env: None,
             call_timeout: None,
+            context_tokens: None,
         })
         .into_iter()
         .collect();
@@ -72,7 +73,7 @@ fn job(n: usize) -> Job {
     Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:chain-{n}")),
         tenant: TenantId::parse("acme").unwrap(),
-        text: format!("Call notes number {n}: the renewal is at risk."),
+        text: format!("Call notes number {n}: the renewal is at risk.").into(),
         notify: Email::parse("am@example.com").unwrap(),
         created_at: Utc::now(),
     }

@@ -36,7 +36,7 @@ fn job(key: &str) -> Job {
     Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:{key}")),
         tenant: TenantId::parse("acme").unwrap(),
-        text: format!("Call notes {key}. Renewal agreed. Pricing next week."),
+        text: format!("Call notes {key}. Renewal agreed. Pricing next week.").into(),
         notify: Email::parse("am@example.com").unwrap(),
         created_at: Utc::now(),
     }

@@ -358,37 +358,50 @@ async fn api_key_never_appears_in_debug_errors_or_logs() {
 
 // ---- context guard -------------------------------------------------------------------------
 
+/// A prompt that does not fit the provider's context is never sent: the chain says how
+/// small to split it. One the provider refuses as over its context (OpenAI's answer) comes
+/// back the same way, with a smaller room, and opens no breaker.
 #[tokio::test]
-async fn over_budget_text_fails_fast_without_calling_the_model() {
+async fn a_prompt_over_the_context_is_split_not_sent_and_a_context_refusal_splits_smaller() {
     let stub = HttpStub::start(Reply::completion("fine")).await;
     let mut settings = llm_settings(&stub.url("/v1"), Some(KEY));
-    settings.max_input_chars = 10;
-    let model = llm::from_settings(&settings).unwrap();
+    settings.model = "local-model".into();
+    settings.max_tokens = 64;
+    settings.context_tokens = 1_000;
+    let chain = llm::ModelChain::from_settings(&settings, None).unwrap();
+    let deadline = || llm::retry::Deadline::after(Duration::from_secs(5));
+    let fit = llm::fits(&settings)[0];
+    let room = fit.room(llm::PromptKind::Document);
 
-    let too_long = model.summarise("ten chars!+").await;
-    assert!(
-        matches!(too_long, Err(LlmError::InvalidInput(_))),
-        "{too_long:?}"
-    );
-    assert!(
-        stub.requests().is_empty(),
-        "the model must not see over-budget input"
-    );
-    assert!(llm::check_input(&settings, "ten chars!+").is_err());
+    let too_long = "word ".repeat(room);
+    match chain.summarise(&too_long, deadline()).await {
+        Err(llm::ChainError::TooLong { room: r, .. }) => assert_eq!(r, room),
+        other => panic!("{other:?}"),
+    }
+    assert!(stub.requests().is_empty(), "the model never sees it");
 
-    // At the limit (10 chars, 20 bytes) it goes through: the guard counts characters.
-    assert_eq!(model.summarise("äöüäöüäöüä").await.unwrap().summary, "fine");
+    let fits = "word ".repeat(room * 5 / 2 / 5 - 2);
+    assert_eq!(
+        chain.summarise(&fits, deadline()).await.unwrap().text,
+        "fine"
+    );
     assert_eq!(stub.requests().len(), 1);
-    assert!(llm::check_input(&settings, "äöüäöüäöüä").is_ok());
 
-    // The builtin provider is wrapped too.
-    settings.provider = LlmProvider::Builtin;
-    let builtin = llm::from_settings(&settings).unwrap();
-    assert!(matches!(
-        builtin.summarise("ten chars!+").await,
-        Err(LlmError::InvalidInput(_))
+    stub.set_reply(Reply::json(
+        400,
+        json!({"error": {"message": "This model's maximum context length is 1000 tokens.",
+                         "type": "invalid_request_error", "code": "context_length_exceeded"}}),
     ));
-    assert!(builtin.summarise("short").await.is_ok());
+    let tokens = fit.counter().count(&fits);
+    match chain.summarise(&fits, deadline()).await {
+        Err(llm::ChainError::TooLong { room: r, .. }) => assert_eq!(r, tokens / 3 * 2),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(stub.requests().len(), 2, "refused once, not retried");
+    assert!(
+        !chain.all_open(),
+        "the provider is fine: its breaker stays closed"
+    );
 }
 
 #[tokio::test]

@@ -202,5 +202,6 @@ pub fn model_summary(text: &str) -> ModelSummary {
         text: text.to_owned(),
         model: "builtin".into(),
         usage: None,
+        parts: None,
     }
 }

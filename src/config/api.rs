@@ -60,9 +60,10 @@ impl Default for ApiSettings {
             // memory of bodies in flight: 128 x ~0.3 MiB. Measured with 1,000 stalled
             // 250 KB bodies: peak RSS stays under 64 MiB (README, "Security: the HTTP front door").
             max_connections: 128,
-            // 8 bodies at the size limit (6 of them at once from large bodies, 3 from one
-            // tenant, see `api::body`), or thousands of ordinary few-KiB ones.
-            body_budget_bytes: 32 * 1024 * 1024,
+            // Two bodies at the size limit (one per tenant, see `api::body`), dozens of
+            // 100 KB documents, or thousands of ordinary few-KiB requests: long texts are
+            // rare, and this bounds what slow uploads can hold.
+            body_budget_bytes: 8 * 1024 * 1024,
             // Bodies in flight finish in milliseconds; a longer wait only keeps a
             // refused connection (and actix's buffer for it) alive.
             body_budget_wait: Duration::from_millis(100),

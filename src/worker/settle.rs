@@ -438,6 +438,22 @@ mod tests {
                 ),
             ),
             (
+                "a job in parts: the delivery stored new parts, then a part failed \
+                 transiently | **no** | hold the entry and run it again at once, with the \
+                 same count",
+                Settle(
+                    Outcome::Progressed("HTTP 503".into()),
+                    3,
+                    Settlement::Continue {
+                        reason: "HTTP 503".into(),
+                        retry: Retry {
+                            count: 3,
+                            wait: Duration::ZERO,
+                        },
+                    },
+                ),
+            ),
+            (
                 "the model fails as the job's fault (400, 413, 422, input too long) | yes | \
                  dead-letter at once",
                 Settle(

@@ -149,6 +149,19 @@ impl IdempotencyStore {
         }
     }
 
+    /// The answer an earlier request left under `key`, if there is one, without enqueuing:
+    /// a long text is stored in Postgres only for a request that may enqueue it, so a
+    /// replay (perhaps of a job that finished and dropped its text) stores nothing.
+    pub(crate) async fn earlier_answer(
+        &self,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<Option<Outcome>, StoreError> {
+        let mut conn = self.redis.get().await?;
+        let raw: Option<String> = redis::AsyncCommands::get(&mut conn, key).await?;
+        raw.map(|raw| self.existing(&raw, fingerprint)).transpose()
+    }
+
     fn existing(&self, raw: &str, fingerprint: &str) -> Result<Outcome, StoreError> {
         let record: Record = serde_json::from_str(raw)?;
         match record {

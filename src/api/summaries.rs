@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use uuid::Uuid;
 
 use super::body;
-use super::idempotency::{Outcome, StoredResponse};
+use super::idempotency::{Outcome, StoreError, StoredResponse};
 use super::problem::{ApiError, Problem};
 use super::state::ApiServices;
 use super::state::ApiState;
@@ -179,6 +179,13 @@ pub(crate) async fn create(
     // A long text goes to Postgres first, so a job on the stream always finds it; a
     // retry of the request finds it there (the job id is the key).
     let (text, stored_here) = if request.text.len() > api.inline_text_bytes {
+        if let Some(earlier) = state
+            .idempotency
+            .earlier_answer(&redis_key, &fingerprint)
+            .await?
+        {
+            return respond(&earlier, job_id);
+        }
         let stored =
             db::job_texts::store(&state.services.pg, job_id, &tenant.id, &request.text).await?;
         (JobText::Stored, stored)
@@ -198,10 +205,12 @@ pub(crate) async fn create(
         .idempotency
         .enqueue_once(&redis_key, &fingerprint, &job, accepted(job_id)?, &limits)
         .await;
-    if stored_here && !matches!(outcome, Ok(Outcome::Fresh(_))) {
-        // Not enqueued by this request (a replay of a job that may have finished and
-        // dropped its text, another body under the key, a limit, Redis down): the text
-        // this request stored belongs to no job. A retry stores it again.
+    if stored_here && matches!(outcome, Err(StoreError::KeyReused)) {
+        // Another body holds the key, so no job with this id was or will be enqueued under
+        // it: the text belongs to no job. (After a limit or an outage the text stays for
+        // the client's retry, which finds it; a concurrent twin of this request may have
+        // enqueued the same job id, so a replay never removes it. Retention removes what
+        // no job ever took.)
         if let Err(e) = db::job_texts::forget(&state.services.pg, job_id).await {
             tracing::warn!(error = %e, %job_id, "could not remove a stored text no job uses; retention removes it");
         }

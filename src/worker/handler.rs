@@ -70,6 +70,13 @@ pub(crate) async fn handle_summary_job_from(
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `commit_with_outbox` is the guarantee; this only saves money.
     if summaries::exists(&services.pg, job.job_id).await? {
+        if job.text == JobText::Stored {
+            // A resend enqueued after the idempotency record expired stored the text
+            // again; the job is done, so nothing will read it.
+            if let Err(e) = job_texts::forget(&services.pg, job.job_id).await {
+                tracing::debug!(error = %e, "could not remove the stored text of a finished job; retention removes it");
+            }
+        }
         return Ok(JobOutcome::Duplicate);
     }
 

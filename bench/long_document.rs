@@ -114,8 +114,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let roles = Roles::of(&[Role::Worker]);
     let mailer = LogMailer::new(Arc::new(DeploymentKey::Fixed(LogKey::random())));
-    let app =
-        Application::build(settings.clone(), roles, model.clone(), Arc::new(mailer), true).await?;
+    let app = Application::build(
+        settings.clone(),
+        roles,
+        model.clone(),
+        Arc::new(mailer),
+        true,
+    )
+    .await?;
     let services = app.handles().clone();
     let shutdown = Shutdown::new();
     let running = tokio::spawn(app.run(shutdown.clone()));

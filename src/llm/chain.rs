@@ -206,9 +206,8 @@ impl ModelChain {
             if provider.breaker.is_open() {
                 continue;
             }
-            let tokens = prompt.data_tokens(provider.fit.counter());
             let room = provider.fit.room(prompt.kind());
-            if tokens > room {
+            if !provider.fit.fits(prompt) {
                 return Err(provider.too_long(room));
             }
             let observer = Counted {
@@ -227,6 +226,7 @@ impl ModelChain {
             let err = match attempted {
                 Ok(completion) => return Ok(provider.summary(completion)),
                 Err(RetryError::Llm(LlmError::ContextExceeded(message))) => {
+                    let tokens = prompt.data_tokens(provider.fit.counter());
                     let smaller = tokens / SHRINK_AFTER_REFUSAL.1 * SHRINK_AFTER_REFUSAL.0;
                     if smaller < MIN_SPLIT_TOKENS {
                         return Err(ChainError::Job(LlmError::ContextExceeded(message)));

@@ -38,7 +38,7 @@ impl Fit {
         let room = |kind: PromptKind| {
             context
                 .saturating_sub(max_tokens)
-                .saturating_sub(kind.overhead(&counter))
+                .saturating_sub(kind.overhead())
                 .saturating_sub(margin(context))
         };
         Self {
@@ -66,16 +66,18 @@ impl Fit {
         self.max_tokens + SUMMARY_OVERHEAD
     }
 
-    /// Whether `prompt` fits: its data within the room of its kind.
+    /// Whether `prompt` fits: its data within the room of its kind (by its length alone
+    /// when that settles it, see [`TokenCounter::at_most`]).
     pub fn fits(&self, prompt: &Prompt) -> bool {
-        prompt.data_tokens(&self.counter) <= self.room(prompt.kind())
+        let room = self.room(prompt.kind());
+        prompt.data_bytes() <= room || prompt.data_tokens(&self.counter) <= room
     }
 
     /// The model calls `text` costs on this provider at most: one when it fits, otherwise
     /// one per part and the combinations of their summaries (every summary as long as it
     /// may be).
     pub fn calls_for(&self, text: &str) -> usize {
-        if self.counter.count(text) <= self.room(PromptKind::Document) {
+        if self.counter.at_most(text, self.room(PromptKind::Document)) {
             return 1;
         }
         let parts = split::split_text(text, self.room(PromptKind::Part), &self.counter).len();
@@ -94,7 +96,7 @@ mod tests {
         for kind in [PromptKind::Document, PromptKind::Part, PromptKind::Combine] {
             assert_eq!(
                 fit.room(kind),
-                4_096 - 512 - kind.overhead(&counter) - (16 + 4_096 / 50),
+                4_096 - 512 - kind.overhead() - (16 + 4_096 / 50),
                 "{kind:?}"
             );
         }

@@ -75,7 +75,10 @@ impl PromptKind {
     }
 
     /// Tokens of everything but the data: the instructions, the tags, the chat format.
-    pub(crate) fn overhead(self, counter: &TokenCounter) -> usize {
+    /// The instructions are fixed English text, which the estimate counts high for every
+    /// tokenizer, so no model's tokenizer is loaded just to count them.
+    pub(crate) fn overhead(self) -> usize {
+        let counter = TokenCounter::Estimate;
         counter.count(self.system()) + counter.count(&document("")) + MESSAGE_OVERHEAD
     }
 }
@@ -107,6 +110,16 @@ impl Prompt {
         match self {
             Prompt::Document(text) | Prompt::Part(text) => text.clone(),
             Prompt::Combine(summaries) => summaries.join("\n\n"),
+        }
+    }
+
+    /// Bytes of the data: an upper bound of its tokens for every counter.
+    pub(crate) fn data_bytes(&self) -> usize {
+        match self {
+            Prompt::Document(text) | Prompt::Part(text) => text.len(),
+            Prompt::Combine(summaries) => {
+                summaries.iter().map(|s| s.len() + SUMMARY_OVERHEAD).sum()
+            }
         }
     }
 
@@ -183,7 +196,7 @@ mod tests {
     #[test]
     fn overhead_and_data_are_counted_apart() {
         let counter = TokenCounter::Estimate;
-        let overhead = PromptKind::Part.overhead(&counter);
+        let overhead = PromptKind::Part.overhead();
         assert_eq!(
             overhead,
             counter.count(PART_PROMPT) + counter.count(&document("")) + MESSAGE_OVERHEAD

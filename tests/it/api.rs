@@ -134,13 +134,13 @@ async fn every_bad_input_is_a_problem_naming_what_to_fix_and_enqueues_nothing() 
 }
 
 #[actix_web::test]
-async fn text_over_the_model_context_is_413_naming_text_and_never_queued() {
+async fn text_over_max_text_chars_is_413_naming_text_and_never_queued() {
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    settings.llm.max_input_chars = 20;
+    settings.api.max_text_chars = 20;
     let services = env.services().settings(settings).build();
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
-    // 21 characters but far below the byte limit: only the context budget refuses it.
+    // 21 characters but far below the byte limit: only the text limit refuses it.
     let body = r#"{"text":"ééééééééééééééééééééé","notify":"a@b.co"}"#;
     let res = test::call_service(
         &app,
@@ -153,12 +153,19 @@ async fn text_over_the_model_context_is_413_naming_text_and_never_queued() {
         p["detail"].as_str().unwrap().contains("20 characters"),
         "{p}"
     );
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .contains("SUMMARYD_API_MAX_TEXT_CHARS"),
+        "{p}"
+    );
     assert_eq!(
         stream_len(&env).await,
         0,
         "a job that can never succeed is not queued"
     );
-    // Exactly at the budget is accepted.
+    // Exactly at the limit is accepted.
     let body = r#"{"text":"éééééééééééééééééééé","notify":"a@b.co"}"#;
     let res = test::call_service(
         &app,

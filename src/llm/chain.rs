@@ -206,7 +206,9 @@ impl ModelChain {
             if provider.breaker.is_open() {
                 continue;
             }
-            let room = provider.fit.room(prompt.kind());
+            // The pieces of a prompt that does not fit are parts (or, of a combination,
+            // smaller combinations): cut to the room of their own kind.
+            let room = provider.fit.room(prompt.kind().pieces());
             if !provider.fit.fits(prompt) {
                 return Err(provider.too_long(room));
             }
@@ -227,7 +229,8 @@ impl ModelChain {
                 Ok(completion) => return Ok(provider.summary(completion)),
                 Err(RetryError::Llm(LlmError::ContextExceeded(message))) => {
                     let tokens = prompt.data_tokens(provider.fit.counter());
-                    let smaller = tokens / SHRINK_AFTER_REFUSAL.1 * SHRINK_AFTER_REFUSAL.0;
+                    let smaller =
+                        (tokens / SHRINK_AFTER_REFUSAL.1 * SHRINK_AFTER_REFUSAL.0).min(room);
                     if smaller < MIN_SPLIT_TOKENS {
                         return Err(ChainError::Job(LlmError::ContextExceeded(message)));
                     }

@@ -74,6 +74,15 @@ impl PromptKind {
         }
     }
 
+    /// The kind of the pieces a prompt of this kind is cut into when it does not fit: a
+    /// document or a part becomes parts, a combination smaller combinations.
+    pub fn pieces(self) -> PromptKind {
+        match self {
+            PromptKind::Document | PromptKind::Part => PromptKind::Part,
+            PromptKind::Combine => PromptKind::Combine,
+        }
+    }
+
     /// Tokens of everything but the data: the instructions, the tags, the chat format.
     /// The instructions are fixed English text, which the estimate counts high for every
     /// tokenizer, so no model's tokenizer is loaded just to count them.
@@ -176,6 +185,13 @@ mod tests {
         }
         assert_ne!(PART_PROMPT, SYSTEM_PROMPT);
         assert_ne!(COMBINE_PROMPT, SYSTEM_PROMPT);
+    }
+
+    #[test]
+    fn a_document_is_cut_into_parts_and_a_combination_into_combinations() {
+        assert_eq!(PromptKind::Document.pieces(), PromptKind::Part);
+        assert_eq!(PromptKind::Part.pieces(), PromptKind::Part);
+        assert_eq!(PromptKind::Combine.pieces(), PromptKind::Combine);
     }
 
     #[test]

@@ -11,6 +11,7 @@ mod backends;
 mod front_door;
 mod healthcheck;
 mod idempotency;
+mod long_documents;
 mod maintenance;
 mod model_api_retries;
 mod model_chain;

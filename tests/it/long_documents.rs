@@ -934,7 +934,6 @@ async fn a_delivery_that_stored_parts_is_not_counted() {
 /// calls (`llm::most_calls`, the plan `Fit::calls_for` makes), and the worker stops a plan
 /// only past twice that. With `max_parts` set to exactly what the intake computed for the
 /// text, the job is accepted, and must finish within that many calls.
-#[ignore = "product bug: worker::parts splits a Document with the Document room, so near-full pieces overflow the smaller Part room and are split again, about doubling the calls past what the intake allowed (see the report)"]
 #[actix_web::test]
 async fn a_text_accepted_within_max_parts_finishes_within_them() {
     let env = TestEnv::new().await;

@@ -3,8 +3,16 @@
 //!
 //! `CHAOS_SOAK_S=<seconds>` lengthens the kill phase (and the job count with it) for a
 //! soak run; unset, the phase is 30 s and 500 jobs (see docs/testing.md).
+//!
+//! 30 of the jobs are long texts (20,000 to 92,500 bytes, those above 64 KiB kept in
+//! `job_texts` at intake) on a 4,096-token context, each summarised in several parts that
+//! the kills interrupt too.
 
+use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use summaryd::llm::PromptKind;
 
 use crate::harness::client::ApiClient;
 use crate::harness::load::Load;
@@ -21,6 +29,21 @@ const WORKERS: usize = 3;
 const RELAYS: usize = 2;
 /// The world's 5 s drain grace plus process teardown on a loaded machine.
 const STOP_WITHIN: Duration = Duration::from_secs(8);
+/// A context on which every long text below takes several parts (the default model's
+/// tokenizer puts about 15,000 bytes of them in one).
+const CONTEXT_TOKENS: &str = "4096";
+const LONG_TEXTS: usize = 30;
+/// Every `LONG_EVERY`-th job (from the first) is a long text, until there are `LONG_TEXTS`.
+const LONG_EVERY: usize = 17;
+/// summaryd's default `SUMMARYD_API_INLINE_TEXT_BYTES`.
+const INLINE_TEXT_BYTES: usize = 65_536;
+
+/// Job `i`'s length when it is a long text: 20,000 bytes and 2,500 more for each long
+/// text before it, so 11 of the 30 are above `SUMMARYD_API_INLINE_TEXT_BYTES` (65,536).
+fn long_text(i: usize) -> Option<usize> {
+    let nth = i / LONG_EVERY;
+    (i.is_multiple_of(LONG_EVERY) && nth < LONG_TEXTS).then_some(20_000 + 2_500 * nth)
+}
 
 fn kill_phase() -> Duration {
     let secs = std::env::var("CHAOS_SOAK_S")
@@ -56,7 +79,10 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
                 latency_ms: 0..20,
                 error_rate: 0.03,
             },
-            env: vec![("SUMMARYD_WORKER_CLAIM_IDLE_MS", "1500".into())],
+            env: vec![
+                ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "1500".into()),
+                ("SUMMARYD_LLM_CONTEXT_TOKENS", CONTEXT_TOKENS.into()),
+            ],
             ..Default::default()
         },
     )
@@ -75,12 +101,19 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
     let phase = kill_phase();
     let jobs = MIN_JOBS.max(JOBS_PER_S * phase.as_secs() as usize);
     // Submissions end a little before the kills do, so the last jobs meet kills too.
-    let load = Load::start(
+    let prefix = format!("chaos-{}", crate::run_id());
+    let long_keys: BTreeSet<String> = (0..jobs)
+        .filter(|&i| long_text(i).is_some())
+        .map(|i| format!("{prefix}-{i:05}"))
+        .collect();
+    assert_eq!(long_keys.len(), LONG_TEXTS);
+    let load = Load::start_with_long(
         &client,
-        &format!("chaos-{}", crate::run_id()),
+        &prefix,
         jobs,
         phase.mul_f64(0.9),
         10,
+        Arc::new(long_text),
     );
 
     let phase_end = Instant::now() + phase;
@@ -102,17 +135,45 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
     }
     let accepted = load.finish().await;
     let report = world.assert_exactly_once(&accepted, &client).await;
+    assert_eq!(report.jobs, jobs);
+    assert!(report.model_calls >= jobs && report.sends >= report.distinct_sends);
+    // The long texts were summarised in parts (the exactly-once check above covers them
+    // like every other job: one summary, one outbox row, one email each).
+    assert_eq!(
+        (0..jobs)
+            .filter_map(long_text)
+            .filter(|&b| b > INLINE_TEXT_BYTES)
+            .count(),
+        11
+    );
+    assert_eq!(
+        world.count("SELECT count(*) FROM job_texts").await,
+        0,
+        "a text kept in job_texts goes with its job's summary"
+    );
+    let mut long_parts = Vec::new();
+    for a in accepted.iter().filter(|a| long_keys.contains(&a.key)) {
+        let (status, body) = client.get(&a.job_id).await;
+        assert_eq!(status, 200, "GET {}: {body}", a.job_id);
+        let parts = body["parts"].as_u64().unwrap_or(0);
+        assert!(parts >= 3, "{} is parts and a combination: {body}", a.key);
+        long_parts.push(parts);
+    }
+    long_parts.sort_unstable();
+    long_parts.dedup();
     // Restarted processes drain and exit cleanly too (the API with the client's idle
     // keep-alive connections still open).
     let mut all: Vec<&mut Proc> = workers.iter_mut().chain(relays.iter_mut()).collect();
     all.push(&mut api);
     stop_all(&mut all, STOP_WITHIN).await;
-    assert_eq!(report.jobs, jobs);
-    assert!(report.model_calls >= jobs && report.sends >= report.distinct_sends);
     println!(
         "chaos: {worker_kills} worker + {relay_kills} relay SIGKILLs over {phase:?}; {report}; \
-         resends {}; wall {:?}",
+         resends {}; model calls: documents {}, parts {}, combinations {}; parts per long \
+         text {long_parts:?}; wall {:?}",
         report.sends - report.distinct_sends,
+        world.model.calls_of(PromptKind::Document),
+        world.model.calls_of(PromptKind::Part),
+        world.model.calls_of(PromptKind::Combine),
         started.elapsed()
     );
 }

@@ -19,6 +19,7 @@ mod consumer_cleanup;
 mod front_door;
 mod kill_api;
 mod kill_worker;
+mod long_documents;
 mod model_outage;
 mod outages;
 mod pg_drop;

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
-use super::model_server::marked_text;
+use super::model_server::{long_marked_text, marked_text};
 
 /// Per request: a request that takes longer than this is treated as lost and retried with
 /// the same key (what a real client with a timeout does).
@@ -60,7 +60,16 @@ impl ApiClient {
     }
 
     pub fn body(marker: &str) -> Value {
-        json!({"text": marked_text(marker), "notify": format!("{marker}@example.com")})
+        Self::body_with(marker, marked_text(marker))
+    }
+
+    /// A job whose text is a long one of at least `bytes` bytes ([`long_marked_text`]).
+    pub fn long_body(marker: &str, bytes: usize) -> Value {
+        Self::body_with(marker, long_marked_text(marker, bytes))
+    }
+
+    fn body_with(marker: &str, text: String) -> Value {
+        json!({"text": text, "notify": format!("{marker}@example.com")})
     }
 
     /// One POST; the raw answer (status, Retry-After, body) or the transport error.
@@ -90,7 +99,11 @@ impl ApiClient {
     /// POST until accepted, retrying with the same key. Panics on an answer docs/reference.md
     /// does not allow for a valid request (500 and friends) or if it never gets through.
     pub async fn submit(&self, key: &str, marker: &str) -> Accepted {
-        let body = Self::body(marker);
+        self.submit_body(key, &Self::body(marker)).await
+    }
+
+    /// [`Self::submit`] with any body (a long text, see [`Self::long_body`]).
+    pub async fn submit_body(&self, key: &str, body: &Value) -> Accepted {
         let give_up = tokio::time::Instant::now() + SUBMIT_PATIENCE;
         let mut attempts = 0;
         loop {
@@ -100,7 +113,7 @@ impl ApiClient {
                 "job {key} not accepted within {SUBMIT_PATIENCE:?}; answers so far: {:?}",
                 self.outcomes()
             );
-            let wait = match self.post_once(key, &body).await {
+            let wait = match self.post_once(key, body).await {
                 Ok((status, retry_after, answer)) => {
                     self.note(status.to_string());
                     match status {

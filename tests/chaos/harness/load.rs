@@ -1,7 +1,8 @@
 //! A paced stream of job submissions running beside the faults: `jobs` POSTs spread over
 //! `over`, from a few concurrent client tasks, each retrying with its own key until
 //! accepted. Every `replay_every`-th job is submitted a second time after acceptance, and
-//! must come back with the same job id.
+//! must come back with the same job id. [`Load::start_with_long`] makes some of the jobs
+//! long texts, summarised in parts.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -13,6 +14,9 @@ use super::client::{Accepted, ApiClient};
 
 /// Concurrent client tasks: enough that a slow answer never stalls the schedule.
 const CLIENTS: usize = 16;
+
+/// Which jobs are long texts: job `i` is one of at least `long(i)` bytes when `Some`.
+pub type LongTexts = Arc<dyn Fn(usize) -> Option<usize> + Send + Sync>;
 
 pub struct Load {
     tasks: JoinSet<Vec<Accepted>>,
@@ -26,12 +30,26 @@ impl Load {
         over: Duration,
         replay_every: usize,
     ) -> Load {
+        Self::start_with_long(client, prefix, jobs, over, replay_every, Arc::new(|_| None))
+    }
+
+    /// [`Self::start`] where job `i` is a long text of at least `long(i)` bytes when that
+    /// is `Some` (its marker and key are made the same way as every other job's).
+    pub fn start_with_long(
+        client: &ApiClient,
+        prefix: &str,
+        jobs: usize,
+        over: Duration,
+        replay_every: usize,
+        long: LongTexts,
+    ) -> Load {
         let next = Arc::new(AtomicUsize::new(0));
         let interval = over / u32::try_from(jobs.max(1)).expect("job count");
         let start = tokio::time::Instant::now();
         let mut tasks = JoinSet::new();
         for _ in 0..CLIENTS {
             let (client, next, prefix) = (client.clone(), next.clone(), prefix.to_owned());
+            let long = long.clone();
             tasks.spawn(async move {
                 let mut accepted = Vec::new();
                 loop {
@@ -41,9 +59,13 @@ impl Load {
                     }
                     tokio::time::sleep_until(start + interval * u32::try_from(i).unwrap()).await;
                     let key = format!("{prefix}-{i:05}");
-                    let first = client.submit(&key, &key).await;
+                    let body = match long(i) {
+                        Some(bytes) => ApiClient::long_body(&key, bytes),
+                        None => ApiClient::body(&key),
+                    };
+                    let first = client.submit_body(&key, &body).await;
                     if replay_every > 0 && i % replay_every == 0 {
-                        let again = client.submit(&key, &key).await;
+                        let again = client.submit_body(&key, &body).await;
                         assert_eq!(again.job_id, first.job_id, "replay of {key}");
                         accepted.push(again);
                     }

@@ -408,14 +408,13 @@ impl World {
             assert_eq!(body["status"], "done", "GET {id}: {body}");
         }
 
-        let calls = self.model.calls();
         Report {
             jobs: n,
             posts: accepted.iter().map(|a| a.attempts).sum(),
             sends: self.mail.sent().len(),
             distinct_sends: by_sink_key.len(),
             rejected_sends: self.mail.rejected(),
-            model_calls: calls.values().sum(),
+            model_calls: self.model.total_calls(),
             client_outcomes: client.outcomes(),
         }
     }
@@ -459,6 +458,7 @@ pub struct Report {
     pub distinct_sends: usize,
     /// Sends the sink refused with an injected 503.
     pub rejected_sends: usize,
+    /// Every call the model received (parts and combinations of long texts included).
     pub model_calls: usize,
     pub client_outcomes: BTreeMap<String, usize>,
 }

@@ -3,14 +3,26 @@
 //! carries a marker `[[...]]` and the answer is derived from it, so every delivery of the
 //! same job produces the same summary (and the same email body). Breaker probes (requests
 //! for one completion token) are counted apart.
+//!
+//! Long texts are summarised in parts (`worker::parts`): the request's system message says
+//! which prompt it is (a whole document, one part, or a combination of part summaries).
+//! Only one part of a long text holds its marker, so a part's answer carries the markers
+//! found in its input (`[[marker]]`), and a combination's answer the markers found in its
+//! summaries, with [`summary_for`] each: the final summary still names its job. Every
+//! answer is a function of the request's input alone, so every delivery of a job ends in
+//! the same summary however its parts were reused.
 
 use std::collections::HashMap;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use summaryd::llm::PromptKind;
+use summaryd::llm::prompts::{COMBINE_PROMPT, PART_PROMPT, SYSTEM_PROMPT};
 
 use crate::shared::http_stub::{Connections, Reply, Request, Server, handler};
 
@@ -58,8 +70,12 @@ impl ModelBehavior {
 #[derive(Default)]
 struct State {
     behavior: Mutex<Option<ModelBehavior>>,
-    /// Calls per job marker (every call, failed ones included).
+    /// Calls per job marker (every call whose input carries it, failed ones included).
     calls: Mutex<HashMap<String, usize>>,
+    /// Calls by prompt (marker or not, failed ones included).
+    kinds: Mutex<HashMap<PromptKind, usize>>,
+    /// Every call but probes.
+    total: AtomicUsize,
     /// Breaker probes (one completion token), answered or not.
     probes: AtomicUsize,
     in_flight: AtomicUsize,
@@ -80,9 +96,67 @@ pub fn marked_text(marker: &str) -> String {
     )
 }
 
+/// A text of about `bytes` bytes (never fewer) with `marker` in its first sentence: the
+/// account review of [`marked_text`] and then paragraphs of meeting notes, each different
+/// (its number is in every sentence), so no two parts of it are the same input.
+pub fn long_marked_text(marker: &str, bytes: usize) -> String {
+    let mut text = marked_text(marker);
+    let mut i = 0;
+    while text.len() < bytes {
+        i += 1;
+        text.push_str(&format!(
+            "\n\nNotes {i}: the team met on day {i} to review the account. Item {i}.1: the \
+             customer confirmed the renewal terms discussed in meeting {i}. Item {i}.2: the \
+             price list of revision {i} goes out after legal has read it. Item {i}.3: the \
+             security questionnaire number {i} is due before the contract is signed."
+        ));
+    }
+    text
+}
+
 /// The summary the fake model returns for a marker.
 pub fn summary_for(marker: &str) -> String {
     format!("Summary of {marker}: renewal agreed, pricing next week.")
+}
+
+/// Which prompt a request is, by its system message; `None` for an unknown one.
+fn kind_of(system: &str) -> Option<PromptKind> {
+    [
+        (SYSTEM_PROMPT, PromptKind::Document),
+        (PART_PROMPT, PromptKind::Part),
+        (COMBINE_PROMPT, PromptKind::Combine),
+    ]
+    .into_iter()
+    .find_map(|(prompt, kind)| (prompt == system).then_some(kind))
+}
+
+/// The fake's answer to one request: a function of its kind and user message only.
+fn answer_for(kind: PromptKind, content: &str, markers: &[String]) -> String {
+    let mut hash = DefaultHasher::new();
+    content.hash(&mut hash);
+    let tags: Vec<String> = markers.iter().map(|m| format!("[[{m}]]")).collect();
+    match kind {
+        PromptKind::Document => summary_for(&markers[0]),
+        PromptKind::Part if markers.is_empty() => {
+            format!(
+                "Part {:016x}: renewal terms, prices, questionnaire.",
+                hash.finish()
+            )
+        }
+        PromptKind::Part => format!("Part {:016x}: {}", hash.finish(), tags.join(" ")),
+        PromptKind::Combine if markers.is_empty() => {
+            format!(
+                "Parts {:016x}: renewal terms, prices, questionnaire.",
+                hash.finish()
+            )
+        }
+        PromptKind::Combine => markers
+            .iter()
+            .zip(&tags)
+            .map(|(m, tag)| format!("{} {tag}", summary_for(m)))
+            .collect::<Vec<_>>()
+            .join(" "),
+    }
 }
 
 impl ModelServer {
@@ -113,13 +187,26 @@ impl ModelServer {
         *self.state.behavior.lock().unwrap() = Some(behavior);
     }
 
-    /// Calls per marker so far.
+    /// Calls per marker so far (a call whose input carries no marker, a part of a long
+    /// text, is in no job's count; one carrying two is in both).
     pub fn calls(&self) -> HashMap<String, usize> {
         self.state.calls.lock().unwrap().clone()
     }
 
+    /// Every call so far, marker or not (probes not included).
     pub fn total_calls(&self) -> usize {
-        self.state.calls.lock().unwrap().values().sum()
+        self.state.total.load(Ordering::SeqCst)
+    }
+
+    /// Calls of one prompt so far: whole documents, parts or combinations.
+    pub fn calls_of(&self, kind: PromptKind) -> usize {
+        self.state
+            .kinds
+            .lock()
+            .unwrap()
+            .get(&kind)
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Breaker probes so far (not in `calls`).
@@ -162,22 +249,37 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
             completion("pong")
         };
     }
-    // The text is in the user message (the last one); the system message is fixed.
+    // The instructions are the system message, the data the user message.
+    let system = body["messages"][0]["content"].as_str().unwrap_or_default();
+    let Some(kind) = kind_of(system) else {
+        return Reply::json(
+            400,
+            json!({"error": {"message": "not one of summaryd's system prompts"}}),
+        );
+    };
     let content = body["messages"][1]["content"].as_str().unwrap_or_default();
-    let Some(marker) = marker_of(content) else {
+    let markers = markers_of(content);
+    // A whole document always names its job; a part or a combination may not.
+    if kind == PromptKind::Document && markers.is_empty() {
         return Reply::json(
             400,
             json!({"error": {"message": "no [[marker]] in prompt"}}),
         );
+    }
+    state.total.fetch_add(1, Ordering::SeqCst);
+    *state.kinds.lock().unwrap().entry(kind).or_default() += 1;
+    {
+        let mut calls = state.calls.lock().unwrap();
+        for marker in &markers {
+            *calls.entry(marker.clone()).or_default() += 1;
+        }
+    }
+    let refused = {
+        let refused = state.refused.lock().unwrap();
+        markers.iter().find_map(|m| refused.get(m).copied())
     };
-    *state
-        .calls
-        .lock()
-        .unwrap()
-        .entry(marker.clone())
-        .or_default() += 1;
-    if let Some(status) = state.refused.lock().unwrap().get(&marker) {
-        return Reply::json(*status, json!({"error": {"message": "refused by policy"}}));
+    if let Some(status) = refused {
+        return Reply::json(status, json!({"error": {"message": "refused by policy"}}));
     }
     state.in_flight.fetch_add(1, Ordering::SeqCst);
     let _gauge = InFlight(&state.in_flight);
@@ -202,7 +304,7 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
         return Reply::json(429, json!({"error": {"message": "slow down"}}))
             .with_header("retry-after-ms", "50");
     }
-    completion(&summary_for(&marker))
+    completion(&answer_for(kind, content, &markers))
 }
 
 fn completion(content: &str) -> Reply {
@@ -220,8 +322,18 @@ fn completion(content: &str) -> Reply {
     )
 }
 
-fn marker_of(content: &str) -> Option<String> {
-    let start = content.find("[[")? + 2;
-    let len = content[start..].find("]]")?;
-    Some(content[start..start + len].to_owned())
+/// Every distinct marker `[[...]]` in `content`, in order of first appearance.
+fn markers_of(content: &str) -> Vec<String> {
+    let mut markers: Vec<String> = Vec::new();
+    let mut rest = content;
+    while let Some(start) = rest.find("[[") {
+        let after = &rest[start + 2..];
+        let Some(len) = after.find("]]") else { break };
+        let marker = &after[..len];
+        if !markers.iter().any(|m| m == marker) {
+            markers.push(marker.to_owned());
+        }
+        rest = &after[len + 2..];
+    }
+    markers
 }

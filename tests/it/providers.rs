@@ -163,7 +163,7 @@ async fn error_statuses_map_to_status_with_a_short_excerpt() {
     let (stub, client) = model_stub(Reply::text(503, "upstream overloaded")).await;
     for (status, body) in [
         (503, "upstream overloaded"),
-        (400, "This model's maximum context length is 128000 tokens"),
+        (400, "Invalid value for 'temperature'"),
         (401, "Invalid authentication"),
         (500, ""),
     ] {
@@ -187,6 +187,32 @@ async fn error_statuses_map_to_status_with_a_short_excerpt() {
         }
     }
     assert_eq!(stub.requests().len(), 4, "exactly one request per call");
+
+    // A context refusal is its own error, whatever the status it comes with, so the text
+    // is split smaller instead of dead-lettered.
+    for status in [400, 500] {
+        stub.set_reply(Reply::text(
+            status,
+            "This model's maximum context length is 128000 tokens",
+        ));
+        match client.summarise("t").await {
+            Err(LlmError::ContextExceeded(message)) => {
+                assert!(message.contains("maximum context length"), "{message}");
+            }
+            other => panic!("{status}: expected ContextExceeded, got {other:?}"),
+        }
+    }
+    stub.set_reply(Reply::text(
+        503,
+        "This model's maximum context length is 128000 tokens",
+    ));
+    assert!(
+        matches!(
+            client.summarise("t").await,
+            Err(LlmError::Status { status: 503, .. })
+        ),
+        "a 503 is an outage whatever its body says"
+    );
 
     stub.set_reply(Reply::text(502, &"x".repeat(10_000)));
     let Err(LlmError::Status { message, .. }) = client.summarise("t").await else {

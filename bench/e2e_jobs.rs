@@ -11,6 +11,8 @@
 //! rows retention removed during the run, and `peak_rss_kib` this process's VmHWM, i.e.
 //! worker + relay roles with C consumers, under this load.
 
+mod support;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -25,6 +27,7 @@ use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
+use support::{cpu_seconds, env_or};
 
 /// The builtin summariser behind a fixed delay: a stand-in for a hosted model's latency.
 struct DelayedModel {
@@ -38,24 +41,6 @@ impl Llm for DelayedModel {
         tokio::time::sleep(self.latency).await;
         self.inner.summarise(text).await
     }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// CPU seconds (user + system, every thread) this process has used so far, from /proc: a
-/// figure the other load on a shared machine changes much less than wall-clock rates.
-fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // The command name (field 2) may hold spaces; the fields after its ')' are fixed.
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    // Linux reports these in USER_HZ, which is 100 on x86-64 and arm64.
-    Some(ticks as f64 / 100.0)
 }
 
 /// VmHWM (peak resident set) of this process, from /proc.
@@ -202,23 +187,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     // Clean up: the bench database and keys.
-    let (admin, conn) =
-        tokio_postgres::connect(&format!("{pg_base}/postgres"), tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
     drop(services);
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
-        ))
-        .await?;
-    let client = redis::Client::open(redis_url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", settings.key_prefix))
-        .query_async(&mut conn)
-        .await?;
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-    }
-    Ok(())
+    support::clean_up(&pg_base, &db_name, &redis_url, &settings.key_prefix).await
 }

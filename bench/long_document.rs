@@ -12,6 +12,8 @@
 //! job run with fewer than P in flight: that tail, not the service, is most of what keeps
 //! the ratio under 1.
 
+mod support;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -27,6 +29,7 @@ use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
+use support::{cpu_seconds, env_or};
 
 /// The builtin summariser behind a fixed delay, counting its calls.
 struct DelayedModel {
@@ -41,21 +44,6 @@ impl Llm for DelayedModel {
         tokio::time::sleep(self.latency).await;
         BuiltinSummariser.summarise(text).await
     }
-}
-
-fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// CPU seconds (user + system, every thread) this process has used so far.
-fn cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / 100.0)
 }
 
 /// A document of `chars` characters: paragraphs of distinct sentences, as a transcript.
@@ -188,23 +176,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         cpu * 1000.0 / calls.max(1) as f64
     );
 
-    let (admin, conn) =
-        tokio_postgres::connect(&format!("{pg_base}/postgres"), tokio_postgres::NoTls).await?;
-    tokio::spawn(conn);
     drop(services);
-    admin
-        .batch_execute(&format!(
-            "DROP DATABASE IF EXISTS \"{db_name}\" WITH (FORCE)"
-        ))
-        .await?;
-    let client = redis::Client::open(redis_url)?;
-    let mut conn = client.get_multiplexed_async_connection().await?;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg(format!("{}*", settings.key_prefix))
-        .query_async(&mut conn)
-        .await?;
-    if !keys.is_empty() {
-        let _: () = redis::cmd("DEL").arg(&keys).query_async(&mut conn).await?;
-    }
-    Ok(())
+    support::clean_up(&pg_base, &db_name, &redis_url, &settings.key_prefix).await
 }

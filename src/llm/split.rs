@@ -46,6 +46,11 @@ impl Level {
 /// order, consecutive parts overlapping by up to a tenth of `room`. One part when the text
 /// fits; none for an empty text.
 pub fn split_text(text: &str, room: usize, counter: &TokenCounter) -> Vec<String> {
+    split_with(text, room, &|s: &str| counter.count(s))
+}
+
+/// [`split_text`] with any way of counting.
+fn split_with(text: &str, room: usize, count: &impl Fn(&str) -> usize) -> Vec<String> {
     let room = room.max(1);
     let mut units = Vec::new();
     cut(
@@ -53,7 +58,7 @@ pub fn split_text(text: &str, room: usize, counter: &TokenCounter) -> Vec<String
         0..text.len(),
         Level::Paragraph,
         room,
-        counter,
+        count,
         &mut units,
     );
     pack(&units, room, overlap_tokens(room))
@@ -67,13 +72,14 @@ fn overlap_tokens(room: usize) -> usize {
     (room / 10).min(MAX_OVERLAP_TOKENS)
 }
 
-/// The units of `text[range]` at `level`, each cut finer until it fits `room`.
+/// The units of `text[range]` at `level`, each cut finer until it fits `room` tokens as
+/// `count` counts them.
 fn cut(
     text: &str,
     range: Range<usize>,
     level: Level,
     room: usize,
-    counter: &TokenCounter,
+    count: &impl Fn(&str) -> usize,
     out: &mut Vec<Unit>,
 ) {
     for piece in boundaries(text, range, level, room) {
@@ -81,14 +87,14 @@ fn cut(
         if piece.is_empty() {
             continue;
         }
-        let tokens = counter.count(&text[piece.clone()]);
+        let tokens = count(&text[piece.clone()]);
         if tokens <= room || level == Level::Bytes {
             out.push(Unit {
                 range: piece,
                 tokens,
             });
         } else {
-            cut(text, piece, level.finer(), room, counter, out);
+            cut(text, piece, level.finer(), room, count, out);
         }
     }
 }
@@ -268,44 +274,7 @@ mod tests {
     }
 
     fn split_by(text: &str, room: usize, count: impl Fn(&str) -> usize) -> Vec<String> {
-        let mut units = Vec::new();
-        cut_with(
-            text,
-            0..text.len(),
-            Level::Paragraph,
-            room,
-            &count,
-            &mut units,
-        );
-        pack(&units, room, overlap_tokens(room))
-            .into_iter()
-            .map(|r| text[r].to_owned())
-            .collect()
-    }
-
-    fn cut_with(
-        text: &str,
-        range: Range<usize>,
-        level: Level,
-        room: usize,
-        count: &impl Fn(&str) -> usize,
-        out: &mut Vec<Unit>,
-    ) {
-        for piece in boundaries(text, range, level, room) {
-            let piece = trimmed(text, piece);
-            if piece.is_empty() {
-                continue;
-            }
-            let tokens = count(&text[piece.clone()]);
-            if tokens <= room || level == Level::Bytes {
-                out.push(Unit {
-                    range: piece,
-                    tokens,
-                });
-            } else {
-                cut_with(text, piece, level.finer(), room, count, out);
-            }
-        }
+        split_with(text, room, &count)
     }
 
     #[test]

@@ -33,60 +33,46 @@ impl Maintenance {
         Ok(dead_letters::purge_before(conn, &self.keys, cutoff_ms).await?)
     }
 
-    /// Delete sent outbox rows and the texts of summaries past their horizons. A failing
-    /// table does not stop the other; the first error is returned after both ran.
+    /// Delete sent outbox rows, the texts of summaries, and the stored texts and parts of
+    /// long jobs past their horizons. A failing table does not stop the others; the first
+    /// error is returned after all ran.
     pub(super) async fn retain_postgres(
         &self,
         now: DateTime<Utc>,
         report: &mut Report,
     ) -> Result<(), MaintenanceError> {
-        let mut first_error = None;
-        let horizon = |s: u64| (s > 0).then(|| now - chrono::Duration::seconds(clamp(s)));
-        if let Some(cutoff) = horizon(self.retention.outbox_sent_s) {
-            match delete_in_batches(|| {
-                db::outbox::delete_sent_before(&self.pg, cutoff, DELETE_BATCH)
-            })
-            .await
-            {
-                Ok(n) => report.outbox_sent = n,
-                Err(e) => {
-                    first_error.get_or_insert(e.into());
-                }
-            }
-        }
-        if let Some(cutoff) = horizon(self.retention.summaries_s) {
-            match delete_in_batches(|| {
-                db::summaries::expire_texts_completed_before(&self.pg, cutoff, DELETE_BATCH)
-            })
-            .await
-            {
-                Ok(n) => report.summaries = n,
-                Err(e) => {
-                    first_error.get_or_insert(e.into());
-                }
-            }
-        }
-        let unfinished = horizon(self.retention.dead_letters_s);
-        if let Some(cutoff) = unfinished {
-            match delete_in_batches(|| {
-                db::job_texts::delete_stored_before(&self.pg, cutoff, DELETE_BATCH)
-            })
-            .await
-            {
-                Ok(n) => report.job_texts = n,
-                Err(e) => {
-                    first_error.get_or_insert(e.into());
-                }
-            }
-        }
-        // Kept for good, unfinished jobs' parts stay too: nothing older than the epoch.
-        let cutoff = unfinished.unwrap_or(DateTime::<Utc>::MIN_UTC);
-        match delete_parts(|| db::parts::delete_expired(&self.pg, cutoff, PARTS_JOBS_BATCH)).await {
-            Ok(n) => report.summary_parts = n,
+        let mut first_error: Option<MaintenanceError> = None;
+        let mut keep = |result: Result<u64, DbError>, removed: &mut u64| match result {
+            Ok(n) => *removed = n,
             Err(e) => {
                 first_error.get_or_insert(e.into());
             }
+        };
+        let horizon = |s: u64| (s > 0).then(|| now - chrono::Duration::seconds(clamp(s)));
+        if let Some(cutoff) = horizon(self.retention.outbox_sent_s) {
+            let deleted = delete_in_batches(|| {
+                db::outbox::delete_sent_before(&self.pg, cutoff, DELETE_BATCH)
+            });
+            keep(deleted.await, &mut report.outbox_sent);
         }
+        if let Some(cutoff) = horizon(self.retention.summaries_s) {
+            let expired = delete_in_batches(|| {
+                db::summaries::expire_texts_completed_before(&self.pg, cutoff, DELETE_BATCH)
+            });
+            keep(expired.await, &mut report.summaries);
+        }
+        let unfinished = horizon(self.retention.dead_letters_s);
+        if let Some(cutoff) = unfinished {
+            let deleted = delete_in_batches(|| {
+                db::job_texts::delete_stored_before(&self.pg, cutoff, DELETE_BATCH)
+            });
+            keep(deleted.await, &mut report.job_texts);
+        }
+        // Kept for good, unfinished jobs' parts stay too: nothing older than the epoch.
+        let cutoff = unfinished.unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let deleted =
+            delete_parts(|| db::parts::delete_expired(&self.pg, cutoff, PARTS_JOBS_BATCH));
+        keep(deleted.await, &mut report.summary_parts);
         match first_error {
             Some(e) => Err(e),
             None => Ok(()),

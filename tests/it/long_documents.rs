@@ -781,11 +781,11 @@ async fn a_long_text_is_stored_in_postgres_and_redis_holds_only_a_reference() {
     post_all("warm-short", &short, 2).await;
     post_all("warm-long", &long, 2).await;
 
-    let before = redis_memory(&mut redis).await;
+    let before = crate::shared::servers::redis_memory(&mut redis).await;
     post_all("short", &short, N).await;
-    let middle = redis_memory(&mut redis).await;
+    let middle = crate::shared::servers::redis_memory(&mut redis).await;
     post_all("long", &long, N).await;
-    let after = redis_memory(&mut redis).await;
+    let after = crate::shared::servers::redis_memory(&mut redis).await;
     let per_job = |from: i64, to: i64| (to - from) / N as i64;
     let inline_used = per_job(before.used_less_clients, middle.used_less_clients);
     let stored_used = per_job(middle.used_less_clients, after.used_less_clients);
@@ -978,32 +978,4 @@ async fn a_text_accepted_within_max_parts_finishes_within_them() {
         calls <= needed,
         "the intake planned at most {needed} calls; the worker made {calls}"
     );
-}
-
-/// Redis memory as `INFO memory` reports it: `used_memory` less `mem_clients_normal` (what
-/// connected clients hold), and `used_memory_dataset` (`used_memory` less every overhead).
-/// The first follows the data but wobbles by tens of KB as the server re-accounts its
-/// clients' buffers; the second is the data alone.
-#[derive(Debug, Clone, Copy)]
-struct RedisMemory {
-    used_less_clients: i64,
-    dataset: i64,
-}
-
-async fn redis_memory(redis: &mut redis::aio::MultiplexedConnection) -> RedisMemory {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(redis)
-        .await
-        .unwrap();
-    let field = |name: &str| -> i64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} in INFO memory"))
-    };
-    RedisMemory {
-        used_less_clients: field("used_memory") - field("mem_clients_normal"),
-        dataset: field("used_memory_dataset"),
-    }
 }

@@ -460,6 +460,104 @@ async fn retention_removes_exactly_what_is_older_than_its_horizon() {
     );
 }
 
+/// A long job's stored text and parts: the parts go when retention removes the summary's
+/// text (and stay while it has it), the text and parts of a job that never finished go
+/// once they are as old as a dead letter would be kept, and younger ones stay.
+#[tokio::test]
+async fn stored_texts_and_parts_go_with_their_job_under_retention() {
+    const DEAD_S: u64 = 3_600;
+    const SUMMARIES_S: u64 = 100_000;
+    let w = World::new(FakeLlm::ok(), |s| {
+        s.retention.dead_letters_s = DEAD_S;
+        s.retention.summaries_s = SUMMARIES_S;
+    })
+    .await;
+    let pg = w.env.pg().await;
+    let now = Utc::now();
+    for k in ["kept", "expired"] {
+        db::summaries::commit_with_outbox(
+            &w.services.pg,
+            &job(k),
+            &crate::shared::model_summary(&format!("Summary of {k}.")),
+        )
+        .await
+        .unwrap();
+    }
+    pg.execute(
+        "UPDATE summaries SET completed_at = $2 WHERE job_id = $1",
+        &[
+            &job("expired").job_id.as_uuid(),
+            &(now - chrono::Duration::seconds(SUMMARIES_S as i64 + 1)),
+        ],
+    )
+    .await
+    .unwrap();
+    let old = now - chrono::Duration::seconds(DEAD_S as i64 + 1);
+    let young = now - chrono::Duration::seconds(10);
+    // Three parts each: two finished jobs, an unfinished old one and an unfinished young one.
+    for (k, created_at) in [
+        ("kept", old),
+        ("expired", young),
+        ("old-unfinished", old),
+        ("young-unfinished", young),
+    ] {
+        for part in 0..3_i32 {
+            pg.execute(
+                "INSERT INTO summary_parts (job_id, input_sha256, level, part, model, summary, created_at) \
+                 VALUES ($1, $2, 0, $3, 'builtin', 'a part', $4)",
+                &[&job(k).job_id.as_uuid(), &vec![part as u8; 32], &part, &created_at],
+            )
+            .await
+            .unwrap();
+        }
+    }
+    for (k, created_at) in [("old-unfinished", old), ("young-unfinished", young)] {
+        pg.execute(
+            "INSERT INTO job_texts (job_id, tenant, text, created_at) VALUES ($1, 'acme', 'long', $2)",
+            &[&job(k).job_id.as_uuid(), &created_at],
+        )
+        .await
+        .unwrap();
+    }
+
+    let report = w.maintenance().run_at(now).await.unwrap();
+    assert_eq!(
+        (report.summaries, report.job_texts, report.summary_parts),
+        (1, 1, 6)
+    );
+    let ids = |sql: &'static str| {
+        let pg = &pg;
+        async move {
+            let mut ids: Vec<String> = pg
+                .query(sql, &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            ids.sort();
+            ids.dedup();
+            ids
+        }
+    };
+    let want = |ks: &[&str]| -> Vec<String> {
+        let mut ids: Vec<String> = ks.iter().map(|k| job(k).job_id.to_string()).collect();
+        ids.sort();
+        ids
+    };
+    assert_eq!(
+        ids("SELECT job_id::text FROM summary_parts").await,
+        want(&["kept", "young-unfinished"]),
+        "a done job's parts stay with its text, however old; a young unfinished job's stay"
+    );
+    assert_eq!(
+        ids("SELECT job_id::text FROM job_texts").await,
+        want(&["young-unfinished"])
+    );
+    let again = w.maintenance().run_at(now).await.unwrap();
+    assert_eq!((again.job_texts, again.summary_parts), (0, 0));
+}
+
 /// `dlq purge`: by id, by age, or both; a replayed job's state is left alone.
 #[tokio::test]
 async fn dlq_purge_removes_the_chosen_dead_letters_and_their_state() {
@@ -647,24 +745,11 @@ async fn summary_retention_reads_only_rows_that_still_have_text() {
     assert!(!plan.contains("Seq Scan"), "{plan}");
 }
 
-/// `INFO memory` fields of a Redis server.
-async fn redis_memory(redis: &mut MultiplexedConnection) -> HashMap<String, i64> {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(redis)
-        .await
-        .unwrap();
-    info.lines()
-        .filter_map(|l| l.split_once(':'))
-        .filter_map(|(k, v)| Some((k.to_owned(), v.trim().parse().ok()?)))
-        .collect()
-}
-
-/// Memory of the data, without what connected clients hold (their buffers come and go
-/// with the connection pools, not with jobs).
+/// Memory of the data, without what connected clients hold.
 async fn data_memory(redis: &mut MultiplexedConnection) -> i64 {
-    let m = redis_memory(redis).await;
-    m["used_memory"] - m["mem_clients_normal"]
+    crate::shared::servers::redis_memory(redis)
+        .await
+        .used_less_clients
 }
 
 /// Posts `n` jobs, 32 at a time, as a client should: it drops pooled connections before

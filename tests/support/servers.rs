@@ -286,3 +286,32 @@ pub fn test_dir(name: &str) -> tempfile::TempDir {
         .tempdir()
         .expect("temp dir")
 }
+
+/// Redis memory as `INFO memory` reports it, for tests that measure what jobs cost.
+#[derive(Debug, Clone, Copy)]
+pub struct RedisMemory {
+    /// `used_memory` less `mem_clients_normal`: the data without what connected clients
+    /// hold (their buffers come and go with the connection pools, not with jobs; the server
+    /// re-accounts them late, so this wobbles by tens of KB).
+    pub used_less_clients: i64,
+    /// `used_memory_dataset`: `used_memory` less every overhead, the data alone.
+    pub dataset: i64,
+}
+
+pub async fn redis_memory(redis: &mut redis::aio::MultiplexedConnection) -> RedisMemory {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(redis)
+        .await
+        .unwrap();
+    let field = |name: &str| -> i64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} in INFO memory"))
+    };
+    RedisMemory {
+        used_less_clients: field("used_memory") - field("mem_clients_normal"),
+        dataset: field("used_memory_dataset"),
+    }
+}

@@ -137,7 +137,8 @@ fn boundaries(text: &str, range: Range<usize>, level: Level, room: usize) -> Vec
                     cuts.push(i + c.len_utf8());
                     after_mark = false;
                 } else if c == '\n' {
-                    cuts.push(i + 1);
+                    // The line break itself is trimmed off either side.
+                    cuts.push(i);
                     after_mark = false;
                 } else if c.is_whitespace() && after_mark {
                     cuts.push(i);
@@ -178,14 +179,13 @@ fn boundaries(text: &str, range: Range<usize>, level: Level, room: usize) -> Vec
     }
     cuts.dedup();
     cuts.retain(|&c| c < s.len());
-    let mut out = Vec::with_capacity(cuts.len());
-    for (i, &start) in cuts.iter().enumerate() {
-        let end = cuts.get(i + 1).copied().unwrap_or(s.len());
-        if start < end {
-            out.push(base + start..base + end);
-        }
-    }
-    out
+    // Cuts rise strictly (each level pushes them in order, `dedup` drops repeats), so no
+    // piece is empty.
+    let ends = cuts.iter().skip(1).copied().chain([s.len()]);
+    cuts.iter()
+        .zip(ends)
+        .map(|(&start, end)| base + start..base + end)
+        .collect()
 }
 
 /// Consecutive units packed into parts of at most `room` tokens; each part after the
@@ -312,6 +312,30 @@ mod tests {
         assert_eq!(parts.len(), 3, "{parts:?}");
         assert!(parts.iter().all(|p| p.len() <= 10));
         assert_eq!(parts.concat(), long_word);
+    }
+
+    #[test]
+    fn a_paragraph_is_a_blank_line_apart_and_its_lines_stay_together() {
+        // Paragraph units: "a b\nc d" is 4 tokens with no join between its lines.
+        let text = "a b\nc d\n\ne f g";
+        assert_eq!(split_by(text, 4, words()), ["a b\nc d", "e f g"]);
+        // A line of spaces or tabs between the breaks is still a blank line.
+        let text = "a b\nc d\n \t\r\ne f g";
+        assert_eq!(split_by(text, 4, words()), ["a b\nc d", "e f g"]);
+        // One line break is no paragraph: a long paragraph is cut at its lines.
+        let text = "one two\nthree four";
+        assert_eq!(split_by(text, 2, words()), ["one two", "three four"]);
+    }
+
+    #[test]
+    fn cjk_sentences_end_at_their_own_marks() {
+        let text = "会議を始めた。議事録を読んだ。次回を決めた。";
+        // One "token" per character: each sentence is 7.
+        let parts = split_by(text, 8, |s: &str| s.chars().count());
+        assert_eq!(
+            parts,
+            ["会議を始めた。", "議事録を読んだ。", "次回を決めた。"]
+        );
     }
 
     #[test]

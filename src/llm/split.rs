@@ -177,10 +177,9 @@ fn boundaries(text: &str, range: Range<usize>, level: Level, room: usize) -> Vec
             }
         }
     }
+    // Cuts rise (each level pushes them in order; `dedup` drops repeats). A cut at the
+    // very end makes an empty last piece, which `cut` skips like a blank one.
     cuts.dedup();
-    cuts.retain(|&c| c < s.len());
-    // Cuts rise strictly (each level pushes them in order, `dedup` drops repeats), so no
-    // piece is empty.
     let ends = cuts.iter().skip(1).copied().chain([s.len()]);
     cuts.iter()
         .zip(ends)
@@ -390,6 +389,23 @@ mod tests {
             }
             assert!(text.trim_end().ends_with(parts.last().unwrap().trim_end()));
         }
+    }
+
+    #[test]
+    fn an_overlap_counts_against_the_part_it_begins() {
+        let units: Vec<Unit> = [3, 3, 2, 2]
+            .into_iter()
+            .enumerate()
+            .map(|(i, tokens)| Unit {
+                range: i..i + 1,
+                tokens,
+            })
+            .collect();
+        // 3 + 1 + 3 = 7 fits 8; the second part begins with the second unit (3 + 1 of
+        // overlap), takes the third (7) and has no room for the fourth (9).
+        assert_eq!(pack(&units, 8, 4), [0..2, 1..3, 2..4]);
+        // Without room for an overlap, parts only follow each other.
+        assert_eq!(pack(&units, 8, 0), [0..2, 2..4]);
     }
 
     #[test]

@@ -209,9 +209,10 @@ fn pack(units: &[Unit], room: usize, overlap: usize) -> Vec<Range<usize>> {
         if end == units.len() {
             break;
         }
-        // The overlap: never the whole previous part, never more than leaves room.
+        // The overlap: the last units of the previous part, as long as they leave room for
+        // the next new unit (so never the whole part: that one did not have the room).
         let mut tail = 0;
-        while first > begun + 1 {
+        while first > begun {
             let add = units[first - 1].tokens + JOIN_TOKENS;
             if tail + add > overlap || tail + add + units[end].tokens > room {
                 break;
@@ -406,6 +407,23 @@ mod tests {
         assert_eq!(pack(&units, 8, 4), [0..2, 1..3, 2..4]);
         // Without room for an overlap, parts only follow each other.
         assert_eq!(pack(&units, 8, 0), [0..2, 2..4]);
+        // A unit and its join (4) are more than an overlap of 3.
+        assert_eq!(pack(&units, 8, 3), [0..2, 2..4]);
+
+        let units = |tokens: &[usize]| -> Vec<Unit> {
+            tokens
+                .iter()
+                .enumerate()
+                .map(|(i, &tokens)| Unit {
+                    range: i..i + 1,
+                    tokens,
+                })
+                .collect()
+        };
+        // The overlap (4) and the next unit (4) fill the room exactly: taken.
+        assert_eq!(pack(&units(&[3, 3, 4, 4]), 8, 4), [0..2, 1..3, 3..4]);
+        // The overlap would leave no room for the next unit (4 + 6 > 8): none.
+        assert_eq!(pack(&units(&[3, 3, 6]), 8, 4), [0..2, 2..3]);
     }
 
     #[test]

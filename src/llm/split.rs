@@ -212,8 +212,8 @@ fn pack(units: &[Unit], room: usize, overlap: usize) -> Vec<Range<usize>> {
         // The overlap: the last units of the previous part, as long as they leave room for
         // the next new unit (so never the whole part: that one did not have the room).
         let mut tail = 0;
-        while first > begun {
-            let add = units[first - 1].tokens + JOIN_TOKENS;
+        for unit in units[begun..end].iter().rev() {
+            let add = unit.tokens + JOIN_TOKENS;
             if tail + add > overlap || tail + add + units[end].tokens > room {
                 break;
             }

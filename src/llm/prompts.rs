@@ -218,6 +218,12 @@ mod tests {
             counter.count(PART_PROMPT) + counter.count(&document("")) + MESSAGE_OVERHEAD
         );
         assert_eq!(Prompt::Part("abcde".into()).data_tokens(&counter), 2);
+        // Bytes bound the tokens of every counter, tags of a combination included.
+        assert_eq!(Prompt::Part("abcde".into()).data_bytes(), 5);
+        assert_eq!(
+            Prompt::Combine(vec!["abc".into(), "de".into()]).data_bytes(),
+            3 + SUMMARY_OVERHEAD + 2 + SUMMARY_OVERHEAD
+        );
         assert_eq!(
             Prompt::Combine(vec!["abcde".into(), "abcde".into()]).data_tokens(&counter),
             2 * (2 + SUMMARY_OVERHEAD)

@@ -527,7 +527,9 @@ async fn a_sixty_thousand_character_text_is_summarised_in_parts_that_each_fit() 
 
     // Progress was visible while it ran, and never went backwards past its total.
     assert!(
-        progress.iter().any(|(done, total)| 0 < *done && done < total),
+        progress
+            .iter()
+            .any(|(done, total)| 0 < *done && done < total),
         "a GET showed the job part way, with parts done: {progress:?}"
     );
     assert!(
@@ -930,6 +932,47 @@ async fn a_delivery_that_stored_parts_is_not_counted() {
     assert_eq!(env.count("outbox").await, 1);
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+}
+
+/// The other side of the rule: a delivery of a job in parts that stored nothing new before
+/// it failed is a failed delivery like any other, so a model that fails every call still
+/// dead-letters the job when its deliveries run out (and never retries it without end).
+#[actix_web::test]
+async fn a_delivery_that_stored_nothing_counts() {
+    let env = TestEnv::new().await;
+    let model = ContextModel::start(4_096, Duration::ZERO).await;
+    model.fail_every(1);
+    let mut settings = model_settings(&env, model.url("/v1"), 4_096);
+    settings.llm.max_attempts = 1;
+    settings.llm.breaker_failures = 100;
+    settings.llm.parallel_parts = 1;
+    settings.worker.max_deliveries = 1;
+    settings.worker.claim_idle = Duration::from_millis(50);
+    let (_services, mut consumer) = world(
+        settings,
+        &env,
+        vec![job(0, long_text(60_000, "no progress"))],
+    )
+    .await;
+
+    let mut runs = 0;
+    while env.dead_letters().await == 0 && runs < 20 {
+        consumer.run_once().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        runs += 1;
+    }
+    assert_eq!(
+        env.dead_letters().await,
+        1,
+        "dead-lettered after {runs} runs"
+    );
+    assert_eq!(env.count("summary_parts").await, 0);
+    assert_eq!(env.count("summaries").await, 0);
+    let calls = model.jobs().len();
+    assert!(
+        (1..=2).contains(&calls),
+        "one failed part per delivery, no endless retry: {calls} calls"
+    );
 }
 
 /// The intake's promise: a text it accepts needs at most `SUMMARYD_LLM_MAX_PARTS` model

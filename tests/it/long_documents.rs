@@ -536,6 +536,15 @@ async fn a_sixty_thousand_character_text_is_summarised_in_parts_that_each_fit() 
         progress.iter().all(|(done, total)| done <= total),
         "{progress:?}"
     );
+    // The plan GET showed is the one the intake counted against max_parts (every summary
+    // as long as it may be), and the calls made stayed within it.
+    let planned = summaryd::llm::most_calls(&summaryd::llm::fits(&settings.llm), &text) as u64;
+    assert_eq!(
+        progress.iter().map(|(_, total)| *total).max(),
+        Some(planned),
+        "{progress:?}"
+    );
+    assert!(seen.len() as u64 <= planned);
 }
 
 /// The primary (a large context) answers 503 to everything; the fallback has 4,096 tokens

@@ -984,6 +984,36 @@ async fn a_delivery_that_stored_nothing_counts() {
     );
 }
 
+/// The worker's own bound: a job whose plan needs more than twice `SUMMARYD_LLM_MAX_PARTS`
+/// calls (the intake refuses such texts; this one was put on the stream directly, as an
+/// older version or a changed setting could leave it) is dead-lettered before any call.
+#[actix_web::test]
+async fn a_plan_past_twice_max_parts_is_dead_lettered_before_any_call() {
+    let env = TestEnv::new().await;
+    let model = ContextModel::start(4_096, Duration::ZERO).await;
+    let mut settings = model_settings(&env, model.url("/v1"), 4_096);
+    let text = long_text(60_000, "over the cap");
+    let planned = summaryd::llm::most_calls(&summaryd::llm::fits(&settings.llm), &text);
+    settings.llm.max_parts = planned / 2 - 1;
+    let (_services, mut consumer) = world(settings, &env, vec![job(0, text)]).await;
+    assert_eq!(consumer.run_once().await.unwrap(), 1);
+    assert_eq!(env.dead_letters().await, 1);
+    assert!(model.jobs().is_empty(), "no call was paid for");
+    assert_eq!(env.count("summaries").await, 0);
+
+    // At exactly twice the cap, the job runs.
+    let env = TestEnv::new().await;
+    let model = ContextModel::start(4_096, Duration::ZERO).await;
+    let mut settings = model_settings(&env, model.url("/v1"), 4_096);
+    let text = long_text(60_000, "at the cap");
+    let planned = summaryd::llm::most_calls(&summaryd::llm::fits(&settings.llm), &text);
+    settings.llm.max_parts = planned.div_ceil(2);
+    let (_services, mut consumer) = world(settings, &env, vec![job(0, text)]).await;
+    assert_eq!(consumer.run_once().await.unwrap(), 1);
+    assert_eq!(env.dead_letters().await, 0);
+    assert_eq!(env.count("summaries").await, 1);
+}
+
 /// The intake's promise: a text it accepts needs at most `SUMMARYD_LLM_MAX_PARTS` model
 /// calls (`llm::most_calls`, the plan `Fit::calls_for` makes), and the worker stops a plan
 /// only past twice that. With `max_parts` set to exactly what the intake computed for the

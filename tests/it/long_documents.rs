@@ -522,6 +522,18 @@ async fn a_sixty_thousand_character_text_is_summarised_in_parts_that_each_fit() 
         (seen.len() - 1) as i64,
         "every call but the job's own summary stored as a part"
     );
+    let stored_combinations: i64 = env
+        .pg()
+        .await
+        .query_one("SELECT count(*) FROM summary_parts WHERE level > 0", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        stored_combinations,
+        combines as i64 - 1,
+        "combinations are stored a level above the parts they combine"
+    );
     assert_eq!(env.count("job_texts").await, 0, "60,000 bytes stay inline");
     assert_eq!(env.dead_letters().await, 0);
 

@@ -50,28 +50,30 @@ impl Maintenance {
         };
         let horizon = |s: u64| (s > 0).then(|| now - chrono::Duration::seconds(clamp(s)));
         if let Some(cutoff) = horizon(self.retention.outbox_sent_s) {
-            let deleted = delete_in_batches(|| {
+            let deleted = delete_in_batches(DELETE_BATCH as u64, || {
                 db::outbox::delete_sent_before(&self.pg, cutoff, DELETE_BATCH)
             });
             keep(deleted.await, &mut report.outbox_sent);
         }
         if let Some(cutoff) = horizon(self.retention.summaries_s) {
-            let expired = delete_in_batches(|| {
+            let expired = delete_in_batches(DELETE_BATCH as u64, || {
                 db::summaries::expire_texts_completed_before(&self.pg, cutoff, DELETE_BATCH)
             });
             keep(expired.await, &mut report.summaries);
         }
         let unfinished = horizon(self.retention.dead_letters_s);
         if let Some(cutoff) = unfinished {
-            let deleted = delete_in_batches(|| {
+            let deleted = delete_in_batches(DELETE_BATCH as u64, || {
                 db::job_texts::delete_stored_before(&self.pg, cutoff, DELETE_BATCH)
             });
             keep(deleted.await, &mut report.job_texts);
         }
         // Kept for good, unfinished jobs' parts stay too: nothing older than the epoch.
         let cutoff = unfinished.unwrap_or(DateTime::<Utc>::MIN_UTC);
-        let deleted =
-            delete_parts(|| db::parts::delete_expired(&self.pg, cutoff, PARTS_JOBS_BATCH));
+        // A batch of jobs removes any number of parts: only an empty one says none is left.
+        let deleted = delete_in_batches(1, || {
+            db::parts::delete_expired(&self.pg, cutoff, PARTS_JOBS_BATCH)
+        });
         keep(deleted.await, &mut report.summary_parts);
         match first_error {
             Some(e) => Err(e),
@@ -83,9 +85,9 @@ impl Maintenance {
 /// Jobs whose parts one statement deletes: a job has up to `SUMMARYD_LLM_MAX_PARTS` parts.
 const PARTS_JOBS_BATCH: i64 = 20;
 
-/// Delete the parts of batch after batch of jobs until none is left or the pass's cap is
-/// reached.
-async fn delete_parts<F, Fut>(mut batch: F) -> Result<u64, DbError>
+/// Delete batch after batch until one removes fewer than `full` rows (nothing is left) or
+/// the pass's cap is reached.
+async fn delete_in_batches<F, Fut>(full: u64, mut batch: F) -> Result<u64, DbError>
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<u64, DbError>>,
@@ -94,23 +96,7 @@ where
     loop {
         let n = batch().await?;
         total += n;
-        if n == 0 || total >= MAX_DELETES_PER_PASS {
-            return Ok(total);
-        }
-    }
-}
-
-/// Delete batch after batch until one comes back short or the pass's cap is reached.
-async fn delete_in_batches<F, Fut>(mut batch: F) -> Result<u64, DbError>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Result<u64, DbError>>,
-{
-    let mut total = 0;
-    loop {
-        let n = batch().await?;
-        total += n;
-        if n < DELETE_BATCH as u64 || total >= MAX_DELETES_PER_PASS {
+        if n < full || total >= MAX_DELETES_PER_PASS {
             return Ok(total);
         }
     }

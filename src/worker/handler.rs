@@ -115,14 +115,11 @@ async fn summarise(services: &WorkerServices, job: &Job) -> Result<ModelSummary,
         },
     };
     let deadline = Deadline::after(services.settings.job_budget);
-    match services
-        .model
-        .complete(&Prompt::Document(text.clone()), deadline)
-        .await
-    {
+    let document = Prompt::Document(text);
+    match services.model.complete(&document, deadline).await {
         Ok(summary) => Ok(summary),
         Err(too_long @ ChainError::TooLong { .. }) => {
-            Ok(summarise_in_parts(services, job.job_id, text, too_long).await?)
+            Ok(summarise_in_parts(services, job.job_id, document, too_long).await?)
         }
         Err(e) => Err(e.into()),
     }

@@ -84,11 +84,11 @@ struct Run<'a> {
     max_calls: u32,
 }
 
-/// Summarise `text` in parts, the chain having said the whole does not fit (`too_long`).
+/// Summarise `document` in parts, the chain having said it does not fit (`too_long`).
 pub(crate) async fn summarise_in_parts(
     services: &WorkerServices,
     job_id: JobId,
-    text: String,
+    document: Prompt,
     too_long: ChainError,
 ) -> Result<ModelSummary, PartsFailure> {
     let stored = parts::load(&services.pg, job_id)
@@ -114,7 +114,7 @@ pub(crate) async fn summarise_in_parts(
     };
     let place = PartPlace { level: 0, part: 0 };
     let result = run
-        .split_and_solve(Prompt::Document(text), too_long, place, true, 0)
+        .split_and_solve(document, too_long, place, true, 0)
         .await;
     let progressed = run.new_parts.load(Ordering::Relaxed) > 0;
     match result {

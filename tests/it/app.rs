@@ -9,15 +9,9 @@ use serde_json::{Value, json};
 use summaryd::app::Application;
 use summaryd::config::roles::{Role, Roles};
 use summaryd::config::{LlmProvider, MailProvider, Settings};
-use summaryd::shutdown::Shutdown;
 
+use crate::shared::running::Running;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
-
-struct Running {
-    base: String,
-    shutdown: Shutdown,
-    task: tokio::task::JoinHandle<Result<(), summaryd::app::StartError>>,
-}
 
 async fn start(env: &TestEnv, roles: Roles, llm: Arc<FakeLlm>, mailer: Arc<FakeMailer>) -> Running {
     let mut settings = env.settings.clone();
@@ -29,25 +23,7 @@ async fn start(env: &TestEnv, roles: Roles, llm: Arc<FakeLlm>, mailer: Arc<FakeM
         .mailer(mailer)
         .application(roles)
         .await;
-    let base = format!("http://127.0.0.1:{}", app.port());
-    let shutdown = Shutdown::new();
-    let task = tokio::spawn(app.run(shutdown.clone()));
-    Running {
-        base,
-        shutdown,
-        task,
-    }
-}
-
-impl Running {
-    async fn stop(self) {
-        self.shutdown.trigger();
-        let result = tokio::time::timeout(Duration::from_secs(10), self.task)
-            .await
-            .expect("app stops within the grace period")
-            .expect("app task did not panic");
-        assert!(result.is_ok(), "clean exit: {result:?}");
-    }
+    Running::start(app)
 }
 
 fn post(client: &reqwest::Client, base: &str, key: &str, body: &Value) -> reqwest::RequestBuilder {

@@ -31,6 +31,7 @@ use summaryd::worker::Consumer;
 
 use crate::shared::api_requests::{self, assert_problem, record_key, stream_len};
 use crate::shared::http_stub::{Connections, HttpStub, Reply, Request, Server, handler};
+use crate::shared::running::Running;
 use crate::shared::test_env::Services;
 use crate::shared::{TestEnv, eventually};
 
@@ -347,35 +348,6 @@ fn of_kind(seen: &[Seen], kind: Kind) -> usize {
     seen.iter().filter(|s| s.kind == kind).count()
 }
 
-/// An application serving `roles`, on a task; its base URL, its shutdown, the task.
-struct Running {
-    base: String,
-    shutdown: Shutdown,
-    task: tokio::task::JoinHandle<Result<(), summaryd::app::StartError>>,
-}
-
-impl Running {
-    async fn start(app: Application) -> Running {
-        let base = format!("http://127.0.0.1:{}", app.port());
-        let shutdown = Shutdown::new();
-        let task = tokio::spawn(app.run(shutdown.clone()));
-        Running {
-            base,
-            shutdown,
-            task,
-        }
-    }
-
-    async fn stop(self) {
-        self.shutdown.trigger();
-        let result = tokio::time::timeout(Duration::from_secs(15), self.task)
-            .await
-            .expect("app stops within the grace period")
-            .expect("app task did not panic");
-        assert!(result.is_ok(), "clean exit: {result:?}");
-    }
-}
-
 async fn post_text(client: &reqwest::Client, base: &str, key: &str, text: &str) -> (u16, Value) {
     let res = client
         .post(format!("{base}/v1/summaries"))
@@ -420,7 +392,7 @@ async fn a_sixty_thousand_character_text_is_summarised_in_parts_that_each_fit() 
     )
     .await
     .expect("build app");
-    let app = Running::start(app).await;
+    let app = Running::start(app);
     let client = reqwest::Client::new();
     let text = long_text(60_000, "quarterly");
     assert_eq!(text.chars().count(), 60_000);
@@ -769,14 +741,9 @@ async fn a_long_text_is_stored_in_postgres_and_redis_holds_only_a_reference() {
     let redis_server = crate::shared::servers::RedisProc::start(dir.path(), &[]);
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    let redis_url = format!("redis://127.0.0.1:{}", redis_server.port);
-    settings.redis_url = redis_url.clone().into();
+    settings.redis_url = redis_server.url().into();
     settings.worker.consumers = 2;
-    let mut redis = redis::Client::open(redis_url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut redis = redis_server.connection().await;
     let start = |roles: Roles| {
         env.services()
             .settings(settings.clone())
@@ -790,7 +757,7 @@ async fn a_long_text_is_stored_in_postgres_and_redis_holds_only_a_reference() {
     assert!(long.len() > settings.api.inline_text_bytes);
     assert!(short.len() <= settings.api.inline_text_bytes);
 
-    let api = Running::start(start(Roles::of(&[Role::Api])).await).await;
+    let api = Running::start(start(Roles::of(&[Role::Api])).await);
     let client = reqwest::Client::new();
     let post_all = |tag: &'static str, text: &str, n: usize| {
         let (client, base, text) = (&client, api.base.clone(), text.to_owned());
@@ -866,7 +833,7 @@ async fn a_long_text_is_stored_in_postgres_and_redis_holds_only_a_reference() {
     api.stop().await;
 
     // A worker finishes every job, and the stored texts go with their commits.
-    let worker = Running::start(start(Roles::of(&[Role::Worker])).await).await;
+    let worker = Running::start(start(Roles::of(&[Role::Worker])).await);
     let total = (2 * N + 4) as i64;
     assert!(
         eventually(Duration::from_secs(120), || async {

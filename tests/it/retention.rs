@@ -148,6 +148,27 @@ fn job(key: &str) -> Job {
     }
 }
 
+/// The distinct ids a query's first column holds, sorted.
+async fn distinct_ids(pg: &tokio_postgres::Client, sql: &str) -> Vec<String> {
+    let mut ids: Vec<String> = pg
+        .query(sql, &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    ids.sort();
+    ids.dedup();
+    ids
+}
+
+/// The job ids of `keys` (as [`job`] makes them), sorted.
+fn sorted_job_ids(keys: &[&str]) -> Vec<String> {
+    let mut ids: Vec<String> = keys.iter().map(|k| job(k).job_id.to_string()).collect();
+    ids.sort();
+    ids
+}
+
 fn status(code: u16) -> LlmError {
     LlmError::Status {
         status: code,
@@ -416,20 +437,6 @@ async fn retention_removes_exactly_what_is_older_than_its_horizon() {
         want(&["edge", "unsent"]),
         "unsent rows are never removed"
     );
-    let texts = |sql: &'static str| {
-        let pg = &pg;
-        async move {
-            let mut ids: Vec<String> = pg
-                .query(sql, &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            ids.sort();
-            ids
-        }
-    };
     // The email still to send carries its own text, so expiring the summary's cost it
     // nothing.
     assert_eq!(relay_once(&w.services.relay()).await.unwrap(), 1);
@@ -440,15 +447,17 @@ async fn retention_removes_exactly_what_is_older_than_its_horizon() {
         "{:?}",
         sent[0].0
     );
-    let mut all = want(&["old", "edge", "unsent"]);
-    all.sort();
     assert_eq!(
-        texts("SELECT job_id::text FROM summaries").await,
-        all,
+        distinct_ids(&pg, "SELECT job_id::text FROM summaries").await,
+        sorted_job_ids(&["old", "edge", "unsent"]),
         "a summary's row outlives its text"
     );
     assert_eq!(
-        texts("SELECT job_id::text FROM summaries WHERE summary IS NOT NULL").await,
+        distinct_ids(
+            &pg,
+            "SELECT job_id::text FROM summaries WHERE summary IS NOT NULL"
+        )
+        .await,
         want(&["edge"])
     );
 
@@ -525,34 +534,14 @@ async fn stored_texts_and_parts_go_with_their_job_under_retention() {
         (report.summaries, report.job_texts, report.summary_parts),
         (1, 1, 6)
     );
-    let ids = |sql: &'static str| {
-        let pg = &pg;
-        async move {
-            let mut ids: Vec<String> = pg
-                .query(sql, &[])
-                .await
-                .unwrap()
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            ids.sort();
-            ids.dedup();
-            ids
-        }
-    };
-    let want = |ks: &[&str]| -> Vec<String> {
-        let mut ids: Vec<String> = ks.iter().map(|k| job(k).job_id.to_string()).collect();
-        ids.sort();
-        ids
-    };
     assert_eq!(
-        ids("SELECT job_id::text FROM summary_parts").await,
-        want(&["kept", "young-unfinished"]),
+        distinct_ids(&pg, "SELECT job_id::text FROM summary_parts").await,
+        sorted_job_ids(&["kept", "young-unfinished"]),
         "a done job's parts stay with its text, however old; a young unfinished job's stay"
     );
     assert_eq!(
-        ids("SELECT job_id::text FROM job_texts").await,
-        want(&["young-unfinished"])
+        distinct_ids(&pg, "SELECT job_id::text FROM job_texts").await,
+        sorted_job_ids(&["young-unfinished"])
     );
     let again = w.maintenance().run_at(now).await.unwrap();
     assert_eq!((again.job_texts, again.summary_parts), (0, 0));
@@ -800,16 +789,11 @@ async fn twenty_thousand_jobs_leave_only_their_idempotency_records_in_redis() {
     let redis_server = crate::shared::servers::RedisProc::start(dir.path(), &[]);
     let env = TestEnv::new().await;
     let mut settings = env.settings.clone();
-    let redis_url = format!("redis://127.0.0.1:{}", redis_server.port);
-    settings.redis_url = redis_url.clone().into();
+    settings.redis_url = redis_server.url().into();
     settings.worker.consumers = 8;
     settings.maintenance.interval = Duration::from_millis(500);
     let text = "Revenue grew eleven percent in the third quarter. ".repeat(20);
-    let mut redis = redis::Client::open(redis_url.as_str())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut redis = redis_server.connection().await;
     let start = |roles: Roles| {
         env.services()
             .settings(settings.clone())

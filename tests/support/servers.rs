@@ -61,6 +61,20 @@ impl RedisProc {
         proc
     }
 
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// A connection of the test's own, for its checks.
+    pub async fn connection(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+
     /// The `--tls-*` arguments for a TLS port with `server`'s certificate; with
     /// `client_ca`, clients must present a certificate from that CA (mutual TLS).
     pub fn tls_args(tls_port: u16, server: &Issued, client_ca: Option<&Path>) -> Vec<String> {

@@ -1,8 +1,9 @@
 //! The test harness shared by the two integration-test binaries (`tests/it`, `tests/chaos`),
 //! included by path from each: the isolated world a test runs in (its own database and Redis
 //! key prefix), the one services/application builder, the loopback HTTP and SMTP servers,
-//! the fake providers, the request helpers for the in-process API, and the private Redis and
-//! Postgres servers (with certificates made per test) the TLS and durability tests start.
+//! the fake providers, the request helpers for the in-process API, the Standard Webhooks
+//! reference verifier for recorded webhook requests, and the private Redis and Postgres
+//! servers (with certificates made per test) the TLS and durability tests start.
 
 #![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
 
@@ -18,6 +19,7 @@ pub mod running;
 pub mod script;
 pub mod servers;
 pub mod smtp_sink;
+pub mod standard_webhooks;
 pub mod test_env;
 
 use std::future::Future;

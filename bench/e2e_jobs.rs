@@ -112,7 +112,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             job_id: JobId::from_scoped_key(&format!("bench:{run_id}:{i}")),
             tenant: TenantId::parse("bench")?,
             text: text.into(),
-            notify: Email::parse("bench@example.com")?,
+            notify: Some(Email::parse("bench@example.com")?),
+            webhook: None,
             created_at: Utc::now(),
         };
         enqueue(&mut redis, &services.keys, &msg).await?;

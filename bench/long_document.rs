@@ -119,7 +119,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         job_id: JobId::from_scoped_key(&format!("bench:{run_id}:long")),
         tenant: TenantId::parse("bench")?,
         text: JobText::Stored,
-        notify: Email::parse("bench@example.com")?,
+        notify: Some(Email::parse("bench@example.com")?),
+        webhook: None,
         created_at: Utc::now(),
     };
     let pg = services.pg.get().await?;

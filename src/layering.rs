@@ -22,7 +22,7 @@ const LAYERS: [(&str, &[&str]); 9] = [
     // Connections, TLS, key names, redaction, telemetry, metrics.
     ("infrastructure", &["infra"]),
     // One module per outside system.
-    ("adapters", &["stream", "db", "llm", "mail"]),
+    ("adapters", &["stream", "db", "llm", "mail", "webhook"]),
     // One module per `--roles` entry, and the housekeeping every role runs.
     ("roles", &["api", "worker", "relay", "maintenance"]),
     // What a process builds once and supervises.

@@ -29,4 +29,5 @@ pub mod relay;
 pub mod resilience;
 pub mod shutdown;
 pub mod stream;
+pub mod webhook;
 pub mod worker;

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{AuthSettings, NotifySettings};
-use crate::domain::{NotifyDomains, TenantId};
+use crate::domain::{NotifyDomains, TenantId, WebhookSecrets, WebhookUrl};
 use crate::stream::TenantLimits;
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +51,10 @@ struct TenantEntry {
     notify_domains: Option<Vec<String>>,
     /// Emails one recipient may be sent per rolling hour; absent: `SUMMARYD_NOTIFY_PER_HOUR`.
     notify_per_hour: Option<u32>,
+    /// Where this tenant's jobs send webhooks when a request names none.
+    webhook_url: Option<String>,
+    /// `whsec_` secrets; the first signs, every one adds a signature (rotation).
+    webhook_secrets: Option<Vec<String>>,
 }
 
 struct Entry {
@@ -68,13 +72,22 @@ pub struct TenantPolicy {
     pub(crate) limits: TenantLimits,
     /// `None`: `notify` may use any domain.
     pub(crate) notify_domains: Option<NotifyDomains>,
+    /// The tenant's default webhook target (syntax checked at load; the `[webhook]` rules
+    /// are applied where a job is accepted).
+    pub(crate) webhook_url: Option<WebhookUrl>,
+    /// What signs the tenant's webhooks; without it no webhook can be accepted.
+    pub(crate) webhook_secrets: Option<Arc<WebhookSecrets>>,
 }
 
 impl TenantPolicy {
     /// Header mode's policy, the same for every tenant: the `[notify]` settings. Settings
     /// are checked when loaded, so their domains parse; if they did not, no domain is
     /// allowed rather than every one.
-    pub(crate) fn header_mode(notify: &NotifySettings) -> Self {
+    /// `webhook_secrets` is `SUMMARYD_WEBHOOK_SECRETS_FILE`, loaded at start.
+    pub(crate) fn header_mode(
+        notify: &NotifySettings,
+        webhook_secrets: Option<Arc<WebhookSecrets>>,
+    ) -> Self {
         let notify_domains = notify.domains().unwrap_or_else(|e| {
             tracing::error!(error = %e, "refusing every notify");
             Some(NotifyDomains::nothing())
@@ -82,6 +95,8 @@ impl TenantPolicy {
         Self {
             limits: TenantLimits::default(),
             notify_domains,
+            webhook_url: None,
+            webhook_secrets,
         }
     }
 
@@ -192,6 +207,19 @@ impl TokenStore {
                 .map(|list| NotifyDomains::parse(list.iter().map(String::as_str)))
                 .transpose()
                 .map_err(|why| format!("tenants.{name}.notify_domains: {why}"))?;
+            let webhook_url = entry
+                .webhook_url
+                .as_deref()
+                .map(WebhookUrl::from_stored)
+                .transpose()
+                .map_err(|e| format!("tenants.{name}.webhook_url: {}", e.message))?;
+            let webhook_secrets = entry
+                .webhook_secrets
+                .as_ref()
+                .map(|list| WebhookSecrets::parse_list(list.iter().map(String::as_str)))
+                .transpose()
+                .map_err(|why| format!("tenants.{name}.webhook_secrets: {why}"))?
+                .map(Arc::new);
             entries.push(Entry {
                 tenant,
                 hash,
@@ -203,10 +231,20 @@ impl TokenStore {
                         notify_per_hour: entry.notify_per_hour,
                     },
                     notify_domains,
+                    webhook_url,
+                    webhook_secrets,
                 }),
             });
         }
         Ok(Self { entries })
+    }
+
+    /// The policy of `tenant` in this file version (the relay signs with its secrets).
+    pub(crate) fn policy_of(&self, tenant: &TenantId) -> Option<Arc<TenantPolicy>> {
+        self.entries
+            .iter()
+            .find(|e| &e.tenant == tenant)
+            .map(|e| e.policy.clone())
     }
 
     /// The tenant owning `token`, if any, with its policy from this same file version. Its
@@ -573,7 +611,7 @@ mod tests {
             domains: Some(crate::config::DomainList::Joined("acme.com".into())),
             per_hour: None,
         };
-        let policy = TenantPolicy::header_mode(&notify);
+        let policy = TenantPolicy::header_mode(&notify, None);
         assert_eq!(policy.notify_domains.unwrap().to_string(), "acme.com");
         assert_eq!(policy.limits, TenantLimits::default());
         // Settings that would not load fail closed: no domain at all, not every one.
@@ -581,7 +619,7 @@ mod tests {
             domains: Some(crate::config::DomainList::Joined("localhost".into())),
             per_hour: None,
         };
-        let policy = TenantPolicy::header_mode(&broken);
+        let policy = TenantPolicy::header_mode(&broken, None);
         assert_eq!(policy.notify_domains.unwrap().to_string(), "no domain");
     }
 
@@ -640,7 +678,7 @@ mod tests {
             globex.limits(&NotifySettings::default()).notify_per_hour,
             None
         );
-        let header = TenantPolicy::header_mode(&notify);
+        let header = TenantPolicy::header_mode(&notify, None);
         assert_eq!(header.limits(&notify).notify_per_hour, Some(20));
         assert!(header.notify_domains.is_none());
     }

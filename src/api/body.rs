@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use super::problem::ApiError;
 use crate::config::ApiSettings;
-use crate::domain::{SummaryRequest, TenantId, ValidSummaryRequest};
+use crate::domain::{SummaryRequest, TenantId, ValidSummaryRequest, WebhookRules};
 
 /// 415 unless the request says `application/json` (parameters allowed, charset only UTF-8,
 /// which RFC 8259 makes the only JSON encoding).
@@ -254,8 +254,12 @@ pub(crate) fn body_time(timeout: Duration, declared: usize) -> Duration {
     Duration::from_millis(ms.saturating_mul(periods))
 }
 
-/// Parse and validate the body of `POST /v1/summaries`.
-pub fn parse_summary_request(bytes: &[u8]) -> Result<ValidSummaryRequest, ApiError> {
+/// Parse and validate the body of `POST /v1/summaries`; `rules` are the `[webhook]`
+/// settings' rules for `webhook.url`.
+pub fn parse_summary_request(
+    bytes: &[u8],
+    rules: WebhookRules,
+) -> Result<ValidSummaryRequest, ApiError> {
     // serde would also build the struct from an array (`["text", "a@b.co"]`); the schema
     // is an object, so anything else is refused (after its syntax, which decides 400 vs 422).
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
@@ -264,14 +268,14 @@ pub fn parse_summary_request(bytes: &[u8]) -> Result<ValidSummaryRequest, ApiErr
     }
     // Straight into the struct rather than via `Value`, which would hide duplicate fields.
     let raw: SummaryRequest = serde_json::from_slice(bytes).map_err(classify)?;
-    raw.validate()
+    raw.validate(rules)
         .map_err(|e| ApiError::validation(e.field, e.message))
 }
 
 fn not_an_object() -> ApiError {
     ApiError::validation(
         "body",
-        "must be a JSON object with the fields text and notify",
+        "must be a JSON object with the fields text, notify and webhook",
     )
 }
 
@@ -289,7 +293,7 @@ fn classify(e: serde_json::Error) -> ApiError {
             match named {
                 Some(field) if msg.starts_with("unknown") => ApiError::validation(
                     field,
-                    "is not part of the schema; the allowed fields are text and notify",
+                    "is not part of the schema; the allowed fields are text, notify and webhook",
                 ),
                 Some(field) => ApiError::validation(field, "appears more than once"),
                 None => not_an_object(),
@@ -313,7 +317,7 @@ mod tests {
     }
 
     fn field_of(json: &str) -> Option<String> {
-        match parse_summary_request(json.as_bytes()) {
+        match parse_summary_request(json.as_bytes(), WebhookRules::default()) {
             Err(ApiError::Validation { field, .. }) => Some(field),
             _ => None,
         }
@@ -338,13 +342,19 @@ mod tests {
         for bad in [r#"{"text":"#, "", "{'text':1}", r#"{"text":"x"} trailing"#] {
             assert!(
                 matches!(
-                    parse_summary_request(bad.as_bytes()),
+                    parse_summary_request(bad.as_bytes(), WebhookRules::default()),
                     Err(ApiError::MalformedJson(_))
                 ),
                 "{bad}"
             );
         }
-        assert!(parse_summary_request(br#"{"text":"x","notify":"a@b.co"}"#).is_ok());
+        assert!(
+            parse_summary_request(
+                br#"{"text":"x","notify":"a@b.co"}"#,
+                WebhookRules::default()
+            )
+            .is_ok()
+        );
     }
 
     fn tenant(name: &str) -> TenantId {

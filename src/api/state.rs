@@ -9,6 +9,7 @@ use crate::api::body::BodyBudget;
 use crate::api::idempotency::IdempotencyStore;
 use crate::config::Settings;
 use crate::config::roles::Roles;
+use crate::domain::WebhookSecrets;
 use crate::infra::connections::SharedRedis;
 use crate::infra::keys::RedisKeys;
 use crate::infra::metrics::Metrics;
@@ -35,6 +36,9 @@ pub struct ApiServices {
     /// The worker's model providers when this process runs the worker role: `/readyz`
     /// reports their breakers.
     pub(crate) model: Option<Arc<ModelChain>>,
+    /// Header mode's webhook secrets (`SUMMARYD_WEBHOOK_SECRETS_FILE`): without them no
+    /// webhook can be accepted in header mode.
+    pub(crate) header_webhook_secrets: Option<Arc<WebhookSecrets>>,
 }
 
 pub struct ApiState {
@@ -62,7 +66,10 @@ impl ApiState {
             &services.settings.idempotency,
         );
         let body_budget = BodyBudget::new(&services.settings.api);
-        let header_policy = Arc::new(TenantPolicy::header_mode(&services.settings.notify));
+        let header_policy = Arc::new(TenantPolicy::header_mode(
+            &services.settings.notify,
+            services.header_webhook_secrets.clone(),
+        ));
         let fits = Arc::new(crate::llm::fits(&services.settings.llm));
         Self {
             header_policy,

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
 
+use super::auth::TenantPolicy;
 use super::body;
 use super::idempotency::{Outcome, StoreError, StoredResponse};
 use super::problem::{ApiError, Problem};
@@ -16,7 +17,7 @@ use super::state::ApiServices;
 use super::state::ApiState;
 use super::tenant::{Tenant, single_header};
 use crate::db;
-use crate::domain::{IdempotencyKey, Job, JobId, JobText, TenantId};
+use crate::domain::{IdempotencyKey, Job, JobId, JobText, TenantId, WebhookRules, WebhookUrl};
 use crate::infra::keys::ScopedKey;
 use crate::stream::job_state::{self, Status};
 
@@ -161,14 +162,23 @@ pub(crate) async fn create(
         api.request_timeout,
     )
     .await?;
-    let request = body::parse_summary_request(&bytes)?;
+    let rules = state.services.settings.webhook.rules();
+    let request = body::parse_summary_request(&bytes, rules)?;
     drop(bytes);
     check_length(&state, &request.text).await?;
 
-    // Before anything is stored: a recipient the tenant may not notify is the client's to
-    // fix (422), never a job.
-    if let Some(domains) = &tenant.policy.notify_domains {
-        domains.check(&request.notify)?;
+    // Before anything is stored: a recipient the tenant may not notify, or a webhook that
+    // cannot be sent, is the client's to fix (422), never a job.
+    if let (Some(domains), Some(notify)) = (&tenant.policy.notify_domains, &request.notify) {
+        domains.check(notify)?;
+    }
+    let webhook = webhook_target(&request.webhook, &tenant.policy, rules).await?;
+    if request.notify.is_none() && webhook.is_none() {
+        return Err(ApiError::validation(
+            "notify",
+            "is required when there is no webhook: give notify (an email address), \
+             webhook ({\"url\": \"https://…\"}) or both",
+        ));
     }
 
     let scoped = ScopedKey::summaries(&tenant.id, &key);
@@ -197,6 +207,7 @@ pub(crate) async fn create(
         tenant: tenant.id,
         text,
         notify: request.notify,
+        webhook,
         created_at: Utc::now(),
     };
     // The 202 is known before anything is written (the job id comes from the request), so
@@ -216,6 +227,43 @@ pub(crate) async fn create(
         }
     }
     respond(&outcome?, job_id)
+}
+
+/// Where the job's webhooks go: the request's `webhook.url`, else the tenant's default
+/// `webhook_url`; checked against the `[webhook]` rules (a public address, resolved now;
+/// the relay checks again when it connects) and refused when nothing could sign it.
+async fn webhook_target(
+    requested: &Option<WebhookUrl>,
+    policy: &TenantPolicy,
+    rules: WebhookRules,
+) -> Result<Option<WebhookUrl>, ApiError> {
+    let (url, field) = match (requested, &policy.webhook_url) {
+        (Some(url), _) => (url.clone(), "webhook.url"),
+        (None, Some(default)) => {
+            // The tenant's own default, syntax-checked when the tokens file loaded.
+            default.check(rules).map_err(|e| {
+                ApiError::validation(
+                    "webhook.url",
+                    format!("the tenant's default webhook_url {}", e.message),
+                )
+            })?;
+            (default.clone(), "webhook.url")
+        }
+        (None, None) => return Ok(None),
+    };
+    if policy.webhook_secrets.is_none() {
+        return Err(ApiError::validation(
+            "webhook",
+            "cannot be signed: no webhook secret is configured for this tenant \
+             (the operator adds webhook_secrets to the tokens file, or \
+             SUMMARYD_WEBHOOK_SECRETS_FILE in header mode)",
+        ));
+    }
+    match crate::webhook::check_target(&url, rules).await {
+        Ok(()) => Ok(Some(url)),
+        Err(e) if e.is_timeout() => Err(ApiError::Unavailable(format!("webhook.url: {e}"))),
+        Err(e) => Err(ApiError::validation(field, e.to_string())),
+    }
 }
 
 /// 413 for a text longer than `SUMMARYD_API_MAX_TEXT_CHARS`, or one that would need more

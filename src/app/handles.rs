@@ -10,6 +10,7 @@ use crate::api::ApiServices;
 use crate::api::auth::Tokens;
 use crate::config::Settings;
 use crate::config::roles::{Role, Roles};
+use crate::domain::{TenantId, WebhookSecrets};
 use crate::infra::connections::{self, ConnectError, SharedRedis};
 use crate::infra::keys::RedisKeys;
 use crate::infra::log_key::DeploymentKey;
@@ -17,7 +18,8 @@ use crate::infra::metrics::Metrics;
 use crate::llm::ModelChain;
 use crate::mail::Mailer;
 use crate::maintenance::Maintenance;
-use crate::relay::{MailBreaker, RelayServices};
+use crate::relay::{MailBreaker, RelayServices, SigningSecrets};
+use crate::webhook::WebhookClient;
 use crate::worker::{DependencyGate, WorkerServices};
 
 #[derive(Clone)]
@@ -37,6 +39,11 @@ pub struct Handles {
     /// The deployment's key for hashes of personal data in logs, read from Postgres once
     /// per process on first use.
     pub log_key: Arc<DeploymentKey>,
+    /// What signs each tenant's webhooks: the tokens file's `webhook_secrets`, or header
+    /// mode's `SUMMARYD_WEBHOOK_SECRETS_FILE`.
+    pub signing: Arc<Signing>,
+    /// The relay's client for every webhook (one pool, the public-only resolver).
+    pub webhooks: Arc<WebhookClient>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -45,10 +52,76 @@ pub enum HandlesError {
     Connect(#[from] ConnectError),
     #[error("metrics registry: {0}")]
     Metrics(#[from] prometheus::Error),
+    #[error("SUMMARYD_WEBHOOK_SECRETS_FILE {path}: {reason}")]
+    WebhookSecrets { path: String, reason: String },
+    #[error("webhook HTTP client: {0}")]
+    WebhookClient(#[from] reqwest::Error),
+}
+
+/// The webhook secrets of each tenant, as the relay signs with them and the api checks
+/// that a webhook can be signed at all. In token mode they come from the tokens file as
+/// currently loaded (a reload that rotates a secret applies to the next attempt).
+pub struct Signing {
+    tokens: Option<Arc<Tokens>>,
+    header: Option<Arc<WebhookSecrets>>,
+}
+
+impl Signing {
+    /// Header mode's secrets (`SUMMARYD_WEBHOOK_SECRETS_FILE`), read once at start: a file
+    /// that cannot be read or holds no valid secret stops the start, as a broken tokens
+    /// file does. In token mode the file is not used (a warning says so).
+    fn load(settings: &Settings, tokens: Option<Arc<Tokens>>) -> Result<Self, HandlesError> {
+        let header = match (&settings.webhook.secrets_file, &tokens) {
+            (None, _) => None,
+            (Some(_), Some(_)) => {
+                tracing::warn!(
+                    "SUMMARYD_WEBHOOK_SECRETS_FILE has no effect with SUMMARYD_AUTH_TOKENS_FILE: \
+                     give each tenant webhook_secrets in the tokens file"
+                );
+                None
+            }
+            (Some(path), None) => {
+                let invalid = |reason: String| HandlesError::WebhookSecrets {
+                    path: path.display().to_string(),
+                    reason,
+                };
+                let text = std::fs::read_to_string(path).map_err(|e| invalid(e.to_string()))?;
+                Some(Arc::new(
+                    WebhookSecrets::parse_file(&text).map_err(invalid)?,
+                ))
+            }
+        };
+        Ok(Self { tokens, header })
+    }
+
+    /// Header mode's secrets, the same for every tenant.
+    pub(crate) fn header(&self) -> Option<Arc<WebhookSecrets>> {
+        self.header.clone()
+    }
+}
+
+impl SigningSecrets for Signing {
+    fn secrets(&self, tenant: &TenantId) -> Option<Arc<WebhookSecrets>> {
+        match &self.tokens {
+            Some(tokens) => tokens.current().policy_of(tenant)?.webhook_secrets.clone(),
+            None => self.header.clone(),
+        }
+    }
 }
 
 impl Handles {
+    /// Header mode (no tokens file loaded).
     pub fn new(settings: Settings) -> Result<Self, HandlesError> {
+        Self::with_tokens(settings, None)
+    }
+
+    /// With the loaded tokens file, whose tenants' webhook secrets the relay signs with.
+    pub fn with_tokens(
+        settings: Settings,
+        tokens: Option<Arc<Tokens>>,
+    ) -> Result<Self, HandlesError> {
+        let signing = Arc::new(Signing::load(&settings, tokens)?);
+        let webhooks = Arc::new(WebhookClient::new(&settings.webhook)?);
         let redis_client = connections::redis_client(&settings)?;
         let pg = connections::pg_pool(&settings)?;
         Ok(Self {
@@ -60,6 +133,8 @@ impl Handles {
             metrics: Arc::new(Metrics::new()?),
             worker_gate: Arc::new(DependencyGate::new()),
             mail_breaker: Arc::new(MailBreaker::new(&settings.relay)),
+            signing,
+            webhooks,
             settings: Arc::new(settings),
         })
     }
@@ -76,6 +151,7 @@ impl Handles {
             metrics: self.metrics.clone(),
             auth,
             model,
+            header_webhook_secrets: self.signing.header(),
         }
     }
 
@@ -98,6 +174,8 @@ impl Handles {
             mailer,
             metrics: self.metrics.clone(),
             mail_breaker: self.mail_breaker.clone(),
+            webhooks: self.webhooks.clone(),
+            signing: self.signing.clone(),
         }
     }
 

@@ -56,7 +56,11 @@ impl StartError {
     pub fn is_configuration(&self) -> bool {
         matches!(
             self,
-            Self::Config(_) | Self::Auth(_) | Self::Llm(_) | Self::Mail(_)
+            Self::Config(_)
+                | Self::Auth(_)
+                | Self::Llm(_)
+                | Self::Mail(_)
+                | Self::Handles(HandlesError::WebhookSecrets { .. })
         )
     }
 }
@@ -160,13 +164,14 @@ impl Application {
     ) -> Result<Self, StartError> {
         // Configuration first, so a wrong setting fails before any waiting on the database.
         settings.validate_for(roles)?;
-        let auth = if roles.has(Role::Api) {
+        // The relay signs webhooks with each tenant's secrets from the same file.
+        let auth = if roles.has(Role::Api) || roles.has(Role::Relay) {
             crate::api::auth::from_settings(&settings.auth, &settings.notify)?.map(Arc::new)
         } else {
             None
         };
         // No connection is made here; the handles only carry the metrics the providers use.
-        let handles = Handles::new(settings)?;
+        let handles = Handles::with_tokens(settings, auth.clone())?;
         let settings = handles.settings.clone();
         let model = if roles.has(Role::Worker) {
             Some(Arc::new(

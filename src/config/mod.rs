@@ -26,6 +26,7 @@ mod retention;
 pub mod roles;
 mod secret;
 mod shutdown;
+mod webhook;
 mod worker;
 
 pub use api::ApiSettings;
@@ -42,6 +43,7 @@ pub use redis::RedisTlsSettings;
 pub use relay::RelaySettings;
 pub use retention::RetentionSettings;
 pub use shutdown::ShutdownSettings;
+pub use webhook::WebhookSettings;
 pub use worker::WorkerSettings;
 
 use std::collections::HashSet;
@@ -125,6 +127,7 @@ pub struct Settings {
     pub maintenance: MaintenanceSettings,
     pub auth: AuthSettings,
     pub notify: NotifySettings,
+    pub webhook: WebhookSettings,
     pub log: LogSettings,
     pub shutdown: ShutdownSettings,
     /// Which of [`WITHOUT_EFFECT`] the file or the environment gave, remembered by `load`
@@ -154,6 +157,7 @@ impl Default for Settings {
             maintenance: MaintenanceSettings::default(),
             auth: AuthSettings::default(),
             notify: NotifySettings::default(),
+            webhook: WebhookSettings::default(),
             log: LogSettings::default(),
             shutdown: ShutdownSettings::default(),
             given_without_effect: Vec::new(),
@@ -289,6 +293,7 @@ impl Settings {
         self.idempotency.check()?;
         self.maintenance.check()?;
         self.notify.check()?;
+        self.webhook.check()?;
         if self.key_prefix.chars().any(char::is_whitespace) {
             return Err(invalid(
                 "SUMMARYD_KEY_PREFIX",
@@ -299,6 +304,12 @@ impl Settings {
             return Err(invalid(
                 "SUMMARYD_RELAY_LEASE_MS",
                 "must exceed SUMMARYD_MAIL_TIMEOUT_MS, or a slow send could be repeated by another relay",
+            ));
+        }
+        if self.relay.lease <= self.webhook.timeout {
+            return Err(invalid(
+                "SUMMARYD_RELAY_LEASE_MS",
+                "must exceed SUMMARYD_WEBHOOK_TIMEOUT_MS, or a slow webhook could be sent again by another relay",
             ));
         }
         self.check_retention_outlasts_replays()?;
@@ -535,13 +546,19 @@ mod tests {
             "auth.tokens_file",
             "notify.domains",
             "notify.per_hour",
+            "webhook.secrets_file",
+            "webhook.allow_private",
+            "webhook.allow_http",
+            "webhook.timeout_ms",
+            "webhook.give_up_s",
+            "webhook.disable_after_s",
             "log.format",
         ] {
             assert!(known.contains(path), "{path} missing from {known:?}");
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 65, "{known:?}");
+        assert_eq!(known.len(), 71, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.
@@ -757,6 +774,12 @@ mod tests {
         s.relay.lease = s.mail.timeout - Duration::from_millis(1);
         assert!(refusal(&s).contains("SUMMARYD_RELAY_LEASE_MS"));
         s.relay.lease = s.mail.timeout + Duration::from_millis(1);
+        s.webhook.timeout = s.mail.timeout;
+        assert!(s.validate().is_ok());
+        // A webhook's wall-clock cap too.
+        s.webhook.timeout = s.relay.lease;
+        assert!(refusal(&s).contains("SUMMARYD_WEBHOOK_TIMEOUT_MS"));
+        s.webhook.timeout = s.relay.lease - Duration::from_millis(1);
         assert!(s.validate().is_ok());
     }
 

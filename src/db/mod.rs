@@ -5,6 +5,7 @@ pub mod migrate;
 pub mod outbox;
 pub mod parts;
 pub mod summaries;
+pub mod webhooks;
 
 use deadpool_postgres::Pool;
 

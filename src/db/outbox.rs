@@ -17,7 +17,9 @@ use tokio_postgres::Row;
 use uuid::Uuid;
 
 use super::DbError;
-use crate::domain::SummaryReady;
+use tokio_postgres::types::Json;
+
+use crate::domain::{SummaryReady, WebhookEvent};
 
 /// One claimed row, leased to the relay that claimed it.
 #[derive(Debug, Clone, PartialEq)]
@@ -66,8 +68,12 @@ const NOT_LEASED: &str = "(claimed_until IS NULL OR claimed_until < now())";
 /// Parked rows (`failed_at`) are left for a person. A row is parked only by a failure, never
 /// by waiting: a row whose horizon ran out while the relay was down or paused (the mail
 /// provider misconfigured) is tried once more, and only a failure then parks it.
+///
+/// Per `topic`: the relay claims emails and webhooks apart, so one provider's trouble (a
+/// paused mail provider, a slow receiver) never holds the other's rows back.
 pub async fn claim_due(
     pool: &Pool,
+    topic: &str,
     batch: i64,
     lease: Duration,
 ) -> Result<Vec<OutboxRow>, DbError> {
@@ -79,8 +85,8 @@ pub async fn claim_due(
                     claim_token = gen_random_uuid() \
               WHERE id IN ( \
                     SELECT id FROM outbox \
-                     WHERE sent_at IS NULL AND failed_at IS NULL \
-                       AND next_attempt_at <= now() \
+                     WHERE sent_at IS NULL AND failed_at IS NULL AND skipped_at IS NULL \
+                       AND topic = $3 AND next_attempt_at <= now() \
                        AND {NOT_LEASED} \
                      ORDER BY id \
                      LIMIT $1 \
@@ -88,7 +94,9 @@ pub async fn claim_due(
           RETURNING id, topic, dedupe_key, payload, attempts, claim_token"
         ))
         .await?;
-    let rows = client.query(&stmt, &[&batch, &interval_ms(lease)]).await?;
+    let rows = client
+        .query(&stmt, &[&batch, &interval_ms(lease), &topic])
+        .await?;
     let mut claimed: Vec<OutboxRow> = rows.iter().map(outbox_row).collect::<Result<_, _>>()?;
     // RETURNING follows no particular order; keep "oldest first" for the caller.
     claimed.sort_by_key(|r| r.id);
@@ -113,14 +121,20 @@ fn outbox_row(row: &Row) -> Result<OutboxRow, DbError> {
 /// its lease expired thus finishes the row even if another relay re-claimed it; that relay's
 /// own marks then find `sent_at` set and change nothing.
 pub async fn mark_sent(pool: &Pool, id: i64) -> Result<bool, DbError> {
+    mark_delivered(pool, id, None).await
+}
+
+/// [`mark_sent`], with the HTTP status the receiver answered (`webhook deliveries`).
+pub async fn mark_delivered(pool: &Pool, id: i64, status: Option<i32>) -> Result<bool, DbError> {
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached(
-            "UPDATE outbox SET sent_at = now(), claimed_until = NULL, claim_token = NULL \
+            "UPDATE outbox SET sent_at = now(), claimed_until = NULL, claim_token = NULL, \
+                    last_status = coalesce($2, last_status) \
               WHERE id = $1 AND sent_at IS NULL",
         )
         .await?;
-    Ok(client.execute(&stmt, &[&id]).await? == 1)
+    Ok(client.execute(&stmt, &[&id, &status]).await? == 1)
 }
 
 /// What recording a transient failure left the row as.
@@ -149,13 +163,38 @@ pub async fn mark_failed_transient(
     backoff: Duration,
     give_up: Duration,
 ) -> Result<Option<TransientMark>, DbError> {
+    let failure = Failure {
+        error,
+        status: None,
+    };
+    mark_attempt_failed(pool, id, claim_token, failure, backoff, give_up).await
+}
+
+/// What one failed attempt left to record: our wording of it, and the HTTP status when
+/// the other side answered one.
+#[derive(Debug, Clone, Copy)]
+pub struct Failure<'a> {
+    pub error: &'a str,
+    pub status: Option<i32>,
+}
+
+/// [`mark_failed_transient`] with the attempt's HTTP status.
+pub async fn mark_attempt_failed(
+    pool: &Pool,
+    id: i64,
+    claim_token: Uuid,
+    failure: Failure<'_>,
+    backoff: Duration,
+    give_up: Duration,
+) -> Result<Option<TransientMark>, DbError> {
     let client = pool.get().await?;
     // On the right of SET, `first_failed_at` is the value before this update: NULL on the
     // first failure, which therefore never parks the row.
     let stmt = client
         .prepare_cached(
             "UPDATE outbox \
-                SET attempts = attempts + 1, last_error = $4, \
+                SET attempts = attempts + 1, last_error = $4, last_status = $6, \
+                    last_failed_at = now(), \
                     next_attempt_at = now() + $5::bigint * interval '1 millisecond', \
                     first_failed_at = coalesce(first_failed_at, now()), \
                     failed_at = CASE WHEN first_failed_at \
@@ -173,8 +212,9 @@ pub async fn mark_failed_transient(
                 &interval_ms(give_up),
                 &id,
                 &claim_token,
-                &error,
+                &failure.error,
                 &interval_ms(backoff),
+                &failure.status,
             ],
         )
         .await?;
@@ -225,17 +265,77 @@ pub async fn mark_failed_permanent(
     claim_token: Uuid,
     error: &str,
 ) -> Result<bool, DbError> {
+    let failure = Failure {
+        error,
+        status: None,
+    };
+    mark_attempt_refused(pool, id, claim_token, failure).await
+}
+
+/// [`mark_failed_permanent`] with the attempt's HTTP status.
+pub async fn mark_attempt_refused(
+    pool: &Pool,
+    id: i64,
+    claim_token: Uuid,
+    failure: Failure<'_>,
+) -> Result<bool, DbError> {
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached(
             "UPDATE outbox \
-                SET attempts = attempts + 1, last_error = $3, failed_at = now(), \
+                SET attempts = attempts + 1, last_error = $3, last_status = $4, \
+                    failed_at = now(), last_failed_at = now(), \
                     first_failed_at = coalesce(first_failed_at, now()), \
                     claimed_until = NULL, claim_token = NULL \
               WHERE id = $1 AND claim_token = $2 AND sent_at IS NULL",
         )
         .await?;
-    Ok(client.execute(&stmt, &[&id, &claim_token, &error]).await? == 1)
+    let n = client
+        .execute(&stmt, &[&id, &claim_token, &failure.error, &failure.status])
+        .await?;
+    Ok(n == 1)
+}
+
+/// Not sent, and not to be sent by itself: the row's webhook endpoint is disabled. The row
+/// leaves the relay's work (and `summaryd_outbox_unsent`) like a sent one; `webhook
+/// replay` makes it due again. Returns false when the claim is no longer ours.
+pub async fn mark_skipped(
+    pool: &Pool,
+    id: i64,
+    claim_token: Uuid,
+    failure: Failure<'_>,
+) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE outbox \
+                SET skipped_at = now(), last_error = $3, \
+                    last_status = coalesce($4, last_status), last_failed_at = now(), \
+                    claimed_until = NULL, claim_token = NULL \
+              WHERE id = $1 AND claim_token = $2 AND sent_at IS NULL",
+        )
+        .await?;
+    let n = client
+        .execute(&stmt, &[&id, &claim_token, &failure.error, &failure.status])
+        .await?;
+    Ok(n == 1)
+}
+
+/// Commit one event as an outbox row outside a summary's transaction (the `summary.failed`
+/// webhook of a job being dead-lettered). A row with its dedupe key already there is the
+/// same event: nothing is written.
+pub async fn record_event(pool: &Pool, event: &WebhookEvent) -> Result<(), DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3) \
+             ON CONFLICT (dedupe_key) DO NOTHING",
+        )
+        .await?;
+    client
+        .execute(&stmt, &[&WebhookEvent::TOPIC, &event.id(), &Json(event)])
+        .await?;
+    Ok(())
 }
 
 /// Unsent rows the relay will not pick up again by itself: parked by a permanent failure or
@@ -310,12 +410,34 @@ pub async fn delete_sent_before(
     super::delete_batch_before(pool, delete, cutoff, batch).await
 }
 
-/// Rows not yet sent, stuck ones included (the `summaryd_outbox_unsent` gauge); reads the
-/// `outbox_unsent` partial index, not the table.
-pub(crate) async fn count_unsent(pool: &Pool) -> Result<i64, DbError> {
+/// Delete up to `batch` rows skipped (their webhook endpoint disabled) before `cutoff`,
+/// oldest first; the sent rows' horizon applies to them.
+pub async fn delete_skipped_before(
+    pool: &Pool,
+    cutoff: DateTime<Utc>,
+    batch: i64,
+) -> Result<u64, DbError> {
+    let delete = "DELETE FROM outbox WHERE id IN ( \
+                    SELECT id FROM outbox WHERE skipped_at < $1 \
+                     ORDER BY skipped_at LIMIT $2 FOR UPDATE SKIP LOCKED)";
+    super::delete_batch_before(pool, delete, cutoff, batch).await
+}
+
+/// Rows not yet sent per topic, stuck ones included, skipped ones not (the
+/// `summaryd_outbox_unsent{topic}` gauge); reads the `outbox_unsent` partial index, not
+/// the table. Only topics with such rows are listed.
+pub(crate) async fn count_unsent(pool: &Pool) -> Result<Vec<(String, i64)>, DbError> {
     let client = pool.get().await?;
     let stmt = client
-        .prepare_cached("SELECT count(*) FROM outbox WHERE sent_at IS NULL")
+        .prepare_cached(
+            "SELECT topic, count(*) FROM outbox \
+              WHERE sent_at IS NULL AND skipped_at IS NULL GROUP BY topic",
+        )
         .await?;
-    Ok(client.query_one(&stmt, &[]).await?.try_get(0)?)
+    client
+        .query(&stmt, &[])
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+        .collect()
 }

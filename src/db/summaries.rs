@@ -1,4 +1,5 @@
-//! The `summaries` table, and the one transaction that commits a summary with its email intent.
+//! The `summaries` table, and the one transaction that commits a summary with its effects
+//! (the email and the webhook intents).
 //!
 //! A row is a finished job's identity (job id, tenant, when, which model, what it cost) and,
 //! until summaries retention removes it, the summary text. Retention never deletes a row:
@@ -9,7 +10,7 @@ use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
 
 use super::DbError;
-use crate::domain::{Job, JobId, JobText, ModelSummary, SummaryReady};
+use crate::domain::{Job, JobId, JobText, ModelSummary, SummaryReady, WebhookEvent};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SummaryRow {
@@ -111,12 +112,15 @@ pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow
         }))
 }
 
-/// Insert the summary and its outbox row (the [`SummaryReady`] event) in one transaction,
-/// or nothing at all; the job's stored text (`job_texts`), needed no more, goes with it.
+/// Insert the summary and its outbox rows (the [`SummaryReady`] email when the job has a
+/// `notify`, the `summary.completed` [`WebhookEvent`] when it has a webhook) in one
+/// transaction, or nothing at all; the job's stored text (`job_texts`), needed no more,
+/// goes with it.
 ///
 /// The primary key plus `ON CONFLICT DO NOTHING RETURNING` is the guarantee: when two
 /// deliveries race, both may have paid for the model, but only the one whose insert
-/// returned a row writes the outbox row, so exactly one email is ever intended.
+/// returned a row writes the outbox rows, so exactly one email and one webhook are ever
+/// intended.
 pub async fn commit_with_outbox(
     pool: &Pool,
     job: &Job,
@@ -127,13 +131,16 @@ pub async fn commit_with_outbox(
     let prompt_tokens = summary.usage.map(|u| tokens(u.prompt));
     let completion_tokens = summary.usage.map(|u| tokens(u.completion));
     let parts = summary.parts.map(tokens);
+    // One instant for the row and the webhook's `completed_at`, so both say the same.
+    let completed_at = Utc::now();
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let inserted = tx
         .query_opt(
             "INSERT INTO summaries \
-                (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens, parts) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens, parts, \
+                 completed_at) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
             &[
                 &job.job_id.as_uuid(),
@@ -144,6 +151,7 @@ pub async fn commit_with_outbox(
                 &prompt_tokens,
                 &completion_tokens,
                 &parts,
+                &completed_at,
             ],
         )
         .await?;
@@ -151,22 +159,31 @@ pub async fn commit_with_outbox(
         tx.rollback().await?;
         return Ok(CommitOutcome::Duplicate);
     }
-    let event = SummaryReady::new(job, &summary.text);
-    // `Json` serialises the event as the statement is sent; the payload's shape is the
+    // `Json` serialises each event as the statement is sent; the payload's shape is the
     // event type's alone. An outbox row with this job's dedupe key can only exist if its
-    // summary row was removed by hand or by an older version's retention: that email was
+    // summary row was removed by hand or by an older version's retention: that effect was
     // intended already, so the job is stored and no second one is (a conflict here would be
     // a data error, and a finished job would be dead-lettered for it).
-    tx.execute(
-        "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3) \
-         ON CONFLICT (dedupe_key) DO NOTHING",
-        &[
-            &SummaryReady::TOPIC,
+    if let Some(to) = &job.notify {
+        let event = SummaryReady::new(job, to.clone(), &summary.text);
+        insert_event(
+            &tx,
+            SummaryReady::TOPIC,
             &SummaryReady::dedupe_key(job.job_id),
             &Json(&event),
-        ],
-    )
-    .await?;
+        )
+        .await?;
+    }
+    if let Some(url) = &job.webhook {
+        let event = WebhookEvent::completed(
+            job,
+            url.clone(),
+            &summary.text,
+            &summary.model,
+            completed_at,
+        );
+        insert_event(&tx, WebhookEvent::TOPIC, &event.id(), &Json(&event)).await?;
+    }
     if matches!(job.text, JobText::Stored) {
         tx.execute(
             "DELETE FROM job_texts WHERE job_id = $1",
@@ -176,6 +193,22 @@ pub async fn commit_with_outbox(
     }
     tx.commit().await?;
     Ok(CommitOutcome::Inserted)
+}
+
+/// One outbox row, unless one with its dedupe key exists (see `commit_with_outbox`).
+async fn insert_event(
+    tx: &deadpool_postgres::Transaction<'_>,
+    topic: &str,
+    dedupe_key: &str,
+    payload: &(dyn tokio_postgres::types::ToSql + Sync),
+) -> Result<(), DbError> {
+    tx.execute(
+        "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3) \
+         ON CONFLICT (dedupe_key) DO NOTHING",
+        &[&topic, &dedupe_key, payload],
+    )
+    .await?;
+    Ok(())
 }
 
 /// Jobs and tokens of one tenant and model (`summaryd usage`).

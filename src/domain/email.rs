@@ -143,7 +143,7 @@ pub(crate) fn normalise_domain(domain: &str) -> Result<String, String> {
 /// soft hyphen), line and paragraph separators, spaces, private-use and unassigned code
 /// points, and the letters and marks that are blank by design (Hangul fillers, variation
 /// selectors, the combining grapheme joiner).
-fn invisible(c: char) -> bool {
+pub(crate) fn invisible(c: char) -> bool {
     use GeneralCategory as G;
     matches!(
         c.general_category(),

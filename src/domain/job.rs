@@ -1,6 +1,6 @@
 use chrono::{DateTime, Utc};
 
-use super::{Email, JobId, TenantId};
+use super::{Email, JobId, TenantId, WebhookUrl};
 
 /// One accepted summary request, as every stage after the API sees it: the API builds it,
 /// the stream carries it (`stream::job_entry` owns only its wire format), the worker
@@ -12,8 +12,12 @@ pub struct Job {
     pub tenant: TenantId,
     /// The text to summarise, or where it is.
     pub text: JobText,
-    /// Who gets the "summary ready" email.
-    pub notify: Email,
+    /// Who gets the "summary ready" email, if anyone.
+    pub notify: Option<Email>,
+    /// Where the signed webhooks go, if anywhere: the request's `webhook.url`, else the
+    /// tenant's default `webhook_url` when the job was accepted. A job has at least one of
+    /// the two.
+    pub webhook: Option<WebhookUrl>,
     /// When the API accepted the job; GET reports it as `created_at`.
     pub created_at: DateTime<Utc>,
 }

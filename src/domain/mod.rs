@@ -1,6 +1,7 @@
 //! Newtypes that parse (once a value of these types exists, it is valid), and the types
 //! that cross the seams between stages: `Job` (api → stream → worker → db), `ModelSummary`
-//! (worker → db) and the `SummaryReady` event (db → relay → mail). Every module may import
+//! (worker → db), and the events the relay delivers: `SummaryReady` (db → relay → mail) and
+//! `WebhookEvent` (db → relay → a client's endpoint). Every module may import
 //! these; they import nothing of the service.
 
 mod email;
@@ -12,6 +13,8 @@ mod notify_domains;
 mod summary_ready;
 mod summary_request;
 mod tenant;
+mod webhook;
+mod webhook_event;
 
 pub use email::Email;
 pub use idempotency_key::IdempotencyKey;
@@ -22,6 +25,11 @@ pub use notify_domains::NotifyDomains;
 pub use summary_ready::{InvalidEvent, SummaryReady};
 pub use summary_request::{SummaryRequest, ValidSummaryRequest};
 pub use tenant::TenantId;
+pub use webhook::{
+    NonPublicAddress, WebhookRules, WebhookSecret, WebhookSecrets, WebhookUrl, check_addresses,
+    is_public,
+};
+pub use webhook_event::{EventData, EventStatus, EventType, WebhookBody, WebhookEvent};
 
 /// Input that parsed but does not satisfy the schema; `field` names what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -22,8 +22,9 @@ pub struct SummaryReady {
 /// An outbox payload that is not a valid event. It will be just as invalid on every later
 /// attempt, so the row needs a person, not a retry.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{topic} payload is invalid: {reason}", topic = SummaryReady::TOPIC)]
+#[error("{topic} payload is invalid: {reason}")]
 pub struct InvalidEvent {
+    pub(crate) topic: &'static str,
     pub(crate) reason: String,
 }
 
@@ -34,11 +35,12 @@ impl SummaryReady {
     /// payload that does not decode).
     pub(crate) const JOB_ID_FIELD: &'static str = "job_id";
 
-    pub fn new(job: &Job, summary: impl Into<String>) -> Self {
+    /// The event of a job that asked for an email (`to` is its `notify`).
+    pub fn new(job: &Job, to: Email, summary: impl Into<String>) -> Self {
         Self {
             job_id: job.job_id,
             tenant: job.tenant.clone(),
-            to: job.notify.clone(),
+            to,
             summary: summary.into(),
             accepted_at: Some(job.created_at),
         }
@@ -54,10 +56,12 @@ impl SummaryReady {
     /// is invalid too (there would be nothing to tell the recipient).
     pub(crate) fn decode(payload: &serde_json::Value) -> Result<Self, InvalidEvent> {
         let event: Self = serde_path_to_error::deserialize(payload).map_err(|e| InvalidEvent {
+            topic: Self::TOPIC,
             reason: e.to_string(),
         })?;
         if event.summary.trim().is_empty() {
             return Err(InvalidEvent {
+                topic: Self::TOPIC,
                 reason: "summary: is empty".into(),
             });
         }

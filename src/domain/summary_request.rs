@@ -2,7 +2,7 @@ use serde::Deserialize;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::{Email, ValidationError};
+use super::{Email, ValidationError, WebhookRules, WebhookUrl};
 
 /// The body of `POST /v1/summaries` as it arrives: loosely typed so that a wrong type or a
 /// missing field becomes a 422 naming the field rather than a generic parse error.
@@ -11,17 +11,23 @@ use super::{Email, ValidationError};
 pub struct SummaryRequest {
     pub(crate) text: Option<serde_json::Value>,
     pub(crate) notify: Option<serde_json::Value>,
+    pub(crate) webhook: Option<serde_json::Value>,
 }
 
 /// A request that passed validation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ValidSummaryRequest {
-    pub notify: Email,
+    pub notify: Option<Email>,
+    /// `webhook.url`; the tenant's default `webhook_url` is not part of the request.
+    pub webhook: Option<WebhookUrl>,
     pub text: String,
 }
 
 impl SummaryRequest {
-    pub fn validate(self) -> Result<ValidSummaryRequest, ValidationError> {
+    /// `rules`: what a `webhook.url` must satisfy (`[webhook]` settings). Whether the request
+    /// asks for any effect at all (a `notify`, a `webhook` or the tenant's default) is the
+    /// handler's to decide: only it knows the tenant.
+    pub fn validate(self, rules: WebhookRules) -> Result<ValidSummaryRequest, ValidationError> {
         let text = match self.text {
             None => return Err(ValidationError::new("text", "is required")),
             Some(serde_json::Value::String(s)) => s,
@@ -48,8 +54,8 @@ impl SummaryRequest {
             ));
         }
         let notify = match self.notify {
-            None => return Err(ValidationError::new("notify", "is required")),
-            Some(serde_json::Value::String(s)) => Email::parse_recipient(&s)?,
+            None => None,
+            Some(serde_json::Value::String(s)) => Some(Email::parse_recipient(&s)?),
             Some(_) => {
                 return Err(ValidationError::new(
                     "notify",
@@ -57,7 +63,34 @@ impl SummaryRequest {
                 ));
             }
         };
-        Ok(ValidSummaryRequest { notify, text })
+        let webhook = self.webhook.map(|w| webhook_url(w, rules)).transpose()?;
+        Ok(ValidSummaryRequest {
+            notify,
+            webhook,
+            text,
+        })
+    }
+}
+
+/// `{"url": "https://…"}` and nothing else: an object leaves room for options later.
+fn webhook_url(value: Value, rules: WebhookRules) -> Result<WebhookUrl, ValidationError> {
+    let Value::Object(mut fields) = value else {
+        return Err(ValidationError::new(
+            "webhook",
+            r#"must be an object like {"url": "https://hooks.example.com/summaryd"}"#,
+        ));
+    };
+    let url = fields.remove("url");
+    if let Some(other) = fields.keys().next() {
+        return Err(ValidationError::new(
+            "webhook",
+            format!("has the unknown field {other:?}; the only field is url"),
+        ));
+    }
+    match url {
+        Some(Value::String(raw)) => WebhookUrl::parse(&raw, rules),
+        Some(_) => Err(ValidationError::new("webhook.url", "must be a string")),
+        None => Err(ValidationError::new("webhook.url", "is required")),
     }
 }
 
@@ -67,8 +100,17 @@ impl ValidSummaryRequest {
     /// do not matter. Serialising a `Value` has no error path (its keys are strings and its
     /// numbers finite), so there is no fallback to get wrong.
     pub fn fingerprint(&self) -> String {
+        // Absent fields stay absent, so a request without a webhook keeps the fingerprint
+        // it had before webhooks existed (stored records are compared against it).
         let mut canonical = Map::new();
-        canonical.insert("notify".into(), Value::from(self.notify.as_str()));
+        if let Some(notify) = &self.notify {
+            canonical.insert("notify".into(), Value::from(notify.as_str()));
+        }
+        if let Some(webhook) = &self.webhook {
+            let mut object = Map::new();
+            object.insert("url".into(), Value::from(webhook.as_str()));
+            canonical.insert("webhook".into(), Value::Object(object));
+        }
         canonical.insert("text".into(), Value::from(self.text.as_str()));
         hex::encode(Sha256::digest(Value::Object(canonical).to_string()))
     }
@@ -80,7 +122,8 @@ mod tests {
 
     fn parse(json: &str) -> Result<ValidSummaryRequest, String> {
         let req: SummaryRequest = serde_json::from_str(json).map_err(|e| e.to_string())?;
-        req.validate().map_err(|e| e.to_string())
+        req.validate(WebhookRules::default())
+            .map_err(|e| e.to_string())
     }
 
     #[test]
@@ -142,7 +185,26 @@ mod tests {
                 .unwrap_err()
                 .starts_with("notify")
         );
-        assert!(parse(r#"{"text":"x"}"#).unwrap_err().starts_with("notify"));
+        assert!(
+            parse(r#"{"text":"x","webhook":{"url":"http://hooks.example.com/"}}"#)
+                .unwrap_err()
+                .starts_with("webhook.url")
+        );
+        assert!(
+            parse(r#"{"text":"x","webhook":"https://hooks.example.com/"}"#)
+                .unwrap_err()
+                .starts_with("webhook:")
+        );
+        assert!(
+            parse(r#"{"text":"x","webhook":{"url":"https://hooks.example.com/","secret":"s"}}"#)
+                .unwrap_err()
+                .contains("secret")
+        );
+        assert!(
+            parse(r#"{"text":"x","webhook":{}}"#)
+                .unwrap_err()
+                .starts_with("webhook.url")
+        );
         assert!(
             parse(r#"{"text":"x","notify":"a@b.co","cc":1}"#)
                 .unwrap_err()

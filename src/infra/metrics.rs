@@ -36,6 +36,11 @@ pub struct Metrics {
     pub(crate) oldest_queued_age: MeasuredGauge<AtomicF64>,
     pub(crate) dead_letters: MeasuredGauge<AtomicI64>,
     pub outbox_unsent: MeasuredGauge<AtomicI64>,
+    /// `summaryd_outbox_unsent` per topic (`email.summary_ready`, `webhook`): every known
+    /// topic is set, 0 included, once measured.
+    pub outbox_unsent_by_topic: MeasuredGauge<AtomicI64>,
+    /// `summaryd_webhook_deliveries_total{result}`: delivered, retrying, stuck, skipped.
+    pub webhook_deliveries: IntCounterVec,
     pub(crate) gauges_refreshed: MeasuredGauge<AtomicF64>,
     pub outbox_sent: IntCounter,
     /// `summaryd_loop_errors_total{role,kind}`: failed passes of the worker and relay loops.
@@ -178,6 +183,17 @@ impl Metrics {
             "summaryd_outbox_unsent",
             "Outbox rows not yet sent, stuck ones included (cluster-wide; absent while the read fails)",
         )?;
+        let outbox_unsent_by_topic = MeasuredGauge::register_with(
+            &registry,
+            "summaryd_outbox_unsent_by_topic",
+            "Outbox rows not yet sent (stuck ones included, skipped webhooks not), per topic",
+            &["topic"],
+        )?;
+        let webhook_deliveries = counter_vec(
+            "summaryd_webhook_deliveries_total",
+            "Webhook attempts by result: delivered, retrying (will be sent again), stuck (needs a person: past the give-up horizon, or refused), skipped (endpoint disabled, 410 Gone included)",
+            &["result"],
+        )?;
         let outbox_sent = IntCounter::new("summaryd_outbox_sent_total", "Outbox rows sent")?;
         registry.register(Box::new(outbox_sent.clone()))?;
         let llm_tokens = counter_vec(
@@ -238,6 +254,8 @@ impl Metrics {
             oldest_queued_age,
             dead_letters,
             outbox_unsent,
+            outbox_unsent_by_topic,
+            webhook_deliveries,
             gauges_refreshed,
             outbox_sent,
             loop_errors,
@@ -332,9 +350,31 @@ pub struct MeasuredGauge<P: Atomic + 'static>(GenericGaugeVec<P>);
 
 impl<P: Atomic + 'static> MeasuredGauge<P> {
     fn register(registry: &Registry, name: &str, help: &str) -> Result<Self, prometheus::Error> {
-        let vec = GenericGaugeVec::<P>::new(Opts::new(name, help), &[])?;
+        Self::register_with(registry, name, help, &[])
+    }
+
+    /// With labels: each label set is a series of its own, set by [`Self::set_for`].
+    fn register_with(
+        registry: &Registry,
+        name: &str,
+        help: &str,
+        labels: &[&str],
+    ) -> Result<Self, prometheus::Error> {
+        let vec = GenericGaugeVec::<P>::new(Opts::new(name, help), labels)?;
         registry.register(Box::new(vec.clone()))?;
         Ok(Self(vec))
+    }
+
+    /// A fresh measurement of one label set.
+    pub(crate) fn set_for(&self, labels: &[&str], value: P::T) {
+        if let Ok(gauge) = self.0.get_metric_with_label_values(labels) {
+            gauge.set(value);
+        }
+    }
+
+    /// No current measurement of any label set.
+    pub(crate) fn clear_all(&self) {
+        self.0.reset();
     }
 
     /// A fresh measurement: exported from now on.

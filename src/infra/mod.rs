@@ -10,6 +10,7 @@ pub mod metrics;
 pub mod postgres;
 pub mod redact;
 pub(crate) mod redis;
+pub(crate) mod retry_after;
 pub mod telemetry;
 pub(crate) mod tls;
 

@@ -13,7 +13,6 @@ mod fit;
 mod openai;
 pub mod prompts;
 pub mod retry;
-mod retry_after;
 pub mod split;
 pub mod tokens;
 

@@ -14,8 +14,9 @@ use secrecy::ExposeSecret;
 use serde_json::{Value, json};
 
 use super::prompts::Prompt;
-use super::{Completion, Llm, LlmConfigError, LlmError, ProviderConfig, retry_after};
+use super::{Completion, Llm, LlmConfigError, LlmError, ProviderConfig};
 use crate::domain::TokenUsage;
+use crate::infra::retry_after;
 
 /// The text of a breaker probe: a request like a job's, as small as one can be.
 pub const PROBE_TEXT: &str = "ping";

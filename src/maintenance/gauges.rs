@@ -17,6 +17,7 @@ use chrono::Utc;
 
 use super::{Maintenance, MaintenanceError, Report, clamp};
 use crate::db;
+use crate::domain::{SummaryReady, WebhookEvent};
 use crate::stream::dead_letters;
 
 impl Maintenance {
@@ -57,9 +58,19 @@ impl Maintenance {
             }
         }
         match db::outbox::count_unsent(&self.pg).await {
-            Ok(n) => m.outbox_unsent.set(n),
+            Ok(by_topic) => {
+                m.outbox_unsent.set(by_topic.iter().map(|(_, n)| n).sum());
+                for topic in [SummaryReady::TOPIC, WebhookEvent::TOPIC] {
+                    let n = by_topic
+                        .iter()
+                        .find(|(t, _)| t == topic)
+                        .map_or(0, |(_, n)| *n);
+                    m.outbox_unsent_by_topic.set_for(&[topic], n);
+                }
+            }
             Err(e) => {
                 m.outbox_unsent.clear();
+                m.outbox_unsent_by_topic.clear_all();
                 result = result.and(Err(e.into()));
             }
         }

@@ -43,7 +43,7 @@ impl Maintenance {
     ) -> Result<(), MaintenanceError> {
         let mut first_error: Option<MaintenanceError> = None;
         let mut keep = |result: Result<u64, DbError>, removed: &mut u64| match result {
-            Ok(n) => *removed = n,
+            Ok(n) => *removed += n,
             Err(e) => {
                 first_error.get_or_insert(e.into());
             }
@@ -54,6 +54,12 @@ impl Maintenance {
                 db::outbox::delete_sent_before(&self.pg, cutoff, DELETE_BATCH)
             });
             keep(deleted.await, &mut report.outbox_sent);
+            // Webhooks to a disabled endpoint were skipped, not sent: as finished, and gone
+            // on the same horizon.
+            let skipped = delete_in_batches(DELETE_BATCH as u64, || {
+                db::outbox::delete_skipped_before(&self.pg, cutoff, DELETE_BATCH)
+            });
+            keep(skipped.await, &mut report.outbox_sent);
         }
         if let Some(cutoff) = horizon(self.retention.summaries_s) {
             let expired = delete_in_batches(DELETE_BATCH as u64, || {

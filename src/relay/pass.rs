@@ -32,6 +32,8 @@ pub struct PassReport {
     /// Rows the mail provider refused as misconfigured: released to wait for it, not
     /// counted as failures.
     pub waiting: usize,
+    /// Webhooks not sent because their endpoint is disabled.
+    pub skipped: usize,
     /// The mail breaker is open and this pass claimed nothing.
     pub paused: bool,
     /// While paused: how long until the next probe may start (`None` while another relay
@@ -39,16 +41,9 @@ pub struct PassReport {
     pub(crate) probe_in: Option<Duration>,
 }
 
-/// Claim due rows, send them, record the outcomes. Returns the number of rows sent.
-pub async fn relay_once(services: &RelayServices) -> Result<usize, RelayError> {
-    Ok(relay_pass(services).await?.sent)
-}
-
-/// `relay_once` with the full report.
-///
-/// While the mail breaker is open the pass claims nothing, except the one pass per cooldown
-/// that sends a single due row as the probe.
-pub async fn relay_pass(services: &RelayServices) -> Result<PassReport, RelayError> {
+/// The emails' half. While the mail breaker is open it claims nothing, except the one pass
+/// per cooldown that sends a single due row as the probe.
+pub(super) async fn mail_pass(services: &RelayServices) -> Result<PassReport, RelayError> {
     let relay = &services.settings.relay;
     let (batch, probe) = match services.mail_breaker.admit(Instant::now()) {
         Admission::Claim => (relay.batch, None),
@@ -62,7 +57,7 @@ pub async fn relay_pass(services: &RelayServices) -> Result<PassReport, RelayErr
         }
     };
     // A failed claim, or no due row to probe with, drops the ticket: the next pass probes.
-    let rows = outbox::claim_due(&services.pg, batch, relay.lease).await?;
+    let rows = outbox::claim_due(&services.pg, SummaryReady::TOPIC, batch, relay.lease).await?;
     // The rows of a batch go out concurrently, so the whole batch ends within about one
     // mail timeout, inside the lease (config requires lease > mail timeout). One after the
     // other, a slow provider could let the lease of the last rows run out before their turn
@@ -144,7 +139,7 @@ fn judge_probe(
     }
 }
 
-enum Outcome {
+pub(super) enum Outcome {
     Sent,
     Retrying,
     Stuck,
@@ -268,16 +263,16 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
 
 /// Per row, from `relay.backoff_ms` doubling up to `relay.max_backoff_ms`. Equal jitter: a row
 /// has a limited number of attempts (see [`Jitter::Equal`]).
-fn row_backoff(relay: &RelaySettings) -> Backoff {
+pub(super) fn row_backoff(relay: &RelaySettings) -> Backoff {
     Backoff::new(relay.backoff, relay.max_backoff, Jitter::Equal)
 }
 
-fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
+pub(super) fn lost_claim(row: &OutboxRow, err: &str) -> Outcome {
     log_lost_claim(row, err);
     Outcome::LostClaim
 }
 
-fn log_lost_claim(row: &OutboxRow, err: &str) {
+pub(super) fn log_lost_claim(row: &OutboxRow, err: &str) {
     warn!(id = row.id, dedupe_key = %row.dedupe_key, error = %err,
         "outbox lease expired before the failure was recorded; the row's new owner decides");
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tracing::{Instrument, info, info_span, warn};
 
-use super::pass::relay_pass;
+use super::relay_pass;
 use super::{RelayError, RelayServices};
 use crate::resilience::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;

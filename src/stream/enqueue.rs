@@ -62,6 +62,12 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     limits: &TenantLimits,
 ) -> redis::RedisResult<EnqueueOnce> {
     let tenant = job.tenant.as_str();
+    let limits = &limits.for_recipient(job.notify.as_ref());
+    // Without a recipient the window is never read (no notify_per_hour); any address names it.
+    let window = match &job.notify {
+        Some(to) => limits.notify_window(keys, tenant, to),
+        None => keys.notify_window(tenant, "unlimited"),
+    };
     let mut invocation = ENQUEUE_ONCE.prepare_invoke();
     invocation
         .key(record_key)
@@ -69,7 +75,7 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
         .key(keys.job(job.job_id))
         .key(keys.in_flight(tenant))
         .key(keys.rate(tenant))
-        .key(limits.notify_window(keys, tenant, &job.notify))
+        .key(window)
         .arg(record)
         .arg(record_ttl_s)
         .arg(job.job_id.to_string());

@@ -10,12 +10,13 @@ use redis::Value;
 use serde::Deserialize;
 use serde_json::Map;
 
-use crate::domain::{Email, Job, JobId, JobText, TenantId};
+use crate::domain::{Email, Job, JobId, JobText, TenantId, WebhookUrl};
 
 pub(crate) const JOB_ID: &str = "job_id";
 pub(crate) const TENANT: &str = "tenant";
-/// JSON object `{"text", "notify"}`, or `{"text_stored": true, "notify"}` for a text kept
-/// in Postgres (`db::job_texts`).
+/// JSON object `{"text", "notify"?, "webhook"?}`, or `{"text_stored": true, …}` for a text
+/// kept in Postgres (`db::job_texts`). A job has at least one of `notify` and `webhook` (the
+/// target URL as a string).
 pub(crate) const PAYLOAD: &str = "payload";
 pub(crate) const CREATED_AT: &str = "created_at";
 
@@ -26,14 +27,17 @@ pub(crate) const FIELDS: [&str; 4] = [JOB_ID, TENANT, PAYLOAD, CREATED_AT];
 const TEXT: &str = "text";
 const TEXT_STORED: &str = "text_stored";
 const NOTIFY: &str = "notify";
+const WEBHOOK: &str = "webhook";
 
-/// What `payload` decodes into; its field names are `TEXT`, `TEXT_STORED` and `NOTIFY`.
+/// What `payload` decodes into; its field names are `TEXT`, `TEXT_STORED`, `NOTIFY` and
+/// `WEBHOOK`.
 #[derive(Deserialize)]
 struct Payload {
     text: Option<String>,
     #[serde(default)]
     text_stored: bool,
-    notify: String,
+    notify: Option<String>,
+    webhook: Option<String>,
 }
 
 /// A stream entry that is not a job we can ever process: dead-letter it at once.
@@ -54,7 +58,12 @@ pub fn to_fields(job: &Job) -> [(&'static str, String); 4] {
         JobText::Inline(text) => payload.insert(TEXT.into(), text.as_str().into()),
         JobText::Stored => payload.insert(TEXT_STORED.into(), true.into()),
     };
-    payload.insert(NOTIFY.into(), job.notify.as_str().into());
+    if let Some(notify) = &job.notify {
+        payload.insert(NOTIFY.into(), notify.as_str().into());
+    }
+    if let Some(webhook) = &job.webhook {
+        payload.insert(WEBHOOK.into(), webhook.as_str().into());
+    }
     [
         (JOB_ID, job.job_id.to_string()),
         (TENANT, job.tenant.to_string()),
@@ -75,7 +84,17 @@ pub fn from_fields(fields: &HashMap<String, Value>) -> Result<Job, MalformedMess
     let tenant = TenantId::parse(&get(TENANT)?).map_err(|e| malformed(TENANT, &e.message))?;
     let payload: Payload =
         serde_json::from_str(&get(PAYLOAD)?).map_err(|e| malformed(PAYLOAD, &e))?;
-    let notify = Email::parse(&payload.notify).map_err(|e| malformed(NOTIFY, &e.message))?;
+    let notify = payload
+        .notify
+        .map(|raw| Email::parse(&raw).map_err(|e| malformed(NOTIFY, &e.message)))
+        .transpose()?;
+    let webhook = payload
+        .webhook
+        .map(|raw| WebhookUrl::from_stored(&raw).map_err(|e| malformed(WEBHOOK, &e.message)))
+        .transpose()?;
+    if notify.is_none() && webhook.is_none() {
+        return Err(malformed(PAYLOAD, &"has neither notify nor webhook"));
+    }
     let text = match (payload.text, payload.text_stored) {
         (Some(text), _) => JobText::Inline(text),
         (None, true) => JobText::Stored,
@@ -89,6 +108,7 @@ pub fn from_fields(fields: &HashMap<String, Value>) -> Result<Job, MalformedMess
         tenant,
         text,
         notify,
+        webhook,
         created_at,
     })
 }
@@ -127,7 +147,8 @@ mod tests {
             job_id: JobId::from_scoped_key("x"),
             tenant: TenantId::parse("acme").unwrap(),
             text: "Grüße. \"Hello.\"\n".into(),
-            notify: Email::parse("a@b.co").unwrap(),
+            notify: Some(Email::parse("a@b.co").unwrap()),
+            webhook: None,
             created_at: Utc::now(),
         }
     }
@@ -161,9 +182,28 @@ mod tests {
         let job = from_fields(&stored).unwrap();
         assert_eq!(job.tenant.as_str(), "acme");
         assert_eq!(job.text, JobText::from("Hi."));
-        assert_eq!(job.notify.as_str(), "a@b.co");
+        assert_eq!(job.notify.as_ref().unwrap().as_str(), "a@b.co");
         assert_eq!(timestamp(job.created_at), "2025-01-01T00:00:00.000000Z");
+        assert_eq!(job.webhook, None);
         assert_eq!(to_fields(&job)[2].1, r#"{"notify":"a@b.co","text":"Hi."}"#);
+    }
+
+    #[test]
+    fn a_webhook_travels_with_or_without_notify() {
+        let webhook = WebhookUrl::from_stored("https://hooks.example.com/s?x=1").unwrap();
+        let job = Job {
+            notify: None,
+            webhook: Some(webhook.clone()),
+            ..job()
+        };
+        let fields = to_fields(&job);
+        assert_eq!(
+            fields[2].1,
+            r#"{"text":"Grüße. \"Hello.\"\n","webhook":"https://hooks.example.com/s?x=1"}"#
+        );
+        let back = from_fields(&as_entry(fields)).unwrap();
+        assert_eq!(back.webhook, Some(webhook));
+        assert_eq!(back.notify, None);
     }
 
     #[test]
@@ -187,6 +227,7 @@ mod tests {
             (TENANT, "a:b"),
             (PAYLOAD, r#"{"text":"Hi.","notify":"nobody"}"#),
             (PAYLOAD, r#"{"text":"Hi."}"#),
+            (PAYLOAD, r#"{"text":"Hi.","webhook":"not a url"}"#),
             (PAYLOAD, r#"{"notify":"a@b.co"}"#),
             (PAYLOAD, r#"{"notify":"a@b.co","text_stored":false}"#),
         ] {

@@ -119,6 +119,16 @@ impl TenantLimits {
             None => keys.notify_window(tenant, "unlimited"),
         }
     }
+
+    /// The limits of a job with the recipient `to`: a job that emails no one (a webhook
+    /// only) is under no recipient's rate.
+    pub(crate) fn for_recipient(&self, to: Option<&Email>) -> TenantLimits {
+        let mut limits = *self;
+        if to.is_none() {
+            limits.notify_per_hour = None;
+        }
+        limits
+    }
 }
 
 impl OverLimit {

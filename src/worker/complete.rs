@@ -1,10 +1,14 @@
 //! Carrying a [`Settlement`] out: the Redis calls, metrics and log lines each decision of
 //! `settle.rs` stands for, and nothing that decides.
 
+use chrono::Utc;
+
 use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
+use super::gate::POSTGRES;
 use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
-use crate::domain::Job;
+use crate::db::outbox;
+use crate::domain::{Job, WebhookEvent};
 use crate::stream::consumer_group::{self as group, Delivery};
 use crate::stream::{dead_letters, job_state};
 
@@ -105,7 +109,9 @@ impl Consumer {
                 );
             }
             Settlement::Drop => {}
-            Settlement::DeadLetter(reason) => self.dead_letter(conn, delivery, &reason).await?,
+            Settlement::DeadLetter(reason) => {
+                self.dead_letter(conn, delivery, Some(job), &reason).await?;
+            }
         }
         Ok(())
     }
@@ -129,12 +135,27 @@ impl Consumer {
         }
     }
 
+    /// Dead-letter the entry; a job with a webhook first gets its `summary.failed` event in
+    /// the outbox. First, because Postgres and Redis share no transaction: an event
+    /// committed before a dead letter that then fails is written again (the same webhook-id,
+    /// so once) by the retry of this settlement, while a dead letter made before a crash
+    /// would have no event at all. `job` is `None` for an entry that is no job.
     pub(super) async fn dead_letter(
         &self,
         conn: &mut deadpool_redis::Connection,
         delivery: &Delivery,
+        job: Option<&Job>,
         reason: &DeadReason,
     ) -> Result<(), WorkerError> {
+        if let Some((job, url)) = job.and_then(|job| Some((job, job.webhook.clone()?))) {
+            let event = WebhookEvent::failed(job, url, &reason.tenant, Utc::now());
+            outbox::record_event(&self.services.pg, &event)
+                .await
+                .map_err(|e| WorkerError::Paused {
+                    dependency: POSTGRES,
+                    reason: format!("recording the job's summary.failed webhook: {e}"),
+                })?;
+        }
         let moved = dead_letters::add(
             conn,
             &self.services.keys,

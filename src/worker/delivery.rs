@@ -39,7 +39,7 @@ impl Consumer {
             Ok(job) => job,
             Err(malformed) => {
                 let reason = DeadReason::malformed(malformed);
-                return match self.dead_letter(conn, &delivery, &reason).await {
+                return match self.dead_letter(conn, &delivery, None, &reason).await {
                     Ok(()) => Ok(()),
                     Err(e) => {
                         let redo = Work::Settle(Settlement::DeadLetter(reason));

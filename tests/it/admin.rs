@@ -33,7 +33,8 @@ fn job(n: u32) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:admin-{n}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: "The launch slipped a week. Support volume doubled.".into(),
-        notify: Email::parse("lead@example.com").unwrap(),
+        notify: Some(Email::parse("lead@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

@@ -220,7 +220,7 @@ async fn get_reports_queued_then_done_with_rfc3339_timestamps() {
     // What a worker does when it finishes: commit the summary from the stream message.
     let [msg] = stream_messages(&env).await.try_into().unwrap();
     assert_eq!(msg.job_id.to_string(), job_id);
-    assert_eq!(msg.notify.as_str(), "ops@example.com");
+    assert_eq!(msg.notify.as_ref().unwrap().as_str(), "ops@example.com");
     db::summaries::commit_with_outbox(
         &services.pg,
         &msg,

@@ -71,7 +71,7 @@ async fn the_token_names_the_tenant_and_bad_tokens_are_401() {
     .job_id(
         &serde_json::from_str::<summaryd::domain::SummaryRequest>(BODY)
             .unwrap()
-            .validate()
+            .validate(summaryd::domain::WebhookRules::default())
             .unwrap()
             .fingerprint(),
     );

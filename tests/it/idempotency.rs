@@ -42,12 +42,15 @@ fn accepted(job: &str) -> StoredResponse {
 /// The job message the API builds for `body` under (tenant, key).
 fn job_message(tenant: &str, key: &str, body: &str) -> Job {
     let parsed: SummaryRequest = serde_json::from_str(body).unwrap();
-    let valid = parsed.validate().unwrap();
+    let valid = parsed
+        .validate(summaryd::domain::WebhookRules::default())
+        .unwrap();
     Job {
         job_id: scoped(tenant, key).job_id(&valid.fingerprint()),
         tenant: TenantId::parse(tenant).unwrap(),
         text: valid.text.into(),
         notify: valid.notify,
+        webhook: valid.webhook,
         created_at: chrono::Utc::now(),
     }
 }
@@ -480,5 +483,8 @@ async fn redis_down_is_unavailable_at_once_and_writes_nothing() {
 /// The fingerprint the API computes for `body`.
 fn fingerprint(body: &str) -> String {
     let parsed: SummaryRequest = serde_json::from_str(body).unwrap();
-    parsed.validate().unwrap().fingerprint()
+    parsed
+        .validate(summaryd::domain::WebhookRules::default())
+        .unwrap()
+        .fingerprint()
 }

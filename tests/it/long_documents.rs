@@ -300,7 +300,8 @@ fn job(n: usize, text: String) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:long-{n}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: text.into(),
-        notify: Email::parse("am@example.com").unwrap(),
+        notify: Some(Email::parse("am@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

@@ -217,7 +217,8 @@ fn job(name: &str) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:{name}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: format!("Fabricated job {name}. Revenue grew.").into(),
-        notify: Email::parse("am@example.com").unwrap(),
+        notify: Some(Email::parse("am@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now().trunc_subsecs(6),
     }
 }

@@ -131,7 +131,8 @@ fn job() -> Job {
         job_id: JobId::from_scoped_key("idem:acme:POST:/v1/summaries:model-retries-1"),
         tenant: TenantId::parse("acme").unwrap(),
         text: "Long call notes.".into(),
-        notify: Email::parse("am@example.com").unwrap(),
+        notify: Some(Email::parse("am@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

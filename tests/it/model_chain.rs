@@ -74,7 +74,8 @@ fn job(n: usize) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:chain-{n}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: format!("Call notes number {n}: the renewal is at risk.").into(),
-        notify: Email::parse("am@example.com").unwrap(),
+        notify: Some(Email::parse("am@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

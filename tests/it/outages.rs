@@ -37,7 +37,8 @@ fn job(key: &str) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:{key}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: format!("Call notes {key}. Renewal agreed. Pricing next week.").into(),
-        notify: Email::parse("am@example.com").unwrap(),
+        notify: Some(Email::parse("am@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

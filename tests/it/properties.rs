@@ -4,6 +4,7 @@
 use lettre::message::Mailbox;
 use proptest::prelude::*;
 use summaryd::api::body::parse_summary_request;
+use summaryd::domain::WebhookRules;
 use summaryd::domain::{Email, IdempotencyKey, TenantId};
 
 fn json_string(s: &str) -> String {
@@ -124,8 +125,8 @@ proptest! {
         order in any::<(bool, bool)>(),
         escape in any::<bool>(),
     ) {
-        let a = parse_summary_request(body(&text, &notify, order.0, &ws_a, false).as_bytes()).unwrap();
-        let b = parse_summary_request(body(&text, &notify, order.1, &ws_b, escape).as_bytes()).unwrap();
+        let a = parse_summary_request(body(&text, &notify, order.0, &ws_a, false).as_bytes(), WebhookRules::default()).unwrap();
+        let b = parse_summary_request(body(&text, &notify, order.1, &ws_b, escape).as_bytes(), WebhookRules::default()).unwrap();
         prop_assert_eq!(a.fingerprint(), b.fingerprint());
     }
 
@@ -137,7 +138,7 @@ proptest! {
         other_notify in address(),
     ) {
         let ws: [String; 8] = Default::default();
-        let fp = |t: &str, n: &str| parse_summary_request(body(t, n, false, &ws, false).as_bytes()).unwrap().fingerprint();
+        let fp = |t: &str, n: &str| parse_summary_request(body(t, n, false, &ws, false).as_bytes(), WebhookRules::default()).unwrap().fingerprint();
         let base = fp(&text, &notify);
         if other_text != text {
             prop_assert_ne!(&base, &fp(&other_text, &notify));
@@ -151,6 +152,6 @@ proptest! {
 
     #[test]
     fn no_body_makes_the_parser_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
-        let _ = parse_summary_request(&bytes);
+        let _ = parse_summary_request(&bytes, WebhookRules::default());
     }
 }

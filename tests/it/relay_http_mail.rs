@@ -23,7 +23,8 @@ fn job(n: u32) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:mail-relay-{n}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: "Renewal agreed.".into(),
-        notify: Email::parse("am@example.com").unwrap(),
+        notify: Some(Email::parse("am@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

@@ -57,7 +57,8 @@ async fn commit_job(services: &RelayServices, n: u32) -> JobId {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:relay-{n}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: "A long report.".into(),
-        notify: Email::parse(NOTIFY).unwrap(),
+        notify: Some(Email::parse(NOTIFY).unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     };
     let outcome = summaries::commit_with_outbox(
@@ -227,7 +228,7 @@ async fn a_dead_relays_rows_wait_for_its_lease_then_go_out_once() {
     let held = [commit_job(&svc, 1).await, commit_job(&svc, 2).await];
 
     // The "dead" relay claims and never records anything.
-    let claimed = outbox::claim_due(&svc.pg, 10, settings.relay.lease)
+    let claimed = outbox::claim_due(&svc.pg, SummaryReady::TOPIC, 10, settings.relay.lease)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 2);
@@ -475,9 +476,13 @@ async fn a_stale_relay_cannot_undo_a_newer_claim() {
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
-    let stale = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
+    let stale = outbox::claim_due(&svc.pg, SummaryReady::TOPIC, 10, lease)
+        .await
+        .unwrap();
     expire_leases(&env.pg().await).await;
-    let fresh = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
+    let fresh = outbox::claim_due(&svc.pg, SummaryReady::TOPIC, 10, lease)
+        .await
+        .unwrap();
     assert_eq!((stale.len(), fresh.len()), (1, 1));
     let (stale, fresh) = (&stale[0], &fresh[0]);
     assert_eq!(stale.id, fresh.id);
@@ -531,9 +536,13 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     let svc = services(&env, settings, &mailer);
     let job = commit_job(&svc, 1).await;
 
-    let stale = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
+    let stale = outbox::claim_due(&svc.pg, SummaryReady::TOPIC, 10, lease)
+        .await
+        .unwrap();
     expire_leases(&env.pg().await).await;
-    let fresh = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
+    let fresh = outbox::claim_due(&svc.pg, SummaryReady::TOPIC, 10, lease)
+        .await
+        .unwrap();
 
     // The provider accepted the stale relay's send: recording it prevents further sends.
     assert!(outbox::mark_sent(&svc.pg, stale[0].id).await.unwrap());
@@ -827,7 +836,9 @@ async fn outbox_retry_leaves_a_row_a_relay_is_sending_alone() {
 
     // A relay has just claimed the row, which has been failing for two days: this send is
     // its last chance before the horizon parks it.
-    let claimed = outbox::claim_due(&svc.pg, 10, lease).await.unwrap();
+    let claimed = outbox::claim_due(&svc.pg, SummaryReady::TOPIC, 10, lease)
+        .await
+        .unwrap();
     assert_eq!(claimed.len(), 1);
     env.pg()
         .await

@@ -36,7 +36,8 @@ fn job(tenant: &str, key: &str, text: &str) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:{tenant}:POST:/v1/summaries:{key}")),
         tenant: TenantId::parse(tenant).unwrap(),
         text: text.into(),
-        notify: Email::parse("am@example.com").unwrap(),
+        notify: Some(Email::parse("am@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

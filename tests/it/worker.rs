@@ -184,7 +184,8 @@ fn job(key: &str) -> Job {
         job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:{key}")),
         tenant: TenantId::parse("acme").unwrap(),
         text: format!("Quarterly report {key}. Revenue grew. Costs fell.").into(),
-        notify: Email::parse("team@example.com").unwrap(),
+        notify: Some(Email::parse("team@example.com").unwrap()),
+        webhook: None,
         created_at: Utc::now(),
     }
 }

@@ -83,7 +83,12 @@ pub fn job_id_for(tenant: &str, key: &str, body: &str) -> String {
         &TenantId::parse(tenant).unwrap(),
         &IdempotencyKey::parse(key).unwrap(),
     )
-    .job_id(&request.validate().unwrap().fingerprint())
+    .job_id(
+        &request
+            .validate(summaryd::domain::WebhookRules::default())
+            .unwrap()
+            .fingerprint(),
+    )
     .to_string()
 }
 

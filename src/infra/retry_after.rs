@@ -1,6 +1,7 @@
-//! How long a model API asks us to wait: `retry-after-ms` or `Retry-After`.
+//! How long an HTTP peer (a model API, a webhook receiver) asks us to wait: `retry-after-ms`
+//! or `Retry-After`.
 //!
-//! Parsing only; capping the wait at the max backoff is `crate::llm::retry`'s job.
+//! Parsing only; capping the wait at the max backoff is the caller's job.
 
 use std::time::{Duration, SystemTime};
 

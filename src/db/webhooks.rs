@@ -1,0 +1,268 @@
+//! Webhook endpoints and deliveries: which endpoints a tenant has disabled (a 410 Gone, or
+//! every delivery failing for `SUMMARYD_WEBHOOK_DISABLE_AFTER_S`), and the operator's view
+//! and replay of webhook rows of the outbox (`summaryd webhook …`).
+//!
+//! The rows themselves are outbox rows (`db::outbox` leases and marks them); this module
+//! owns the `webhook_endpoints` table and the queries that read a webhook row's payload.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use deadpool_postgres::Pool;
+use serde::Serialize;
+
+use super::DbError;
+use crate::domain::{JobId, TenantId, WebhookEvent};
+
+/// Why an endpoint is disabled, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Disabled {
+    pub at: DateTime<Utc>,
+    pub reason: String,
+}
+
+/// The endpoint's state for its tenant: `Some` while it is disabled.
+pub async fn disabled(
+    pool: &Pool,
+    tenant: &TenantId,
+    url: &str,
+) -> Result<Option<Disabled>, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT disabled_at, coalesce(disabled_reason, '') FROM webhook_endpoints \
+              WHERE tenant = $1 AND url = $2 AND disabled_at IS NOT NULL",
+        )
+        .await?;
+    let row = client.query_opt(&stmt, &[&tenant.as_str(), &url]).await?;
+    Ok(match row {
+        Some(row) => Some(Disabled {
+            at: row.try_get(0)?,
+            reason: row.try_get(1)?,
+        }),
+        None => None,
+    })
+}
+
+/// Disable the endpoint for its tenant now (a 410 Gone), unless it already is. Returns
+/// whether this call disabled it.
+pub async fn disable(
+    pool: &Pool,
+    tenant: &TenantId,
+    url: &str,
+    reason: &str,
+) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "INSERT INTO webhook_endpoints (tenant, url, disabled_at, disabled_reason) \
+             VALUES ($1, $2, now(), $3) \
+             ON CONFLICT (tenant, url) DO UPDATE \
+                SET disabled_at = now(), disabled_reason = $3 \
+              WHERE webhook_endpoints.disabled_at IS NULL",
+        )
+        .await?;
+    Ok(client
+        .execute(&stmt, &[&tenant.as_str(), &url, &reason])
+        .await?
+        == 1)
+}
+
+/// A delivery to the endpoint failed: start its run of failures if none is running, and
+/// disable it when the run has lasted `disable_after`. Returns the reason when this call
+/// disabled it.
+pub async fn note_failure(
+    pool: &Pool,
+    tenant: &TenantId,
+    url: &str,
+    disable_after: Duration,
+) -> Result<Option<String>, DbError> {
+    let client = pool.get().await?;
+    let reason = format!(
+        "every delivery failed for {} s (SUMMARYD_WEBHOOK_DISABLE_AFTER_S)",
+        disable_after.as_secs()
+    );
+    // On the right of SET, `failing_since` is the value before this update: the first
+    // failure of a run never disables.
+    let stmt = client
+        .prepare_cached(
+            "INSERT INTO webhook_endpoints (tenant, url, failing_since) VALUES ($1, $2, now()) \
+             ON CONFLICT (tenant, url) DO UPDATE \
+                SET failing_since = coalesce(webhook_endpoints.failing_since, now()), \
+                    disabled_at = CASE WHEN webhook_endpoints.disabled_at IS NULL \
+                                        AND webhook_endpoints.failing_since \
+                                            <= now() - $3::bigint * interval '1 second' \
+                                       THEN now() ELSE webhook_endpoints.disabled_at END, \
+                    disabled_reason = CASE WHEN webhook_endpoints.disabled_at IS NULL \
+                                        AND webhook_endpoints.failing_since \
+                                            <= now() - $3::bigint * interval '1 second' \
+                                       THEN $4 ELSE webhook_endpoints.disabled_reason END \
+             RETURNING disabled_at IS NOT NULL AND disabled_reason = $4 \
+                   AND disabled_at >= now()",
+        )
+        .await?;
+    let secs = i64::try_from(disable_after.as_secs()).unwrap_or(i64::MAX);
+    let row = client
+        .query_one(&stmt, &[&tenant.as_str(), &url, &secs, &reason])
+        .await?;
+    let disabled_now: bool = row.try_get(0)?;
+    Ok(disabled_now.then_some(reason))
+}
+
+/// A delivery to the endpoint succeeded: its run of failures is over.
+pub async fn note_success(pool: &Pool, tenant: &TenantId, url: &str) -> Result<(), DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE webhook_endpoints SET failing_since = NULL \
+              WHERE tenant = $1 AND url = $2 AND failing_since IS NOT NULL",
+        )
+        .await?;
+    client.execute(&stmt, &[&tenant.as_str(), &url]).await?;
+    Ok(())
+}
+
+/// Enable the endpoint again (`summaryd webhook enable`), its run of failures forgotten.
+/// Returns whether it was disabled.
+pub async fn enable(pool: &Pool, tenant: &TenantId, url: &str) -> Result<bool, DbError> {
+    let client = pool.get().await?;
+    let n = client
+        .execute(
+            "UPDATE webhook_endpoints \
+                SET disabled_at = NULL, disabled_reason = NULL, failing_since = NULL \
+              WHERE tenant = $1 AND url = $2 AND disabled_at IS NOT NULL",
+            &[&tenant.as_str(), &url],
+        )
+        .await?;
+    Ok(n == 1)
+}
+
+/// One webhook row as `summaryd webhook deliveries` prints it (the contract's fields).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeliveryRow {
+    pub id: i64,
+    pub job_id: Option<String>,
+    #[serde(rename = "type")]
+    pub kind: Option<String>,
+    pub url: Option<String>,
+    pub attempts: i32,
+    pub last_status: Option<i32>,
+    pub last_error: Option<String>,
+    /// When the relay sends it next; empty once delivered, parked or skipped.
+    pub next_at: Option<DateTime<Utc>>,
+    pub delivered_at: Option<DateTime<Utc>>,
+}
+
+/// Which webhook rows an operator means.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Selection {
+    Ids(Vec<i64>),
+    Job(JobId),
+    /// Not delivered, with a failed attempt (or a skip) within this long.
+    FailedSince(Duration),
+}
+
+/// The webhook rows, oldest first: of one job (`job`), and/or only those not delivered whose
+/// last attempt failed (`failed`: still retrying, parked or skipped).
+pub async fn deliveries(
+    pool: &Pool,
+    job: Option<JobId>,
+    failed: bool,
+) -> Result<Vec<DeliveryRow>, DbError> {
+    let client = pool.get().await?;
+    let mut conditions = vec!["topic = $1".to_owned()];
+    let mut ids = Vec::new();
+    if let Some(job) = job {
+        // By dedupe key, so the unique index finds them.
+        ids = job_ids(job);
+        conditions.push("dedupe_key = ANY($2)".into());
+    }
+    if failed {
+        conditions.push("sent_at IS NULL AND last_failed_at IS NOT NULL".into());
+    }
+    let query = format!(
+        "SELECT id, payload #>> '{{body,data,job_id}}', payload #>> '{{body,type}}', \
+                payload ->> 'url', attempts, last_status, last_error, \
+                CASE WHEN sent_at IS NULL AND failed_at IS NULL AND skipped_at IS NULL \
+                     THEN next_attempt_at END, \
+                sent_at \
+           FROM outbox WHERE {} ORDER BY id",
+        conditions.join(" AND ")
+    );
+    let rows = if job.is_some() {
+        client.query(&query, &[&WebhookEvent::TOPIC, &ids]).await?
+    } else {
+        client.query(&query, &[&WebhookEvent::TOPIC]).await?
+    };
+    rows.iter()
+        .map(|row| {
+            Ok(DeliveryRow {
+                id: row.try_get(0)?,
+                job_id: row.try_get(1)?,
+                kind: row.try_get(2)?,
+                url: row.try_get(3)?,
+                attempts: row.try_get(4)?,
+                last_status: row.try_get(5)?,
+                last_error: row.try_get(6)?,
+                next_at: row.try_get(7)?,
+                delivered_at: row.try_get(8)?,
+            })
+        })
+        .collect()
+}
+
+/// Send the selected webhook rows again, with the same webhook-id, as if new: due now,
+/// attempts from 0, no give-up horizon until their next failure, a skip or a delivery
+/// forgotten. Rows a relay holds right now are left alone (another relay could otherwise
+/// send them at the same time). An endpoint disabled for the tenant stays disabled: its
+/// rows are skipped again until `webhook enable`. Returns how many rows were made due.
+pub async fn replay(pool: &Pool, selection: &Selection) -> Result<u64, DbError> {
+    let client = pool.get().await?;
+    let update = "UPDATE outbox \
+                     SET sent_at = NULL, failed_at = NULL, skipped_at = NULL, attempts = 0, \
+                         first_failed_at = NULL, next_attempt_at = now(), retry_from = now(), \
+                         claimed_until = NULL, claim_token = NULL \
+                   WHERE topic = $1 AND (claimed_until IS NULL OR claimed_until < now())";
+    let n = match selection {
+        Selection::Ids(ids) => {
+            client
+                .execute(
+                    &format!("{update} AND id = ANY($2)"),
+                    &[&WebhookEvent::TOPIC, ids],
+                )
+                .await?
+        }
+        Selection::Job(job) => {
+            client
+                .execute(
+                    &format!("{update} AND dedupe_key = ANY($2)"),
+                    &[&WebhookEvent::TOPIC, &job_ids(*job)],
+                )
+                .await?
+        }
+        Selection::FailedSince(within) => {
+            let secs = i64::try_from(within.as_secs()).unwrap_or(i64::MAX);
+            client
+                .execute(
+                    &format!(
+                        "{update} AND sent_at IS NULL \
+                         AND last_failed_at >= now() - $2::bigint * interval '1 second'"
+                    ),
+                    &[&WebhookEvent::TOPIC, &secs],
+                )
+                .await?
+        }
+    };
+    Ok(n)
+}
+
+/// Every webhook-id a job's events can have.
+fn job_ids(job: JobId) -> Vec<String> {
+    [
+        crate::domain::EventType::Completed,
+        crate::domain::EventType::Failed,
+    ]
+    .into_iter()
+    .map(|kind| WebhookEvent::webhook_id(job, kind))
+    .collect()
+}

@@ -9,7 +9,9 @@ use utoipa::OpenApi;
 use super::health::{self, Health};
 use super::metrics;
 use super::problem::{ApiError, Problem};
-use super::summaries::{self, Accepted, CreateSummary, JobStatus, JobView, Progress};
+use super::summaries::{
+    self, Accepted, CreateSummary, JobStatus, JobView, Progress, WebhookTarget,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -26,7 +28,16 @@ use super::summaries::{self, Accepted, CreateSummary, JobStatus, JobView, Progre
         metrics::metrics,
         openapi_json,
     ),
-    components(schemas(CreateSummary, Accepted, JobView, JobStatus, Progress, Problem, Health)),
+    components(schemas(
+        CreateSummary,
+        WebhookTarget,
+        Accepted,
+        JobView,
+        JobStatus,
+        Progress,
+        Problem,
+        Health
+    )),
     tags(
         (name = "summaries", description = "Summary jobs (served with role api)"),
         (name = "operations", description = "Health, metrics and this document (served on every role)"),
@@ -58,11 +69,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn request_schema_is_closed_and_requires_both_fields() {
+    fn request_schema_is_closed_and_requires_the_text() {
         let doc: serde_json::Value = serde_json::from_str(DOCUMENT.as_ref().unwrap()).unwrap();
         let schema = &doc["components"]["schemas"]["CreateSummary"];
         assert_eq!(schema["additionalProperties"], false, "{schema}");
-        assert_eq!(schema["required"], serde_json::json!(["text", "notify"]));
+        // notify and webhook are each optional; one of them (or the tenant's default
+        // webhook_url) is required, which the 422 documents.
+        assert_eq!(schema["required"], serde_json::json!(["text"]));
+        assert!(schema["properties"]["webhook"].is_object(), "{schema}");
+        let target = &doc["components"]["schemas"]["WebhookTarget"];
+        assert_eq!(target["additionalProperties"], false, "{target}");
+        assert_eq!(target["required"], serde_json::json!(["url"]));
         let body = &doc["paths"]["/v1/summaries"]["post"]["requestBody"]["content"];
         assert!(body["application/json"].is_object(), "{body}");
     }

@@ -44,9 +44,28 @@ pub(crate) struct CreateSummary {
     pub(crate) text: String,
     /// Who gets the "summary ready" email: a bare address whose domain is a dotted public
     /// name (no IP address, no `localhost`, no single label), without invisible or bidi
-    /// characters, and within the tenant's `notify_domains`.
+    /// characters, and within the tenant's `notify_domains`. A request needs `notify`,
+    /// `webhook` (or the tenant's default `webhook_url`), or both.
     #[schema(format = Email)]
-    pub(crate) notify: String,
+    pub(crate) notify: Option<String>,
+    /// Where to send the signed `summary.completed` / `summary.failed` webhooks (Standard
+    /// Webhooks; README "Webhooks").
+    pub(crate) webhook: Option<WebhookTarget>,
+}
+
+/// A webhook target.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[expect(
+    dead_code,
+    reason = "part of the body's schema for /openapi.json; the handler reads domain::SummaryRequest"
+)]
+pub(crate) struct WebhookTarget {
+    /// `https` (plain `http` only where the operator set `SUMMARYD_WEBHOOK_ALLOW_HTTP=1`),
+    /// no user name or password, no fragment, a host that resolves to public addresses
+    /// only (unless `SUMMARYD_WEBHOOK_ALLOW_PRIVATE=1`); redirects are never followed.
+    #[schema(format = "uri", max_length = 2048)]
+    pub(crate) url: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
@@ -134,8 +153,8 @@ pub struct Progress {
             headers(("Retry-After" = String, description = "Seconds; 1"))),
         (status = 413, description = "Body over SUMMARYD_API_MAX_BODY_BYTES (default 4 MiB), text over SUMMARYD_API_MAX_TEXT_CHARS (default 1,000,000 characters), or a text that would need more than SUMMARYD_LLM_MAX_PARTS model calls (`field` is `text`); nothing is stored", body = Problem, content_type = "application/problem+json"),
         (status = 415, description = "Content-Type is not application/json", body = Problem, content_type = "application/problem+json"),
-        (status = 422, description = "Valid JSON not matching the schema (`field` names it; `text` with NUL or control characters other than tab, LF, CR; a `notify` that is not a public dotted domain name or is outside the tenant's notify_domains), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
-        (status = 503, description = "Redis unavailable, or no room for the body in the process's request-body budget (the body is not read and the connection is closed): nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
+        (status = 422, description = "Valid JSON not matching the schema (`field` names it; `text` with NUL or control characters other than tab, LF, CR; a `notify` that is not a public dotted domain name or is outside the tenant's notify_domains; neither `notify` nor a webhook; a `webhook.url` that is not https, has a user name, or resolves to a non-public address; a webhook for a tenant without webhook secrets), or the key was reused with a different body", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "Redis unavailable, the webhook host's name did not resolve in time, or no room for the body in the process's request-body budget (the body is not read and the connection is closed): nothing stored, nothing enqueued", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
     )
 )]

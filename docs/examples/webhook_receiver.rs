@@ -1,6 +1,7 @@
 // A receiver's check of a summaryd webhook (Standard Webhooks), in Rust: the README's
 // example, and compiled and run against real relay requests by the test suite
-// (tests/it/webhooks.rs includes this file), so it cannot drift from what summaryd sends.
+// (tests/it/webhook_example.rs includes this file), so it cannot drift from what summaryd
+// sends.
 //
 // Dependencies: hmac 0.13, sha2 0.11, base64 0.22.
 
@@ -27,7 +28,11 @@ pub fn verify_webhook(
     now: i64,
 ) -> Result<(), &'static str> {
     let key = STANDARD
-        .decode(secret.strip_prefix("whsec_").ok_or("secret must start with whsec_")?)
+        .decode(
+            secret
+                .strip_prefix("whsec_")
+                .ok_or("secret must start with whsec_")?,
+        )
         .map_err(|_| "secret is not base64")?;
     let sent_at: i64 = timestamp.parse().map_err(|_| "bad webhook-timestamp")?;
     if (now - sent_at).abs() > TOLERANCE_S {

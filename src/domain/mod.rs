@@ -12,6 +12,7 @@ mod notify_domains;
 mod summary_ready;
 mod summary_request;
 mod tenant;
+mod webhook;
 
 pub use email::Email;
 pub use idempotency_key::IdempotencyKey;
@@ -22,6 +23,10 @@ pub use notify_domains::NotifyDomains;
 pub use summary_ready::{InvalidEvent, SummaryReady};
 pub use summary_request::{SummaryRequest, ValidSummaryRequest};
 pub use tenant::TenantId;
+pub use webhook::{
+    NonPublicAddress, WebhookRules, WebhookSecret, WebhookSecrets, WebhookUrl, check_addresses,
+    is_public,
+};
 
 /// Input that parsed but does not satisfy the schema; `field` names what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -142,7 +142,7 @@ pub(crate) fn normalise_domain(domain: &str) -> Result<String, String> {
 /// such as U+0085), format characters (bidi controls such as U+202E, zero-width joiners,
 /// soft hyphen), line and paragraph separators, spaces, private-use and unassigned code
 /// points, and the letters and marks that are blank by design (Hangul fillers, variation
-/// selectors, the combining grapheme joiner).
+/// selectors, the combining grapheme joiner). Webhook URLs are held to the same rule.
 pub(crate) fn invisible(c: char) -> bool {
     use GeneralCategory as G;
     matches!(

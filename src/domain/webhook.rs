@@ -35,8 +35,9 @@ pub struct WebhookRules {
 /// is the crate reqwest connects with, so the host checked here is the host connected to.
 ///
 /// Deserialising checks the syntax only ([`WebhookUrl::from_stored`]): a stored target was
-/// held to the policy at intake, and is held to it again when it is connected to, after
-/// resolution ([`WebhookUrl::check`], [`check_addresses`]), when the rules may have changed.
+/// held to the policy at intake, and is held to it again just before it is connected to
+/// ([`WebhookUrl::check`], then [`check_addresses`] on what its name resolves to), under the
+/// rules of that moment.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub struct WebhookUrl(Url);
@@ -445,9 +446,9 @@ impl WebhookSecrets {
         self.0.len()
     }
 
-    /// Always false: there is no empty set of secrets.
+    /// Always false: every constructor refuses an empty set.
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        false
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &WebhookSecret> {

@@ -26,6 +26,7 @@ mod retry_policy;
 mod stalls;
 mod tenant_limits;
 mod webhook_verifier;
+mod webhooks;
 mod worker;
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 //! until summaries retention removes it, the summary text. Retention never deletes a row:
 //! its primary key is what makes a later delivery of the same job a duplicate.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, SubsecRound, Utc};
 use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
 
@@ -131,8 +131,10 @@ pub async fn commit_with_outbox(
     let prompt_tokens = summary.usage.map(|u| tokens(u.prompt));
     let completion_tokens = summary.usage.map(|u| tokens(u.completion));
     let parts = summary.parts.map(tokens);
-    // One instant for the row and the webhook's `completed_at`, so both say the same.
-    let completed_at = Utc::now();
+    // One instant for the row and the webhook's `completed_at`, so both say the same: to
+    // the microsecond, what Postgres stores, or GET's `completed_at` (read from the row)
+    // and the webhook's would differ in their last digits.
+    let completed_at = Utc::now().trunc_subsecs(6);
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
     let inserted = tx

@@ -27,6 +27,7 @@ mod stalls;
 mod tenant_limits;
 mod webhook_example;
 mod webhook_verifier;
+mod webhooks;
 mod worker;
 
 #[tokio::test]

@@ -185,6 +185,27 @@ impl Build {
         }
     }
 
+    /// Like `build`, with the settings' tokens file loaded into the handles as the
+    /// application loads it, so the relay signs each tenant's webhooks with the tenant's
+    /// `webhook_secrets` (`build` gives the relay header mode's secrets only).
+    pub fn build_with_tokens(self) -> Services {
+        let tokens = summaryd::api::auth::from_settings(&self.settings.auth, &self.settings.notify)
+            .expect("tokens file")
+            .map(Arc::new);
+        let handles = Handles::with_tokens(self.settings, tokens).expect("handles");
+        let model = ModelChain::single(
+            &handles.settings.llm,
+            self.llm.clone(),
+            Some(handles.metrics.clone()),
+        );
+        Services {
+            handles,
+            llm: self.llm,
+            model: Arc::new(model),
+            mailer: self.mailer,
+        }
+    }
+
     /// Like `build`, with the model chain built from the settings (`[llm]` and its
     /// fallbacks, real HTTP clients) instead of the fake model.
     pub fn build_with_configured_models(self) -> Services {

@@ -423,17 +423,16 @@ pub async fn delete_skipped_before(
     super::delete_batch_before(pool, delete, cutoff, batch).await
 }
 
+/// The gauge's query; public so a test can check that its plan reads the index.
+pub const UNSENT_BY_TOPIC: &str = "SELECT topic, count(*) FROM outbox \
+     WHERE sent_at IS NULL AND skipped_at IS NULL GROUP BY topic";
+
 /// Rows not yet sent per topic, stuck ones included, skipped ones not (the
 /// `summaryd_outbox_unsent{topic}` gauge); reads the `outbox_unsent` partial index, not
 /// the table. Only topics with such rows are listed.
 pub(crate) async fn count_unsent(pool: &Pool) -> Result<Vec<(String, i64)>, DbError> {
     let client = pool.get().await?;
-    let stmt = client
-        .prepare_cached(
-            "SELECT topic, count(*) FROM outbox \
-              WHERE sent_at IS NULL AND skipped_at IS NULL GROUP BY topic",
-        )
-        .await?;
+    let stmt = client.prepare_cached(UNSENT_BY_TOPIC).await?;
     client
         .query(&stmt, &[])
         .await?

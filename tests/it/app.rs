@@ -293,8 +293,10 @@ fn break_setting_of(role: Role, settings: &mut Settings, bad_tokens: &Path) -> &
     }
 }
 
-/// `summaryd serve` builds a provider or loads the tokens file only for the role that uses
-/// it: a setting that only another role reads cannot stop a process from starting.
+/// `summaryd serve` builds a provider or loads the tokens file only for the roles that use
+/// it (the tokens file: the api, and the relay, which signs each tenant's webhooks with its
+/// `webhook_secrets`): a setting that only other roles read cannot stop a process from
+/// starting.
 #[tokio::test]
 async fn each_role_builds_only_the_providers_it_uses() {
     let env = TestEnv::new().await;
@@ -303,15 +305,24 @@ async fn each_role_builds_only_the_providers_it_uses() {
     for role in Role::ALL {
         let mut settings = env.settings.clone();
         let setting = break_setting_of(role, &mut settings, tokens.path());
+        let readers = match role {
+            Role::Api => vec![Role::Api, Role::Relay],
+            other => vec![other],
+        };
         let start =
             |roles: &[Role]| Application::from_settings(settings.clone(), Roles::of(roles), false);
-        let err = start(&[role])
-            .await
-            .err()
-            .expect("the role's own setting is broken");
-        assert!(err.is_configuration(), "{role}: {err}");
-        assert!(err.to_string().contains(setting), "{role}: {err}");
-        let others: Vec<Role> = Role::ALL.into_iter().filter(|r| *r != role).collect();
+        for reader in &readers {
+            let err = start(&[*reader])
+                .await
+                .err()
+                .expect("a setting the role reads is broken");
+            assert!(err.is_configuration(), "{reader}: {err}");
+            assert!(err.to_string().contains(setting), "{reader}: {err}");
+        }
+        let others: Vec<Role> = Role::ALL
+            .into_iter()
+            .filter(|r| !readers.contains(r))
+            .collect();
         if let Err(e) = start(&others).await {
             panic!("{setting} stopped {others:?} from starting: {e}");
         }

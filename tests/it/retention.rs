@@ -691,7 +691,7 @@ async fn outbox_backlog_count_uses_its_index() {
     .unwrap();
     let plan: Vec<String> = pg
         .query(
-            "EXPLAIN SELECT count(*) FROM outbox WHERE sent_at IS NULL",
+            &format!("EXPLAIN {}", summaryd::db::outbox::UNSENT_BY_TOPIC),
             &[],
         )
         .await

@@ -129,6 +129,8 @@ impl World {
             ("SUMMARYD_MAIL_PROVIDER", "http".into()),
             ("SUMMARYD_MAIL_HTTP_URL", mail.url()),
             ("SUMMARYD_MAIL_TIMEOUT_MS", "1000".into()),
+            // Under the relay lease, as the configuration requires of every send's cap.
+            ("SUMMARYD_WEBHOOK_TIMEOUT_MS", "1000".into()),
             // How soon a killed worker's entries are taken over (live ones extend their claim).
             ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "2000".into()),
             ("SUMMARYD_WORKER_BLOCK_MS", "200".into()),

@@ -1,5 +1,7 @@
 //! One api, three worker and two relay processes; a client submits hundreds of
-//! jobs while a random worker or relay is SIGKILLed and restarted every 1–2 s.
+//! jobs while a random worker or relay is SIGKILLed and restarted every 1–2 s. Every job
+//! asks for a webhook as well as its email: each is accepted under its one webhook-id and
+//! verifies with the Standard Webhooks reference library.
 //!
 //! `CHAOS_SOAK_S=<seconds>` lengthens the kill phase (and the job count with it) for a
 //! soak run; unset, the phase is 30 s and 500 jobs (see docs/testing.md).
@@ -19,6 +21,7 @@ use crate::harness::load::Load;
 use crate::harness::mail_sink::MailBehavior;
 use crate::harness::model_server::ModelBehavior;
 use crate::harness::process::{Proc, stop_all};
+use crate::harness::webhook_sink::WebhookBehavior;
 use crate::harness::{World, WorldOptions};
 
 const DEFAULT_KILL_PHASE_S: u64 = 30;
@@ -79,6 +82,10 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
                 latency_ms: 0..20,
                 error_rate: 0.03,
             },
+            webhook: WebhookBehavior {
+                latency_ms: 0..20,
+                error_rate: 0.03,
+            },
             env: vec![
                 ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "1500".into()),
                 ("SUMMARYD_LLM_CONTEXT_TOKENS", CONTEXT_TOKENS.into()),
@@ -96,7 +103,7 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
     for i in 0..RELAYS {
         relays.push(spawn_role(&world, "relay", i).await);
     }
-    let client = ApiClient::new(api.base_url());
+    let client = ApiClient::new(api.base_url()).with_webhook(world.webhooks.url());
 
     let phase = kill_phase();
     let jobs = MIN_JOBS.max(JOBS_PER_S * phase.as_secs() as usize);
@@ -137,8 +144,10 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
     let report = world.assert_exactly_once(&accepted, &client).await;
     assert_eq!(report.jobs, jobs);
     assert!(report.model_calls >= jobs && report.sends >= report.distinct_sends);
+    assert_eq!(report.webhooks.distinct, jobs);
     // The long texts were summarised in parts (the exactly-once check above covers them
-    // like every other job: one summary, one outbox row, one email each).
+    // like every other job: one summary, two outbox rows, one email and one webhook-id
+    // each).
     assert_eq!(
         (0..jobs)
             .filter_map(long_text)
@@ -168,9 +177,10 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
     stop_all(&mut all, STOP_WITHIN).await;
     println!(
         "chaos: {worker_kills} worker + {relay_kills} relay SIGKILLs over {phase:?}; {report}; \
-         resends {}; model calls: documents {}, parts {}, combinations {}; parts per long \
+         resends {}, webhook resends {}; model calls: documents {}, parts {}, combinations {}; parts per long \
          text {long_parts:?}; wall {:?}",
         report.sends - report.distinct_sends,
+        report.webhooks.accepted - report.webhooks.distinct,
         world.model.calls_of(PromptKind::Document),
         world.model.calls_of(PromptKind::Part),
         world.model.calls_of(PromptKind::Combine),

@@ -2,8 +2,9 @@
 //! SIGTERM, dropped Postgres sessions and a restarted Redis. See docs/testing.md.
 //!
 //! Each test builds its own world (database, key prefix or private Redis, fake model API,
-//! mail sink) and ends with the same exactly-once check: summaries rows = accepted job ids
-//! = distinct Idempotency-Keys at the mail sink, and every GET says done.
+//! mail sink, webhook receiver) and ends with the same exactly-once check: summaries rows =
+//! accepted job ids = distinct Idempotency-Keys at the mail sink (and, for jobs that asked
+//! for a webhook, = distinct webhook-ids the receiver accepted), and every GET says done.
 // The harness draws its fakes' latencies and the chaos schedule at random; the rule that
 // every wait comes from the service's backoff module is about the service, not its tests.
 #![allow(clippy::disallowed_methods)]
@@ -28,6 +29,7 @@ mod recipients;
 mod redis_restart;
 mod sigterm;
 mod slow_heads;
+mod webhooks;
 
 /// A fresh run id for idempotency keys, so keys never repeat across runs or tests.
 pub fn run_id() -> String {

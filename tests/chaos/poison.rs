@@ -1,7 +1,8 @@
 //! A poisonous job among 300: the model (behind a guardrail) answers 403 for its text and
 //! nothing else, across processes, with a worker SIGKILLed once mid-run. The 300 finish
 //! exactly once while the breaker's cooldown (30 s by default) could not even pass once,
-//! and the poisonous one is dead-lettered after its deliveries.
+//! and the poisonous one is dead-lettered after its deliveries, its `summary.failed`
+//! webhook accepted once.
 
 use std::time::{Duration, Instant};
 
@@ -41,7 +42,11 @@ async fn a_poisonous_job_among_300_is_dead_lettered_and_the_rest_are_done_once()
     let run = crate::run_id();
     let poison_key = format!("poison-{run}-guarded");
     world.model.refuse(&poison_key, 403);
-    let poison = client.submit(&poison_key, &poison_key).await;
+    let poison = client
+        .clone()
+        .with_webhook(world.webhooks.url())
+        .submit(&poison_key, &poison_key)
+        .await;
     let load = Load::start(
         &client,
         &format!("poison-{run}"),
@@ -65,6 +70,10 @@ async fn a_poisonous_job_among_300_is_dead_lettered_and_the_rest_are_done_once()
     )
     .await;
     assert_eq!(report.jobs, JOBS);
+    assert_eq!(
+        report.webhooks.distinct, 1,
+        "the poisonous job's summary.failed"
+    );
     // Three counted deliveries (one call each: a 403 ends a delivery), and one more for a
     // delivery the SIGKILL cut short.
     assert!(

@@ -25,6 +25,8 @@ pub const TENANT: &str = "chaos";
 pub struct ApiClient {
     http: reqwest::Client,
     base: String,
+    /// The `webhook.url` every job of [`Self::body_for`] asks for, besides its email.
+    webhook: Option<String>,
     /// Answers seen, by status ("timeout"/"error" for transport failures), for the report.
     outcomes: Arc<Mutex<BTreeMap<String, usize>>>,
 }
@@ -36,6 +38,8 @@ pub struct Accepted {
     pub job_id: String,
     /// POSTs it took (1 when the first one was answered 202).
     pub attempts: usize,
+    /// The job asked for a webhook as well as its email.
+    pub webhook: bool,
 }
 
 impl ApiClient {
@@ -46,8 +50,16 @@ impl ApiClient {
                 .build()
                 .expect("client"),
             base,
+            webhook: None,
             outcomes: Arc::default(),
         }
+    }
+
+    /// A client whose jobs ([`Self::body_for`], [`Self::submit`]) ask for a webhook to `url`
+    /// as well as their email.
+    pub fn with_webhook(mut self, url: String) -> Self {
+        self.webhook = Some(url);
+        self
     }
 
     /// Answers seen so far, by status.
@@ -70,6 +82,23 @@ impl ApiClient {
 
     fn body_with(marker: &str, text: String) -> Value {
         json!({"text": text, "notify": format!("{marker}@example.com")})
+    }
+
+    /// [`Self::body`], with this client's webhook when it has one.
+    pub fn body_for(&self, marker: &str) -> Value {
+        self.with_own_webhook(Self::body(marker))
+    }
+
+    /// [`Self::long_body`], with this client's webhook when it has one.
+    pub fn long_body_for(&self, marker: &str, bytes: usize) -> Value {
+        self.with_own_webhook(Self::long_body(marker, bytes))
+    }
+
+    fn with_own_webhook(&self, mut body: Value) -> Value {
+        if let Some(url) = &self.webhook {
+            body["webhook"] = json!({"url": url});
+        }
+        body
     }
 
     /// One POST; the raw answer (status, Retry-After, body) or the transport error.
@@ -99,7 +128,7 @@ impl ApiClient {
     /// POST until accepted, retrying with the same key. Panics on an answer docs/reference.md
     /// does not allow for a valid request (500 and friends) or if it never gets through.
     pub async fn submit(&self, key: &str, marker: &str) -> Accepted {
-        self.submit_body(key, &Self::body(marker)).await
+        self.submit_body(key, &self.body_for(marker)).await
     }
 
     /// [`Self::submit`] with any body (a long text, see [`Self::long_body`]).
@@ -126,6 +155,7 @@ impl ApiClient {
                                 key: key.to_owned(),
                                 job_id,
                                 attempts,
+                                webhook: body.get("webhook").is_some(),
                             };
                         }
                         409 | 503 => {

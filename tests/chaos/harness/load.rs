@@ -2,7 +2,7 @@
 //! `over`, from a few concurrent client tasks, each retrying with its own key until
 //! accepted. Every `replay_every`-th job is submitted a second time after acceptance, and
 //! must come back with the same job id. [`Load::start_with_long`] makes some of the jobs
-//! long texts, summarised in parts.
+//! long texts, summarised in parts. Jobs ask for the client's webhook when it has one.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -60,8 +60,8 @@ impl Load {
                     tokio::time::sleep_until(start + interval * u32::try_from(i).unwrap()).await;
                     let key = format!("{prefix}-{i:05}");
                     let body = match long(i) {
-                        Some(bytes) => ApiClient::long_body(&key, bytes),
-                        None => ApiClient::body(&key),
+                        Some(bytes) => client.long_body_for(&key, bytes),
+                        None => client.body_for(&key),
                     };
                     let first = client.submit_body(&key, &body).await;
                     if replay_every > 0 && i % replay_every == 0 {

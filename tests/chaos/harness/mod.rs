@@ -1,6 +1,6 @@
 //! The chaos harness: one isolated world per test (its own Postgres database, Redis key
-//! prefix or private Redis, fake model API, mail sink and log directory), real `summaryd`
-//! processes started in it, and the exactly-once check every test ends with.
+//! prefix or private Redis, fake model API, mail sink, webhook receiver and log directory),
+//! real `summaryd` processes started in it, and the exactly-once check every test ends with.
 
 pub mod client;
 pub mod db;
@@ -10,6 +10,7 @@ pub mod mail_sink;
 pub mod model_server;
 pub mod process;
 pub mod redis_server;
+pub mod webhook_sink;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -22,10 +23,12 @@ use mail_sink::{MailBehavior, MailSink};
 use model_server::{ModelBehavior, ModelServer, summary_for};
 use process::Proc;
 use redis_server::RedisServer;
+use webhook_sink::{WebhookBehavior, WebhookSink};
 
 use crate::shared::cleanup;
 pub use crate::shared::http_stub::free_port;
 use crate::shared::servers::PgCluster;
+use crate::shared::standard_webhooks;
 use crate::shared::test_env::{FreshNames, pg_base_url, pg_connect, redis_url};
 pub use crate::shared::{eventually, eventually_every};
 
@@ -37,6 +40,7 @@ const QUIESCENCE: Duration = Duration::from_secs(90);
 pub struct WorldOptions {
     pub model: ModelBehavior,
     pub mail: MailBehavior,
+    pub webhook: WebhookBehavior,
     /// Run a private, restartable `redis-server` instead of using the shared one.
     pub private_redis: bool,
     /// Run a private Postgres the test can stop and start instead of using the shared one.
@@ -53,6 +57,7 @@ impl Default for WorldOptions {
         Self {
             model: ModelBehavior::fast(),
             mail: MailBehavior::ok(),
+            webhook: WebhookBehavior::ok(),
             private_redis: false,
             private_postgres: false,
             env: Vec::new(),
@@ -80,6 +85,9 @@ pub struct World {
     pub dir: PathBuf,
     pub model: ModelServer,
     pub mail: MailSink,
+    /// Where jobs that ask for a webhook ([`ApiClient::with_webhook`]) send it; the
+    /// processes sign with its secret (header mode).
+    pub webhooks: WebhookSink,
     pub redis: Option<RedisServer>,
     pub postgres: Option<PgCluster>,
     env: Vec<(String, String)>,
@@ -114,6 +122,7 @@ impl World {
         };
         let model = ModelServer::start(options.model).await;
         let mail = MailSink::start(options.mail).await;
+        let webhooks = WebhookSink::start(options.webhook, &dir.join("webhook-secrets")).await;
         let mut env: BTreeMap<String, String> = [
             ("SUMMARYD_DATABASE_URL", database_url.clone()),
             ("SUMMARYD_REDIS_URL", redis_url.clone()),
@@ -129,6 +138,15 @@ impl World {
             ("SUMMARYD_MAIL_PROVIDER", "http".into()),
             ("SUMMARYD_MAIL_HTTP_URL", mail.url()),
             ("SUMMARYD_MAIL_TIMEOUT_MS", "1000".into()),
+            // Under the relay lease, as the configuration requires of every send's cap.
+            ("SUMMARYD_WEBHOOK_TIMEOUT_MS", "1000".into()),
+            // The sink listens on loopback, in plain http.
+            ("SUMMARYD_WEBHOOK_ALLOW_HTTP", "1".into()),
+            ("SUMMARYD_WEBHOOK_ALLOW_PRIVATE", "1".into()),
+            (
+                "SUMMARYD_WEBHOOK_SECRETS_FILE",
+                webhooks.secrets_file().display().to_string(),
+            ),
             // How soon a killed worker's entries are taken over (live ones extend their claim).
             ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "2000".into()),
             ("SUMMARYD_WORKER_BLOCK_MS", "200".into()),
@@ -155,6 +173,7 @@ impl World {
             dir,
             model,
             mail,
+            webhooks,
             redis,
             postgres,
             env: env.into_iter().collect(),
@@ -216,6 +235,21 @@ impl World {
         self.env.push((key.to_owned(), value));
     }
 
+    /// This world's environment without the variables named in `unset`, for a one-off
+    /// process ([`Self::spawn_with_env`]).
+    pub fn env_without(&self, unset: &[&str]) -> Vec<(String, String)> {
+        self.env
+            .iter()
+            .filter(|(k, _)| !unset.contains(&k.as_str()))
+            .cloned()
+            .collect()
+    }
+
+    /// [`Self::spawn`] with exactly `env` instead of the world's.
+    pub async fn spawn_with_env(&self, name: &str, roles: &str, env: &[(String, String)]) -> Proc {
+        Proc::start(name, roles, "127.0.0.1:0", &[], env, &self.dir).await
+    }
+
     /// This world's environment with `overrides` applied, for a one-off process.
     pub fn env_with(&self, overrides: &[(&str, String)]) -> Vec<(String, String)> {
         let mut env: Vec<(String, String)> = self
@@ -264,6 +298,16 @@ impl World {
         reply.map_or(0, |r| r.count() as u64)
     }
 
+    /// Entries on the job stream (0 if it does not exist).
+    pub async fn stream_length(&self) -> u64 {
+        let mut conn = self.redis_conn().await;
+        redis::cmd("XLEN")
+            .arg(self.keys().stream())
+            .query_async(&mut conn)
+            .await
+            .expect("XLEN")
+    }
+
     /// The delivery count of every pending entry, oldest first.
     pub async fn delivery_counts(&self) -> Vec<u64> {
         let mut conn = self.redis_conn().await;
@@ -297,18 +341,21 @@ impl World {
                 .count("SELECT count(*) FROM outbox WHERE sent_at IS NOT NULL")
                 .await,
             sink_distinct: self.mail.distinct_keys(),
+            webhooks_distinct: self.webhooks.distinct_accepted(),
             pending: self.stream_pending().await,
         }
     }
 
-    /// Wait until every accepted job is summarised, mailed and acknowledged, then check
-    /// the exactly-once effects exactly. Returns the numbers for the test's report.
+    /// Wait until every accepted job is summarised, mailed (and its webhook, when it asked
+    /// for one, accepted) and acknowledged, then check the exactly-once effects exactly.
+    /// Returns the numbers for the test's report.
     pub async fn assert_exactly_once(&self, accepted: &[Accepted], client: &ApiClient) -> Report {
         self.assert_exactly_once_but(accepted, &[], client).await
     }
 
     /// [`Self::assert_exactly_once`] for `accepted`, while the jobs of `poisoned` (accepted
-    /// too, kept apart) are dead-lettered, each once, and reported `failed`.
+    /// too, kept apart) are dead-lettered, each once, and reported `failed` (and their
+    /// `summary.failed` webhook, when they asked for one, accepted).
     pub async fn assert_exactly_once_but(
         &self,
         accepted: &[Accepted],
@@ -324,25 +371,41 @@ impl World {
         let job_ids: BTreeSet<String> = by_key.values().map(|s| (*s).to_owned()).collect();
         assert_eq!(job_ids.len(), by_key.len(), "two keys share a job id");
         let n = job_ids.len();
+        // The webhook-id each webhook must come under, and the job (with its key) it is of.
+        let mut webhooks: BTreeMap<String, (&str, &str, &str)> = BTreeMap::new();
+        for (list, event) in [
+            (accepted, "summary_completed"),
+            (poisoned, "summary_failed"),
+        ] {
+            for a in list.iter().filter(|a| a.webhook) {
+                webhooks.insert(webhook_id(&a.job_id, event), (&a.job_id, &a.key, event));
+            }
+        }
+        let w = webhooks.len();
+        let rows = n + w;
 
         // Every 200 ms, not eventually's 20: each look opens three Postgres connections,
         // and the processes under test share the machine's two cores.
         let quiescent = eventually_every(QUIESCENCE, Duration::from_millis(200), || async {
             let p = self.progress().await;
             assert!(
-                p.summaries as usize <= n && p.outbox as usize <= n && p.sink_distinct <= n,
-                "more effects than accepted jobs ({n}): {p:?}"
+                p.summaries as usize <= n
+                    && p.outbox as usize <= rows
+                    && p.sink_distinct <= n
+                    && p.webhooks_distinct <= w,
+                "more effects than accepted jobs ({n}, {w} webhooks): {p:?}"
             );
             p.summaries as usize == n
-                && p.outbox as usize == n
-                && p.sent as usize == n
+                && p.outbox as usize == rows
+                && p.sent as usize == rows
                 && p.sink_distinct == n
+                && p.webhooks_distinct == w
                 && p.pending == 0
         })
         .await;
         assert!(
             quiescent,
-            "[{}] not quiescent within {QUIESCENCE:?}: accepted {n}, {:?}, dead letters {}",
+            "[{}] not quiescent within {QUIESCENCE:?}: accepted {n} ({w} webhooks), {:?}, dead letters {}",
             self.name,
             self.progress().await,
             self.dead_letters().await
@@ -368,7 +431,16 @@ impl World {
             .iter()
             .map(|r| r.get(0))
             .collect();
-        assert_eq!(outbox_keys, expected_keys, "one outbox row per job");
+        let expected_rows: BTreeSet<String> = expected_keys
+            .iter()
+            .chain(webhooks.keys())
+            .cloned()
+            .collect();
+        assert_eq!(
+            outbox_keys, expected_rows,
+            "one outbox row per job, and one per webhook event"
+        );
+        let webhook_report = self.assert_webhooks_once(&webhooks).await;
 
         let by_sink_key = self.mail.by_key();
         let sink_keys: BTreeSet<String> = by_sink_key.keys().cloned().collect();
@@ -416,8 +488,72 @@ impl World {
             rejected_sends: self.mail.rejected(),
             model_calls: self.model.total_calls(),
             client_outcomes: client.outcomes(),
+            webhooks: webhook_report,
         }
     }
+
+    /// The webhook half of the exactly-once check, once every expected event was accepted:
+    /// each webhook-id of `expected` (to its job id, Idempotency-Key and event) accepted,
+    /// a resend only ever under the same id with the same body, no request under any other
+    /// id, each body the job's own event, and every request (failed ones too) verified by
+    /// the Standard Webhooks reference library against the world's secret.
+    async fn assert_webhooks_once(
+        &self,
+        expected: &BTreeMap<String, (&str, &str, &str)>,
+    ) -> WebhookReport {
+        let received = self.webhooks.received();
+        for r in &received {
+            let id = r.webhook_id().unwrap_or_default();
+            assert!(
+                expected.contains_key(id),
+                "a webhook under {id:?}, which is no accepted job's event (status {:?})",
+                r.status
+            );
+        }
+        let by_id = self.webhooks.accepted_by_id();
+        assert_eq!(
+            by_id.keys().collect::<BTreeSet<_>>(),
+            expected.keys().collect::<BTreeSet<_>>(),
+            "accepted webhook-ids = the accepted jobs' events"
+        );
+        for (id, bodies) in &by_id {
+            assert!(
+                bodies.windows(2).all(|w| w[0] == w[1]),
+                "webhooks under {id} differ: {bodies:?}"
+            );
+            let (job_id, key, event) = expected[id];
+            let body = &bodies[0];
+            assert_eq!(body["type"], event.replace('_', "."), "{id}: {body}");
+            assert_eq!(body["data"]["job_id"], job_id, "{id}: {body}");
+            if event == "summary_completed" {
+                assert_eq!(body["data"]["status"], "done", "{id}: {body}");
+                let summary = body["data"]["summary"].as_str().unwrap_or_default();
+                assert!(
+                    summary.contains(&summary_for(key)),
+                    "{id} does not carry its job's summary: {body}"
+                );
+            } else {
+                assert_eq!(body["data"]["status"], "failed", "{id}: {body}");
+            }
+        }
+        if !received.is_empty() {
+            let requests: Vec<_> = received.iter().map(|r| r.request.clone()).collect();
+            standard_webhooks::verify_all(self.webhooks.secret(), &requests).await;
+        }
+        WebhookReport {
+            requests: received.len(),
+            accepted: received.iter().filter(|r| r.accepted()).count(),
+            distinct: by_id.len(),
+            rejected: self.webhooks.rejected(),
+        }
+    }
+}
+
+/// The webhook-id of a job's event (`summary_completed`, `summary_failed`):
+/// `msg_<job uuid, 32 hex digits>_<event>`.
+pub fn webhook_id(job_id: &str, event: &str) -> String {
+    let uuid = uuid::Uuid::parse_str(job_id).unwrap_or_else(|e| panic!("job id {job_id}: {e}"));
+    format!("msg_{}_{event}", uuid.simple())
 }
 
 /// GET retried briefly on 503 / transport errors (a pool reconnecting after a fault), spaced
@@ -444,6 +580,7 @@ struct Progress {
     outbox: i64,
     sent: i64,
     sink_distinct: usize,
+    webhooks_distinct: usize,
     pending: u64,
 }
 
@@ -461,6 +598,20 @@ pub struct Report {
     /// Every call the model received (parts and combinations of long texts included).
     pub model_calls: usize,
     pub client_outcomes: BTreeMap<String, usize>,
+    pub webhooks: WebhookReport,
+}
+
+/// What the webhook sink saw.
+#[derive(Debug, Default)]
+pub struct WebhookReport {
+    /// Every request, resends and refused ones included.
+    pub requests: usize,
+    /// Requests answered 2xx.
+    pub accepted: usize,
+    /// Distinct webhook-ids answered 2xx.
+    pub distinct: usize,
+    /// Requests refused with an injected 503.
+    pub rejected: usize,
 }
 
 impl std::fmt::Display for Report {
@@ -475,7 +626,16 @@ impl std::fmt::Display for Report {
             self.rejected_sends,
             self.model_calls,
             self.client_outcomes
-        )
+        )?;
+        let w = &self.webhooks;
+        if w.requests > 0 {
+            write!(
+                f,
+                " | webhooks: requests {}, accepted {} vs distinct {} (injected 503s {})",
+                w.requests, w.accepted, w.distinct, w.rejected
+            )?;
+        }
+        Ok(())
     }
 }
 

@@ -48,11 +48,14 @@ impl WebhookUrl {
     pub const MAX_LEN: usize = 2048;
 
     /// A target a client may give (`"webhook": {"url": …}`) or a tenant's default: at most
-    /// [`Self::MAX_LEN`] bytes as sent and as normalised, no invisible, control or
+    /// [`Self::MAX_LEN`] characters as sent (what the OpenAPI schema's `maxLength` counts; the
+    /// normalised form may be longer by its percent-encoding, a bounded growth), no
+    /// invisible, control or
     /// bidirectional-format character (they make one URL read as another in a log or a
     /// console), and the policy of [`WebhookUrl::check`].
     pub fn parse(raw: &str, rules: WebhookRules) -> Result<Self, ValidationError> {
-        if raw.len() > Self::MAX_LEN {
+        // Bytes bound characters: only a long text needs the count.
+        if raw.len() > Self::MAX_LEN && raw.chars().count() > Self::MAX_LEN {
             return Err(too_long());
         }
         if let Some((at, c)) = raw.chars().enumerate().find(|(_, c)| invisible(*c)) {
@@ -63,10 +66,6 @@ impl WebhookUrl {
             )));
         }
         let url = Self::from_stored(raw)?;
-        // Percent-encoding and IDNA can lengthen a URL that was short enough as sent.
-        if url.as_str().len() > Self::MAX_LEN {
-            return Err(too_long());
-        }
         url.check(rules)?;
         Ok(url)
     }
@@ -181,7 +180,7 @@ fn invalid(message: impl Into<String>) -> ValidationError {
 }
 
 fn too_long() -> ValidationError {
-    invalid(format!("longer than {} bytes", WebhookUrl::MAX_LEN))
+    invalid(format!("longer than {} characters", WebhookUrl::MAX_LEN))
 }
 
 impl TryFrom<String> for WebhookUrl {
@@ -643,27 +642,27 @@ mod tests {
     }
 
     #[test]
-    fn the_limit_is_2048_bytes_as_sent_and_as_stored() {
+    fn the_limit_is_2048_characters_as_sent() {
         let prefix = "https://example.com/";
         let at_limit = format!("{prefix}{}", "a".repeat(WebhookUrl::MAX_LEN - prefix.len()));
         assert_eq!(at_limit.len(), 2048);
         assert!(WebhookUrl::parse(&at_limit, STRICT).is_ok());
         let over = format!("{at_limit}a");
         assert!(refused(&over, STRICT).contains("2048"));
-        // 2046 bytes as sent, 2051 once `é` is percent-encoded.
-        let grows = format!(
+        // 2048 characters, 2049 bytes as sent and 2053 once `é` is percent-encoded: the
+        // schema counts characters, and what the client sent is what it can fix.
+        let accented = format!(
             "{prefix}{}\u{00E9}",
-            "a".repeat(WebhookUrl::MAX_LEN - prefix.len() - 3)
+            "a".repeat(WebhookUrl::MAX_LEN - prefix.len() - 1)
         );
-        assert_eq!(grows.len(), 2047);
-        assert!(refused(&grows, STRICT).contains("2048"));
-        // Exactly 2048 once encoded.
-        let grows_to_limit = format!(
-            "{prefix}{}\u{00E9}",
-            "a".repeat(WebhookUrl::MAX_LEN - prefix.len() - 6)
-        );
-        let url = WebhookUrl::parse(&grows_to_limit, STRICT).unwrap();
-        assert_eq!(url.as_str().len(), 2048);
+        assert_eq!(accented.chars().count(), 2048);
+        let url = WebhookUrl::parse(&accented, STRICT).unwrap();
+        assert_eq!(url.as_str().len(), 2053);
+        assert!(refused(&format!("{accented}a"), STRICT).contains("2048"));
+        // A URL without a path gains a `/`: still accepted at the limit.
+        let bare = format!("https://{}.example.com", "a".repeat(WebhookUrl::MAX_LEN - 20));
+        assert_eq!(bare.len(), 2048);
+        assert!(WebhookUrl::parse(&bare, STRICT).is_ok());
     }
 
     #[test]

@@ -394,6 +394,14 @@ async fn deliveries_show_every_state_with_exactly_the_contract_s_fields() {
     )
     .await;
     assert!(none.ends_with("(none)\n"), "{none}");
+
+    // `outbox stuck` lists the given-up webhook too, with its job id (from the event's data).
+    let mut stuck = Vec::new();
+    ops::outbox::stuck(pg, true, &mut stuck).await.unwrap();
+    let stuck: Value = serde_json::from_slice(&stuck).unwrap();
+    assert_eq!(stuck["id"], parked);
+    assert_eq!(stuck["topic"], "webhook");
+    assert_eq!(stuck["job_id"], s.parked.0.job_id.to_string());
 }
 
 #[tokio::test]

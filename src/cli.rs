@@ -10,6 +10,7 @@ pub use crate::ops::healthcheck::HealthcheckArgs;
 pub use crate::ops::outbox::OutboxCommand;
 pub use crate::ops::token::TokenCommand;
 pub use crate::ops::usage::UsageArgs;
+pub use crate::ops::webhook::{SecretCommand, WebhookCommand};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -42,6 +43,9 @@ pub enum Command {
     Token(TokenCommand),
     /// Jobs and model tokens per tenant and model, from the summaries table.
     Usage(UsageArgs),
+    /// See and resend signed webhooks, re-enable endpoints, make signing secrets.
+    #[command(subcommand)]
+    Webhook(WebhookCommand),
     /// GET /healthz of the summaryd configured here (on SUMMARYD_OPS_LISTEN when set, else
     /// SUMMARYD_LISTEN); exit 0 on 200, 1 otherwise (container health checks: no curl).
     Healthcheck(HealthcheckArgs),
@@ -153,5 +157,110 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.config.as_deref(), Some(std::path::Path::new("f.toml")));
+    }
+
+    #[test]
+    fn webhook_deliveries_takes_a_job_failed_and_json() {
+        let job = "6f1c0e3a-3b5e-5a7d-9c1e-2f4b6a8d0c1e";
+        let cli = Cli::try_parse_from([
+            "summaryd",
+            "webhook",
+            "deliveries",
+            "--job",
+            job,
+            "--failed",
+            "--json",
+        ])
+        .unwrap();
+        let Command::Webhook(WebhookCommand::Deliveries {
+            job: Some(id),
+            failed,
+            json,
+        }) = cli.command
+        else {
+            panic!("expected webhook deliveries with a job")
+        };
+        assert_eq!(id.to_string(), job);
+        assert!(failed && json);
+        let err =
+            Cli::try_parse_from(["summaryd", "webhook", "deliveries", "--job", "x"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
+        assert!(err.to_string().contains("--job"), "{err}");
+    }
+
+    #[test]
+    fn webhook_replay_takes_exactly_one_selection() {
+        let replay = |args: &[&str]| {
+            let mut argv = vec!["summaryd", "webhook", "replay"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv)
+        };
+        let Command::Webhook(WebhookCommand::Replay { failed_since, .. }) =
+            replay(&["--failed-since", "2h"]).unwrap().command
+        else {
+            panic!("expected webhook replay")
+        };
+        assert_eq!(failed_since, Some(Duration::from_secs(7_200)));
+        let Command::Webhook(WebhookCommand::Replay { ids, .. }) =
+            replay(&["3", "4"]).unwrap().command
+        else {
+            panic!("expected webhook replay")
+        };
+        assert_eq!(ids, [3, 4]);
+        assert!(replay(&["--job", "6f1c0e3a-3b5e-5a7d-9c1e-2f4b6a8d0c1e"]).is_ok());
+        for bad in [
+            &[][..],
+            &["3", "--failed-since", "1h"],
+            &[
+                "--job",
+                "6f1c0e3a-3b5e-5a7d-9c1e-2f4b6a8d0c1e",
+                "--failed-since",
+                "1h",
+            ],
+            &["--failed-since", "soon"],
+            &["x"],
+        ] {
+            let err = replay(bad).unwrap_err();
+            assert_eq!(err.exit_code(), 2, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn webhook_enable_checks_the_tenant_and_url_and_names_the_argument() {
+        let enable = |tenant: &str, url: &str| {
+            Cli::try_parse_from([
+                "summaryd", "webhook", "enable", "--tenant", tenant, "--url", url,
+            ])
+        };
+        let Command::Webhook(WebhookCommand::Enable { tenant, url }) =
+            enable("acme", "https://Hooks.Example.com").unwrap().command
+        else {
+            panic!("expected webhook enable")
+        };
+        assert_eq!(tenant.as_str(), "acme");
+        assert_eq!(
+            url.as_str(),
+            "https://hooks.example.com/",
+            "normalised as stored"
+        );
+        for (tenant, url, named) in [
+            ("a:b", "https://hooks.example.com/", "--tenant"),
+            ("acme", "ftp://hooks.example.com/", "--url"),
+            ("acme", "hooks.example.com/x", "--url"),
+        ] {
+            let err = enable(tenant, url).unwrap_err();
+            assert_eq!(err.exit_code(), 2);
+            assert!(err.to_string().contains(named), "{named}: {err}");
+        }
+    }
+
+    #[test]
+    fn webhook_secret_new_takes_no_arguments() {
+        let cli = Cli::try_parse_from(["summaryd", "webhook", "secret", "new"]).unwrap();
+        assert!(matches!(
+            cli.command,
+            Command::Webhook(WebhookCommand::Secret(SecretCommand::New))
+        ));
+        assert!(Cli::try_parse_from(["summaryd", "webhook", "secret", "new", "x"]).is_err());
     }
 }

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 use clap::Parser;
 use secrecy::ExposeSecret;
 use summaryd::app::Application;
-use summaryd::cli::{Cli, Command, ServeArgs, TokenCommand};
+use summaryd::cli::{Cli, Command, SecretCommand, ServeArgs, TokenCommand, WebhookCommand};
 use summaryd::config::{FlagOverrides, RelayFlags, Settings, WorkerFlags};
 use summaryd::ops::{AdminCommand, AdminError};
 use summaryd::shutdown::{Shutdown, os_signal};
@@ -31,6 +31,8 @@ fn main() -> ExitCode {
             Command::Dlq(cmd) => admin(config, AdminCommand::Dlq(cmd)).await,
             Command::Outbox(cmd) => admin(config, AdminCommand::Outbox(cmd)).await,
             Command::Usage(args) => admin(config, AdminCommand::Usage(args)).await,
+            Command::Webhook(WebhookCommand::Secret(SecretCommand::New)) => webhook_secret_new(),
+            Command::Webhook(cmd) => admin(config, AdminCommand::Webhook(cmd)).await,
             Command::Token(TokenCommand::New { tenant }) => token_new(&tenant),
             Command::Healthcheck(args) => summaryd::ops::healthcheck::run(config, &args),
         }
@@ -47,6 +49,17 @@ fn token_new(tenant: &str) -> ExitCode {
         }
         Err(e) => {
             eprintln!("summaryd: {e}");
+            ExitCode::from(EXIT_RUNTIME)
+        }
+    }
+}
+
+/// Needs no configuration, database or Redis either.
+fn webhook_secret_new() -> ExitCode {
+    match summaryd::ops::webhook::secret_new(&mut std::io::stdout().lock()) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("summaryd: writing output: {e}");
             ExitCode::from(EXIT_RUNTIME)
         }
     }

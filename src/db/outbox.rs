@@ -342,13 +342,15 @@ pub async fn record_event(pool: &Pool, event: &WebhookEvent) -> Result<(), DbErr
 /// by a transient failure past the give-up horizon.
 const STUCK: &str = "(sent_at IS NULL AND failed_at IS NOT NULL)";
 
-/// Rows that need a person, oldest first.
+/// Rows that need a person, oldest first. An email carries its job id at the top of its
+/// payload, a webhook in its body's `data`, as receivers see it.
 pub async fn stuck(pool: &Pool) -> Result<Vec<StuckRow>, DbError> {
     let client = pool.get().await?;
     let rows = client
         .query(
             &format!(
-                "SELECT id, payload->>($1::text), topic, dedupe_key, attempts, last_error, created_at \
+                "SELECT id, coalesce(payload->>($1::text), payload #>> '{{body,data,job_id}}'), \
+                        topic, dedupe_key, attempts, last_error, created_at \
                    FROM outbox WHERE {STUCK} ORDER BY id"
             ),
             &[&SummaryReady::JOB_ID_FIELD],

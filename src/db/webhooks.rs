@@ -14,6 +14,16 @@ use serde::Serialize;
 use super::DbError;
 use crate::domain::{JobId, TenantId, WebhookEvent};
 
+/// The longest span compared with `now()`, about 1000 years: `now()` minus more than
+/// Postgres's timestamps reach back (4713 BC) is an error, so an absurd
+/// `SUMMARYD_WEBHOOK_DISABLE_AFTER_S` or `--failed-since 99999999w` would refuse every
+/// statement instead of meaning "longer than anything stored".
+const MAX_SECONDS: i64 = 1_000 * 366 * 86_400;
+
+fn seconds(span: Duration) -> i64 {
+    i64::try_from(span.as_secs()).map_or(MAX_SECONDS, |s| s.min(MAX_SECONDS))
+}
+
 /// Why an endpoint is disabled, as recorded.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Disabled {
@@ -83,7 +93,10 @@ pub async fn note_failure(
         disable_after.as_secs()
     );
     // On the right of SET, `failing_since` is the value before this update: the first
-    // failure of a run never disables.
+    // failure of a run never disables. RETURNING sees only the new row, so "this statement
+    // disabled it" is "disabled at this statement's own now()": failures of one pass are
+    // noted concurrently, and a statement that started earlier but waited for the row lock
+    // of the one that disabled it must not report the disabling as well.
     let stmt = client
         .prepare_cached(
             "INSERT INTO webhook_endpoints (tenant, url, failing_since) VALUES ($1, $2, now()) \
@@ -97,13 +110,14 @@ pub async fn note_failure(
                                         AND webhook_endpoints.failing_since \
                                             <= now() - $3::bigint * interval '1 second' \
                                        THEN $4 ELSE webhook_endpoints.disabled_reason END \
-             RETURNING disabled_at IS NOT NULL AND disabled_reason = $4 \
-                   AND disabled_at >= now()",
+             RETURNING coalesce(disabled_at = now() AND disabled_reason = $4, false)",
         )
         .await?;
-    let secs = i64::try_from(disable_after.as_secs()).unwrap_or(i64::MAX);
     let row = client
-        .query_one(&stmt, &[&tenant.as_str(), &url, &secs, &reason])
+        .query_one(
+            &stmt,
+            &[&tenant.as_str(), &url, &seconds(disable_after), &reason],
+        )
         .await?;
     let disabled_now: bool = row.try_get(0)?;
     Ok(disabled_now.then_some(reason))
@@ -241,14 +255,13 @@ pub async fn replay(pool: &Pool, selection: &Selection) -> Result<u64, DbError> 
                 .await?
         }
         Selection::FailedSince(within) => {
-            let secs = i64::try_from(within.as_secs()).unwrap_or(i64::MAX);
             client
                 .execute(
                     &format!(
                         "{update} AND sent_at IS NULL \
                          AND last_failed_at >= now() - $2::bigint * interval '1 second'"
                     ),
-                    &[&WebhookEvent::TOPIC, &secs],
+                    &[&WebhookEvent::TOPIC, &seconds(*within)],
                 )
                 .await?
         }

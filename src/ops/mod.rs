@@ -1,6 +1,6 @@
 //! Operator commands (`docs/reference.md`, Command line): inspect and recover what landed in
-//! a dead-letter place, and report what the model cost. Each command opens only the
-//! connection it needs: `dlq` Redis, `outbox` and `usage` Postgres.
+//! a dead-letter place, see and resend webhooks, and report what the model cost. Each command
+//! opens only the connection it needs: `dlq` Redis, `outbox`, `webhook` and `usage` Postgres.
 
 pub mod dlq;
 pub mod healthcheck;
@@ -8,15 +8,18 @@ pub mod outbox;
 pub(crate) mod output;
 pub mod token;
 pub mod usage;
+pub mod webhook;
 
 use std::io::Write;
 
 use crate::config::Settings;
+use crate::db::webhooks::Selection;
 use crate::infra::connections::{self, ConnectError};
 use crate::infra::keys::RedisKeys;
 use dlq::DlqCommand;
 use outbox::OutboxCommand;
 use usage::UsageArgs;
+use webhook::{SecretCommand, WebhookCommand};
 
 #[derive(Debug, thiserror::Error)]
 pub enum AdminError {
@@ -43,6 +46,7 @@ pub enum AdminCommand {
     Dlq(DlqCommand),
     Outbox(OutboxCommand),
     Usage(UsageArgs),
+    Webhook(WebhookCommand),
 }
 
 /// Run `command`, writing its output to `out` (a table or JSON lines).
@@ -58,6 +62,7 @@ pub async fn run(
             let pg = connections::pg_pool(settings)?;
             usage::report(&pg, &args, out).await
         }
+        AdminCommand::Webhook(command) => run_webhook(settings, command, out).await,
     }
 }
 
@@ -92,5 +97,35 @@ async fn run_outbox(
     match command {
         OutboxCommand::Stuck { json } => outbox::stuck(&pg, json, out).await,
         OutboxCommand::Retry { ids, all } => outbox::retry(&pg, &ids, all, out).await.map(|_| ()),
+    }
+}
+
+async fn run_webhook(
+    settings: &Settings,
+    command: WebhookCommand,
+    out: &mut impl Write,
+) -> Result<(), AdminError> {
+    // Opened by the commands that use it: printing a secret needs no database.
+    let pg = || connections::pg_pool(settings);
+    match command {
+        WebhookCommand::Deliveries { job, failed, json } => {
+            webhook::deliveries(&pg()?, job, failed, json, out).await
+        }
+        WebhookCommand::Replay {
+            ids,
+            job,
+            failed_since,
+        } => {
+            let selection = match (job, failed_since) {
+                (Some(job), _) => Selection::Job(job),
+                (None, Some(within)) => Selection::FailedSince(within),
+                (None, None) => Selection::Ids(ids),
+            };
+            webhook::replay(&pg()?, &selection, out).await.map(|_| ())
+        }
+        WebhookCommand::Enable { tenant, url } => webhook::enable(&pg()?, &tenant, &url, out)
+            .await
+            .map(|_| ()),
+        WebhookCommand::Secret(SecretCommand::New) => Ok(webhook::secret_new(out)?),
     }
 }

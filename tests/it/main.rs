@@ -25,6 +25,7 @@ mod retention;
 mod retry_policy;
 mod stalls;
 mod tenant_limits;
+mod webhook_admin;
 mod webhook_example;
 mod webhook_verifier;
 mod webhooks;

@@ -34,6 +34,10 @@ pub(crate) fn init_series(metrics: &Metrics) {
     for stage in ["summarised", "emailed"] {
         metrics.job_latency.with_label_values(&[stage]);
     }
+    // From 0, so `increase()` sees a process's first stuck webhook.
+    for result in ["delivered", "retrying", "stuck", "skipped"] {
+        metrics.webhook_deliveries.with_label_values(&[result]);
+    }
     for outcome in ["done", "skipped", "error"] {
         metrics.maintenance_runs.with_label_values(&[outcome]);
     }

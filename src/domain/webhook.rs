@@ -660,7 +660,10 @@ mod tests {
         assert_eq!(url.as_str().len(), 2053);
         assert!(refused(&format!("{accented}a"), STRICT).contains("2048"));
         // A URL without a path gains a `/`: still accepted at the limit.
-        let bare = format!("https://{}.example.com", "a".repeat(WebhookUrl::MAX_LEN - 20));
+        let bare = format!(
+            "https://{}.example.com",
+            "a".repeat(WebhookUrl::MAX_LEN - 20)
+        );
         assert_eq!(bare.len(), 2048);
         assert!(WebhookUrl::parse(&bare, STRICT).is_ok());
     }

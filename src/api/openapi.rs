@@ -46,8 +46,24 @@ use super::summaries::{
 pub(crate) struct ApiDoc;
 
 /// Built once: the document is static for the life of the process.
-static DOCUMENT: LazyLock<Result<String, String>> =
-    LazyLock::new(|| ApiDoc::openapi().to_json().map_err(|e| e.to_string()));
+static DOCUMENT: LazyLock<Result<String, String>> = LazyLock::new(document);
+
+fn document() -> Result<String, String> {
+    let mut doc = serde_json::to_value(ApiDoc::openapi()).map_err(|e| e.to_string())?;
+    // A request asks for at least one effect. The derive cannot say "one of two optional
+    // fields"; without it a client (or a fuzzer) takes a text-only body for valid. A tenant
+    // with a default webhook_url may send one anyway: the schema is stricter than that
+    // tenant needs, never looser than any tenant gets.
+    if let Some(create) = doc.pointer_mut("/components/schemas/CreateSummary")
+        && let Some(object) = create.as_object_mut()
+    {
+        object.insert(
+            "anyOf".into(),
+            serde_json::json!([{"required": ["notify"]}, {"required": ["webhook"]}]),
+        );
+    }
+    serde_json::to_string(&doc).map_err(|e| e.to_string())
+}
 
 #[utoipa::path(
     get,
@@ -77,6 +93,12 @@ mod tests {
         // webhook_url) is required, which the 422 documents.
         assert_eq!(schema["required"], serde_json::json!(["text"]));
         assert!(schema["properties"]["webhook"].is_object(), "{schema}");
+        assert_eq!(
+            schema["anyOf"],
+            serde_json::json!([{"required": ["notify"]}, {"required": ["webhook"]}])
+        );
+        // Neither field may be null: the parser refuses a null as the wrong type.
+        assert_eq!(schema["properties"]["notify"]["type"], "string", "{schema}");
         let target = &doc["components"]["schemas"]["WebhookTarget"];
         assert_eq!(target["additionalProperties"], false, "{target}");
         assert_eq!(target["required"], serde_json::json!(["url"]));

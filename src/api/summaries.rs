@@ -46,15 +46,18 @@ pub(crate) struct CreateSummary {
     /// name (no IP address, no `localhost`, no single label), without invisible or bidi
     /// characters, and within the tenant's `notify_domains`. A request needs `notify`,
     /// `webhook` (or the tenant's default `webhook_url`), or both.
+    // `default` instead of `Option`: optional, and never `null` (the parser refuses a null).
     #[schema(format = Email)]
-    pub(crate) notify: Option<String>,
+    #[serde(default)]
+    pub(crate) notify: String,
     /// Where to send the signed `summary.completed` / `summary.failed` webhooks (Standard
     /// Webhooks; README "Webhooks").
-    pub(crate) webhook: Option<WebhookTarget>,
+    #[serde(default)]
+    pub(crate) webhook: WebhookTarget,
 }
 
 /// A webhook target.
-#[derive(Debug, Deserialize, ToSchema)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 #[expect(
     dead_code,

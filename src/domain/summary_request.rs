@@ -10,8 +10,17 @@ use super::{Email, ValidationError, WebhookRules, WebhookUrl};
 #[serde(deny_unknown_fields)]
 pub struct SummaryRequest {
     pub(crate) text: Option<serde_json::Value>,
+    /// `null` is kept (`Some(Value::Null)`) and refused as the wrong type: an optional
+    /// field is absent or valid, as the schema says.
+    #[serde(default, deserialize_with = "present")]
     pub(crate) notify: Option<serde_json::Value>,
+    #[serde(default, deserialize_with = "present")]
     pub(crate) webhook: Option<serde_json::Value>,
+}
+
+/// A field that is there, `null` included.
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// A request that passed validation.
@@ -204,6 +213,16 @@ mod tests {
             parse(r#"{"text":"x","webhook":{}}"#)
                 .unwrap_err()
                 .starts_with("webhook.url")
+        );
+        assert!(
+            parse(r#"{"text":"x","notify":null,"webhook":{"url":"https://a.example/"}}"#)
+                .unwrap_err()
+                .starts_with("notify")
+        );
+        assert!(
+            parse(r#"{"text":"x","notify":"a@b.co","webhook":null}"#)
+                .unwrap_err()
+                .starts_with("webhook:")
         );
         assert!(
             parse(r#"{"text":"x","notify":"a@b.co","cc":1}"#)

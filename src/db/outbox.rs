@@ -58,7 +58,13 @@ fn interval_ms(d: Duration) -> i64 {
 }
 
 /// No relay holds the row: never leased, or its lease ran out (its relay died or gave up).
-const NOT_LEASED: &str = "(claimed_until IS NULL OR claimed_until < now())";
+pub(super) const NOT_LEASED: &str = "(claimed_until IS NULL OR claimed_until < now())";
+
+/// A row made due again by a person as if it had never failed: attempts from 0, the backoff
+/// from its first step, no give-up horizon until its next failure (`retry_from` records
+/// when a person retried it). `outbox retry` and `webhook replay` share it.
+pub(super) const AS_NEW: &str = "failed_at = NULL, attempts = 0, next_attempt_at = now(), \
+     first_failed_at = NULL, retry_from = now(), claimed_until = NULL, claim_token = NULL";
 
 /// Lease up to `batch` due rows to the caller, oldest first, in one statement.
 ///
@@ -383,12 +389,7 @@ pub async fn stuck(pool: &Pool) -> Result<Vec<StuckRow>, DbError> {
 /// Returns how many rows were made eligible.
 pub async fn retry(pool: &Pool, ids: Option<&[i64]>) -> Result<u64, DbError> {
     let client = pool.get().await?;
-    let update = format!(
-        "UPDATE outbox SET failed_at = NULL, attempts = 0, next_attempt_at = now(), \
-                first_failed_at = NULL, retry_from = now(), \
-                claimed_until = NULL, claim_token = NULL \
-          WHERE {STUCK} AND {NOT_LEASED}"
-    );
+    let update = format!("UPDATE outbox SET {AS_NEW} WHERE {STUCK} AND {NOT_LEASED}");
     let n = match ids {
         None => client.execute(&update, &[]).await?,
         Some(ids) => {

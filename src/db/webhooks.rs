@@ -12,6 +12,7 @@ use deadpool_postgres::Pool;
 use serde::Serialize;
 
 use super::DbError;
+use super::outbox::{AS_NEW, NOT_LEASED};
 use crate::domain::{JobId, TenantId, WebhookEvent};
 
 /// The longest span compared with `now()`, about 1000 years: `now()` minus more than
@@ -232,11 +233,10 @@ pub async fn deliveries(
 /// rows are skipped again until `webhook enable`. Returns how many rows were made due.
 pub async fn replay(pool: &Pool, selection: &Selection) -> Result<u64, DbError> {
     let client = pool.get().await?;
-    let update = "UPDATE outbox \
-                     SET sent_at = NULL, failed_at = NULL, skipped_at = NULL, attempts = 0, \
-                         first_failed_at = NULL, next_attempt_at = now(), retry_from = now(), \
-                         claimed_until = NULL, claim_token = NULL \
-                   WHERE topic = $1 AND (claimed_until IS NULL OR claimed_until < now())";
+    let update = format!(
+        "UPDATE outbox SET sent_at = NULL, skipped_at = NULL, {AS_NEW} \
+          WHERE topic = $1 AND {NOT_LEASED}"
+    );
     let n = match selection {
         Selection::Ids(ids) => {
             client

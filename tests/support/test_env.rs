@@ -171,18 +171,8 @@ impl Build {
     }
 
     pub fn build(self) -> Services {
-        let handles = Handles::new(self.settings).expect("handles");
-        let model = ModelChain::single(
-            &handles.settings.llm,
-            self.llm.clone(),
-            Some(handles.metrics.clone()),
-        );
-        Services {
-            handles,
-            llm: self.llm,
-            model: Arc::new(model),
-            mailer: self.mailer,
-        }
+        let handles = Handles::new(self.settings.clone()).expect("handles");
+        self.with_handles(handles)
     }
 
     /// Like `build`, with the settings' tokens file loaded into the handles as the
@@ -192,7 +182,12 @@ impl Build {
         let tokens = summaryd::api::auth::from_settings(&self.settings.auth, &self.settings.notify)
             .expect("tokens file")
             .map(Arc::new);
-        let handles = Handles::with_tokens(self.settings, tokens).expect("handles");
+        let handles = Handles::with_tokens(self.settings.clone(), tokens).expect("handles");
+        self.with_handles(handles)
+    }
+
+    /// The fake model as the worker's one provider, over `handles`.
+    fn with_handles(self, handles: Handles) -> Services {
         let model = ModelChain::single(
             &handles.settings.llm,
             self.llm.clone(),

@@ -259,6 +259,7 @@ mod tests {
             assert_eq!(permanent.disposition(), Disposition::Permanent);
         }
         assert!(WebhookError::Gone.is_gone());
+        assert!(!WebhookError::Redirect { status: 301 }.is_gone());
         assert_eq!(WebhookError::Gone.status(), Some(410));
         assert_eq!(WebhookError::Connect("x".into()).status(), None);
     }

@@ -164,9 +164,14 @@ impl Application {
     ) -> Result<Self, StartError> {
         // Configuration first, so a wrong setting fails before any waiting on the database.
         settings.validate_for(roles)?;
-        // The relay signs webhooks with each tenant's secrets from the same file.
-        let auth = if roles.has(Role::Api) || roles.has(Role::Relay) {
+        let auth = if roles.has(Role::Api) {
             crate::api::auth::from_settings(&settings.auth, &settings.notify)?.map(Arc::new)
+        } else if roles.has(Role::Relay)
+            && let Some(path) = &settings.auth.tokens_file
+        {
+            // The relay signs webhooks with each tenant's secrets from the same file; the
+            // api's warnings about how tenants are identified are not the relay's to give.
+            Some(Arc::new(crate::api::auth::Tokens::load(path)?))
         } else {
             None
         };

@@ -259,8 +259,8 @@ async fn webhook_target(
     policy: &TenantPolicy,
     rules: WebhookRules,
 ) -> Result<Option<WebhookUrl>, ApiError> {
-    let (url, field) = match (requested, &policy.webhook_url) {
-        (Some(url), _) => (url.clone(), "webhook.url"),
+    let url = match (requested, &policy.webhook_url) {
+        (Some(url), _) => url.clone(),
         (None, Some(default)) => {
             // The tenant's own default, syntax-checked when the tokens file loaded.
             default.check(rules).map_err(|e| {
@@ -269,7 +269,7 @@ async fn webhook_target(
                     format!("the tenant's default webhook_url {}", e.message),
                 )
             })?;
-            (default.clone(), "webhook.url")
+            default.clone()
         }
         (None, None) => return Ok(None),
     };
@@ -284,7 +284,7 @@ async fn webhook_target(
     match crate::webhook::check_target(&url, rules).await {
         Ok(()) => Ok(Some(url)),
         Err(e) if e.is_timeout() => Err(ApiError::Unavailable(format!("webhook.url: {e}"))),
-        Err(e) => Err(ApiError::validation(field, e.to_string())),
+        Err(e) => Err(ApiError::validation("webhook.url", e.to_string())),
     }
 }
 

@@ -32,27 +32,48 @@ pub struct Disabled {
     pub reason: String,
 }
 
+/// An endpoint's state for its tenant, read before each send.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `Some` while it is disabled.
+    pub disabled: Option<Disabled>,
+    /// A run of failures is open (`failing_since`): a delivery ends it. Known here so a
+    /// delivery to a healthy endpoint, the common case, costs no second statement.
+    pub failing: bool,
+}
+
+/// The endpoint's state for its tenant; an endpoint without a row is enabled and healthy.
+pub async fn endpoint(pool: &Pool, tenant: &TenantId, url: &str) -> Result<Endpoint, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT disabled_at, coalesce(disabled_reason, ''), failing_since IS NOT NULL \
+               FROM webhook_endpoints WHERE tenant = $1 AND url = $2",
+        )
+        .await?;
+    let Some(row) = client.query_opt(&stmt, &[&tenant.as_str(), &url]).await? else {
+        return Ok(Endpoint::default());
+    };
+    let at: Option<DateTime<Utc>> = row.try_get(0)?;
+    Ok(Endpoint {
+        disabled: match at {
+            Some(at) => Some(Disabled {
+                at,
+                reason: row.try_get(1)?,
+            }),
+            None => None,
+        },
+        failing: row.try_get(2)?,
+    })
+}
+
 /// The endpoint's state for its tenant: `Some` while it is disabled.
 pub async fn disabled(
     pool: &Pool,
     tenant: &TenantId,
     url: &str,
 ) -> Result<Option<Disabled>, DbError> {
-    let client = pool.get().await?;
-    let stmt = client
-        .prepare_cached(
-            "SELECT disabled_at, coalesce(disabled_reason, '') FROM webhook_endpoints \
-              WHERE tenant = $1 AND url = $2 AND disabled_at IS NOT NULL",
-        )
-        .await?;
-    let row = client.query_opt(&stmt, &[&tenant.as_str(), &url]).await?;
-    Ok(match row {
-        Some(row) => Some(Disabled {
-            at: row.try_get(0)?,
-            reason: row.try_get(1)?,
-        }),
-        None => None,
-    })
+    Ok(endpoint(pool, tenant, url).await?.disabled)
 }
 
 /// Disable the endpoint for its tenant now (a 410 Gone), unless it already is. Returns

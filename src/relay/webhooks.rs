@@ -74,7 +74,8 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Sent, Rela
         }
     };
     let url = event.url.as_str();
-    if let Some(disabled) = webhooks::disabled(pg, &event.tenant, url).await? {
+    let endpoint = webhooks::endpoint(pg, &event.tenant, url).await?;
+    if let Some(disabled) = endpoint.disabled {
         let error = format!(
             "not sent: the endpoint is disabled for tenant {} since {} ({}); \
              `summaryd webhook enable` and `summaryd webhook replay` send it",
@@ -109,7 +110,9 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Sent, Rela
                     "webhook delivered again; already recorded"
                 );
             }
-            webhooks::note_success(pg, &event.tenant, url).await?;
+            if endpoint.failing {
+                webhooks::note_success(pg, &event.tenant, url).await?;
+            }
             count(services, "delivered");
             return Ok(Sent::Row(Outcome::Sent));
         }

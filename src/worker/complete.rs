@@ -147,8 +147,10 @@ impl Consumer {
         job: Option<&Job>,
         reason: &DeadReason,
     ) -> Result<(), WorkerError> {
-        if let Some((job, url)) = job.and_then(|job| Some((job, job.webhook.clone()?))) {
-            let event = WebhookEvent::failed(job, url, &reason.tenant, Utc::now());
+        if let Some(job) = job
+            && let Some(url) = &job.webhook
+        {
+            let event = WebhookEvent::failed(job, url.clone(), &reason.tenant, Utc::now());
             outbox::record_event(&self.services.pg, &event)
                 .await
                 .map_err(|e| WorkerError::Paused {

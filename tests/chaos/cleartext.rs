@@ -3,39 +3,13 @@
 //! listening off loopback without a tokens file stops unless `SUMMARYD_AUTH_MODE=header`;
 //! cleartext Postgres and Redis to other hosts are warned about before any connection.
 
-use std::process::Output;
 use std::time::Duration;
 
 use crate::harness::client::ApiClient;
-use crate::harness::process::{Proc, run_with_deadline, stop_all};
+use crate::harness::process::{Proc, output_text as text, serve_expecting_exit as serve, stop_all};
 use crate::harness::{World, WorldOptions};
 use crate::run_id;
 use crate::shared::servers::free_port;
-
-/// A refusal happens while the settings are read, long before this.
-const REFUSAL_DEADLINE: Duration = Duration::from_secs(20);
-
-fn text(out: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
-async fn serve(roles: &str, listen: &str, env: &[(String, String)]) -> Output {
-    let args = [
-        "serve",
-        "--roles",
-        roles,
-        "--no-migrate",
-        "--listen",
-        listen,
-    ];
-    run_with_deadline(&args, env, REFUSAL_DEADLINE)
-        .await
-        .unwrap_or_else(|| panic!("--roles {roles} on {listen} kept running"))
-}
 
 #[tokio::test]
 async fn smtp_credentials_without_tls_stop_every_role_unless_cleartext_is_allowed() {

@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::harness::client::ApiClient;
 use crate::harness::model_server::marked_text;
-use crate::harness::process::run_with_deadline;
+use crate::harness::process::{output_text, serve_expecting_exit};
 use crate::harness::{World, WorldOptions, eventually, webhook_id};
 use crate::shared::standard_webhooks::verify_all;
 
@@ -172,23 +172,9 @@ async fn the_intake_refuses_an_internal_or_unsignable_webhook_before_storing_any
         "SUMMARYD_WEBHOOK_SECRETS_FILE",
         missing.display().to_string(),
     )]);
-    let args = [
-        "serve",
-        "--roles",
-        "api",
-        "--no-migrate",
-        "--listen",
-        "127.0.0.1:0",
-    ];
-    let out = run_with_deadline(&args, &env, Duration::from_secs(20))
-        .await
-        .expect("serve with a missing secrets file exits by itself");
-    let output = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(!out.status.success(), "{output}");
+    let out = serve_expecting_exit("api", "127.0.0.1:0", &env).await;
+    let output = output_text(&out);
+    assert_eq!(out.status.code(), Some(2), "{output}");
     assert!(output.contains("SUMMARYD_WEBHOOK_SECRETS_FILE"), "{output}");
     assert!(world.webhooks.received().is_empty());
 }

@@ -464,9 +464,20 @@ async fn a_500_is_retried_with_the_same_webhook_id_and_each_attempt_is_signed_af
         "{failed:?}"
     );
     assert_eq!(deliveries(&services, "retrying"), 1);
+    let url = receiver.url("/hook");
+    assert_eq!(
+        endpoint(&env, "acme", &url).await,
+        Some((false, None, true)),
+        "the failure opened a run of failures"
+    );
 
     let second = relay(&services).await;
     assert_eq!(second.sent, 1, "{second:?}");
+    assert_eq!(
+        endpoint(&env, "acme", &url).await,
+        Some((false, None, false)),
+        "the delivery ended it"
+    );
     let delivered = row(&env, &id).await;
     assert!(delivered.sent, "{delivered:?}");
     assert_eq!(

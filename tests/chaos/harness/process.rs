@@ -250,3 +250,35 @@ pub async fn run_with_deadline(
         .ok()?
         .ok()
 }
+
+/// A refusal at startup happens while the settings are read, long before this.
+const REFUSAL_DEADLINE: Duration = Duration::from_secs(20);
+
+/// `summaryd serve --roles <roles> --no-migrate --listen <listen>` expected to refuse to
+/// start; panics if it is still running after the refusal deadline.
+pub async fn serve_expecting_exit(
+    roles: &str,
+    listen: &str,
+    env: &[(String, String)],
+) -> std::process::Output {
+    let args = [
+        "serve",
+        "--roles",
+        roles,
+        "--no-migrate",
+        "--listen",
+        listen,
+    ];
+    run_with_deadline(&args, env, REFUSAL_DEADLINE)
+        .await
+        .unwrap_or_else(|| panic!("--roles {roles} on {listen} kept running"))
+}
+
+/// Everything a finished process printed, stdout then stderr.
+pub fn output_text(out: &std::process::Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}

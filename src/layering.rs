@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 /// Every entry under `src/`, bottom layer first. A new top-level file or folder fails
 /// `cargo test` until it is placed here.
-const LAYERS: [(&str, &[&str]); 9] = [
+const LAYERS: [(&str, &[&str]); 10] = [
     // The values that cross seams, the vocabulary of waiting and failing, the stop signal.
     ("base", &["domain", "resilience", "shutdown"]),
     // Settings: parsed and checked without touching a file or a socket.
@@ -25,6 +25,8 @@ const LAYERS: [(&str, &[&str]); 9] = [
     ("adapters", &["stream", "db", "llm", "mail", "webhook"]),
     // One module per `--roles` entry, and the housekeeping every role runs.
     ("roles", &["api", "worker", "relay", "maintenance"]),
+    // The operator console: it shows every role, so it stands above them all.
+    ("console", &["console"]),
     // What a process builds once and supervises.
     ("process", &["app"]),
     // The operator's commands.

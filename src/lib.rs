@@ -16,6 +16,7 @@ pub mod api;
 pub mod app;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod domain;
 pub mod infra;

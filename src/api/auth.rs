@@ -239,6 +239,11 @@ impl TokenStore {
         Ok(Self { entries })
     }
 
+    /// Every tenant of this file version with its policy (the console's tenants page).
+    pub(crate) fn tenants(&self) -> impl Iterator<Item = (&TenantId, &TenantPolicy)> {
+        self.entries.iter().map(|e| (&e.tenant, e.policy.as_ref()))
+    }
+
     /// The policy of `tenant` in this file version (the relay signs with its secrets).
     pub(crate) fn policy_of(&self, tenant: &TenantId) -> Option<Arc<TenantPolicy>> {
         self.entries

@@ -185,6 +185,27 @@ impl IdempotencyStore {
     }
 }
 
+/// The job an earlier request with `key` made for `tenant`, while its record lives (the
+/// console finds jobs by the client's Idempotency-Key). `None` for no record, or a record
+/// of an older version's in-progress marker.
+pub(crate) async fn job_of<C: redis::aio::ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    tenant: &crate::domain::TenantId,
+    key: &crate::domain::IdempotencyKey,
+) -> Result<Option<crate::domain::JobId>, StoreError> {
+    let scope = crate::infra::keys::ScopedKey::summaries(tenant, key);
+    let raw: Option<String> = redis::AsyncCommands::get(conn, keys.idempotency(&scope)).await?;
+    let Some(raw) = raw else { return Ok(None) };
+    Ok(match serde_json::from_str::<Record>(&raw)? {
+        Record::Done { body, .. } => body
+            .get("job_id")
+            .and_then(|id| id.as_str())
+            .and_then(|id| id.parse().ok()),
+        Record::InProgress { .. } => None,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,5 +20,5 @@ pub mod tenant;
 
 pub use idempotency::{IdempotencyStore, Outcome, StoreError, StoredResponse};
 pub use problem::{ApiError, Problem};
-pub use server::{HttpServers, app, build_server, configure, serve_until_shutdown};
+pub use server::{HttpServers, OpsRoutes, app, build_server, configure, serve_until_shutdown};
 pub use state::{ApiServices, ApiState};

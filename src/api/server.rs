@@ -36,7 +36,7 @@ pub fn configure(
     roles: Roles,
     shutdown: Shutdown,
 ) -> impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static {
-    routes(state(services, roles, shutdown), Routes::All)
+    routes(state(services, roles, shutdown), Routes::All, None)
 }
 
 /// Which routes one listener serves: everything, or (with `SUMMARYD_OPS_LISTEN`) the public
@@ -53,9 +53,14 @@ fn state(services: ApiServices, roles: Roles, shutdown: Shutdown) -> web::Data<A
     web::Data::new(ApiState::new(services, roles, shutdown))
 }
 
+/// More routes for the ops listener only, given by the process (the operator console):
+/// the api cannot name them, they sit above it.
+pub type OpsRoutes = Arc<dyn Fn(&mut web::ServiceConfig) + Send + Sync>;
+
 fn routes(
     state: web::Data<ApiState>,
     which: Routes,
+    ops_routes: Option<OpsRoutes>,
 ) -> impl Fn(&mut web::ServiceConfig) + Clone + Send + 'static {
     move |cfg: &mut web::ServiceConfig| {
         cfg.app_data(state.clone());
@@ -64,6 +69,11 @@ fn routes(
                 .service(get_only("/readyz", health::readyz))
                 .service(get_only("/metrics", metrics::metrics))
                 .service(get_only("/openapi.json", openapi::openapi_json));
+        }
+        if which == Routes::Ops
+            && let Some(extra) = &ops_routes
+        {
+            extra(cfg);
         }
         if which != Routes::Ops && state.roles.has(Role::Api) {
             cfg.service(
@@ -169,6 +179,7 @@ pub fn build_server(
     shutdown: Shutdown,
     listener: TcpListener,
     ops_listener: Option<TcpListener>,
+    ops_routes: Option<OpsRoutes>,
 ) -> std::io::Result<HttpServers> {
     // In-flight requests get the same grace as every other role's drain, rounded up to
     // whole seconds because that is what actix accepts.
@@ -186,7 +197,7 @@ pub fn build_server(
         shutdown,
     ));
     let serve = |which: Routes, listener: TcpListener| -> std::io::Result<Server> {
-        let config = routes(state.clone(), which);
+        let config = routes(state.clone(), which, ops_routes.clone());
         let metrics = metrics.clone();
         let limits = limits.clone();
         // Probes and scrapes are tiny; one worker thread keeps the ops port from taking a

@@ -18,6 +18,7 @@ use crate::api::ApiServices;
 use crate::app::supervisor::Supervisor;
 use crate::config::Settings;
 use crate::config::roles::{Role, Roles};
+use crate::console::Console;
 use crate::llm::{Llm, LlmConfigError, ModelChain};
 use crate::mail::{MailConfigError, Mailer};
 use crate::relay::RelayServices;
@@ -32,6 +33,8 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error(transparent)]
     Auth(#[from] crate::api::auth::AuthFileError),
+    #[error(transparent)]
+    ConsoleUsers(#[from] crate::console::UsersError),
     #[error(transparent)]
     Llm(#[from] LlmConfigError),
     #[error(transparent)]
@@ -58,6 +61,7 @@ impl StartError {
             self,
             Self::Config(_)
                 | Self::Auth(_)
+                | Self::ConsoleUsers(_)
                 | Self::Llm(_)
                 | Self::Mail(_)
                 | Self::Handles(HandlesError::WebhookSecrets { .. })
@@ -127,6 +131,45 @@ pub struct Application {
     port: u16,
     /// `SUMMARYD_OPS_LISTEN`, bound: the ops routes' own listener.
     ops_listener: Option<TcpListener>,
+    /// The operator console, on the ops listener, when a users file is configured.
+    console: Option<Console>,
+}
+
+/// The console, when `SUMMARYD_CONSOLE_USERS_FILE` is set and there is an ops listener to
+/// serve it on (never on the tenants' listener). A users file that cannot be read or
+/// parsed stops the start (exit 2).
+fn console(
+    handles: &Handles,
+    settings: &Arc<Settings>,
+    tokens: Option<&Arc<crate::api::auth::Tokens>>,
+) -> Result<Option<Console>, StartError> {
+    let Some(path) = &settings.console.users_file else {
+        return Ok(None);
+    };
+    if settings.ops.listen.is_none() {
+        tracing::warn!(
+            "SUMMARYD_CONSOLE_USERS_FILE is set but SUMMARYD_OPS_LISTEN is not: the console \
+             is served only on the ops listener, so it is off"
+        );
+        return Ok(None);
+    }
+    let users = Arc::new(crate::console::Users::load(path)?);
+    // The tenants page shows each tenant's limits: a process without the api or relay
+    // role reads the tokens file for it too.
+    let tokens = match (tokens, &settings.auth.tokens_file) {
+        (Some(tokens), _) => Some(tokens.clone()),
+        (None, Some(path)) => Some(Arc::new(crate::api::auth::Tokens::load(path)?)),
+        (None, None) => None,
+    };
+    Ok(Some(Console::new(
+        settings.clone(),
+        handles.keys.clone(),
+        handles.redis.clone(),
+        handles.pg.clone(),
+        handles.metrics.clone(),
+        users,
+        tokens,
+    )))
 }
 
 impl Application {
@@ -216,7 +259,9 @@ impl Application {
             ),
             None => None,
         };
+        let console = console(&handles, &settings, auth.as_ref())?;
         Ok(Self {
+            console,
             api: handles.api(auth, model.clone()),
             worker: model.map(|model| handles.worker(model)),
             relay: mailer.map(|mailer| handles.relay(mailer)),
@@ -255,14 +300,25 @@ impl Application {
             listener,
             port,
             ops_listener,
+            console,
         } = self;
         let ops_port = ops_listener
             .as_ref()
             .and_then(|l| l.local_addr().ok())
             .map(|a| a.port());
         let grace = handles.settings.shutdown.grace;
-        let server = crate::api::build_server(api, roles, shutdown.clone(), listener, ops_listener)
-            .map_err(StartError::Http)?;
+        let ops_routes = console.map(|console| -> crate::api::OpsRoutes {
+            Arc::new(move |cfg: &mut actix_web::web::ServiceConfig| console.configure(cfg))
+        });
+        let server = crate::api::build_server(
+            api,
+            roles,
+            shutdown.clone(),
+            listener,
+            ops_listener,
+            ops_routes,
+        )
+        .map_err(StartError::Http)?;
         // Stops accepting and drains in-flight requests by itself once shutdown is triggered.
         let mut http_task =
             tokio::spawn(crate::api::serve_until_shutdown(server, shutdown.clone()));

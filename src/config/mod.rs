@@ -12,6 +12,7 @@
 
 mod api;
 mod auth;
+mod console;
 mod database;
 mod idempotency;
 mod llm;
@@ -31,6 +32,7 @@ mod worker;
 
 pub use api::ApiSettings;
 pub use auth::{AuthMode, AuthSettings};
+pub use console::ConsoleSettings;
 pub use database::DatabaseSettings;
 pub use idempotency::IdempotencySettings;
 pub use llm::{FallbackSettings, LlmProvider, LlmSettings};
@@ -128,6 +130,7 @@ pub struct Settings {
     pub auth: AuthSettings,
     pub notify: NotifySettings,
     pub webhook: WebhookSettings,
+    pub console: ConsoleSettings,
     pub log: LogSettings,
     pub shutdown: ShutdownSettings,
     /// Which of [`WITHOUT_EFFECT`] the file or the environment gave, remembered by `load`
@@ -158,6 +161,7 @@ impl Default for Settings {
             auth: AuthSettings::default(),
             notify: NotifySettings::default(),
             webhook: WebhookSettings::default(),
+            console: ConsoleSettings::default(),
             log: LogSettings::default(),
             shutdown: ShutdownSettings::default(),
             given_without_effect: Vec::new(),
@@ -294,6 +298,7 @@ impl Settings {
         self.maintenance.check()?;
         self.notify.check()?;
         self.webhook.check()?;
+        self.console.check()?;
         if self.key_prefix.chars().any(char::is_whitespace) {
             return Err(invalid(
                 "SUMMARYD_KEY_PREFIX",
@@ -552,13 +557,15 @@ mod tests {
             "webhook.timeout_ms",
             "webhook.give_up_s",
             "webhook.disable_after_s",
+            "console.users_file",
+            "console.session_idle_s",
             "log.format",
         ] {
             assert!(known.contains(path), "{path} missing from {known:?}");
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 71, "{known:?}");
+        assert_eq!(known.len(), 73, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.

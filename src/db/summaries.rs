@@ -261,6 +261,28 @@ pub async fn usage(
         .collect())
 }
 
+/// Summaries completed in each of the last `minutes` minutes that had any (the console's
+/// throughput chart), oldest first. Reads the `completed_at` index.
+pub(crate) async fn finished_per_minute(
+    pool: &Pool,
+    minutes: i32,
+) -> Result<Vec<(DateTime<Utc>, i64)>, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT date_trunc('minute', completed_at) AS minute, count(*) \
+               FROM summaries \
+              WHERE completed_at >= date_trunc('minute', now()) - make_interval(mins => $1 - 1) \
+              GROUP BY 1 ORDER BY 1",
+        )
+        .await?;
+    let rows = client.query(&stmt, &[&minutes]).await?;
+    Ok(rows
+        .into_iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect())
+}
+
 /// Remove the text of up to `batch` summaries completed before `cutoff`, oldest first, and
 /// keep their rows; returns how many texts were removed.
 ///

@@ -4,6 +4,7 @@
 //! `WebhookEvent` (db → relay → a client's endpoint). Every module may import
 //! these; they import nothing of the service.
 
+mod duration;
 mod email;
 mod idempotency_key;
 mod job;
@@ -16,6 +17,7 @@ mod tenant;
 mod webhook;
 mod webhook_event;
 
+pub use duration::parse_duration;
 pub use email::Email;
 pub use idempotency_key::IdempotencyKey;
 pub use job::{Job, JobText};

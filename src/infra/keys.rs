@@ -21,6 +21,18 @@ impl RedisKeys {
         }
     }
 
+    /// A console session, by the SHA-256 of its cookie value: a copy of Redis shows no
+    /// usable session id. Expires after the idle timeout, renewed by each request.
+    pub(crate) fn console_session(&self, id_sha256: &str) -> String {
+        format!("{}console:session:{id_sha256}", self.prefix)
+    }
+
+    /// Failed console sign-ins of one user name or one client address in the current
+    /// window (`console::signin`).
+    pub(crate) fn console_signin_failures(&self, who: &str) -> String {
+        format!("{}console:signin_failures:{who}", self.prefix)
+    }
+
     pub fn stream(&self) -> String {
         format!("{}jobs:summaries", self.prefix)
     }

@@ -55,6 +55,8 @@ pub struct Metrics {
     mail_misconfigured: Mutex<Option<String>>,
     pub(crate) maintenance_runs: IntCounterVec,
     pub maintenance_removed: IntCounterVec,
+    /// `summaryd_console_actions_total{action}`: what operators changed in the console.
+    pub console_actions: IntCounterVec,
 }
 
 /// The labels of `summaryd_maintenance_removed_total`.
@@ -83,6 +85,11 @@ impl Metrics {
                 registry.register(Box::new(c.clone()))?;
                 Ok(c)
             };
+        let console_actions = counter_vec(
+            "summaryd_console_actions_total",
+            "Operator actions taken in the console: replay, purge, outbox_retry, pause, resume",
+            &["action"],
+        )?;
         let http_requests = counter_vec(
             "summaryd_http_requests_total",
             "HTTP requests by route template and status code",
@@ -264,7 +271,27 @@ impl Metrics {
             mail_misconfigured: Mutex::new(None),
             maintenance_runs,
             maintenance_removed,
+            console_actions,
         })
+    }
+
+    /// Each model provider's breaker as this process sees it: `(provider, open)`. Empty in a
+    /// process without the worker role (it calls no model).
+    pub fn breakers(&self) -> Vec<(String, bool)> {
+        use prometheus::core::Collector;
+        self.llm_breaker_open
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| {
+                let provider = metric
+                    .get_label()
+                    .first()
+                    .map(|l| l.get_value().to_owned())
+                    .unwrap_or_default();
+                (provider, metric.get_gauge().get_value() > 0.0)
+            })
+            .collect()
     }
 
     /// A pass of `role`'s loop failed: count it under `kind` (a short, fixed word such as
@@ -389,6 +416,24 @@ impl<P: Atomic + 'static> MeasuredGauge<P> {
     pub(crate) fn clear(&self) {
         // Removing a series that is not there is the only error, and means the same.
         let _ = self.0.remove_label_values::<&str>(&[]);
+    }
+
+    /// Every exported series of a labelled gauge: its first label's value and the gauge's.
+    pub fn by_label(&self) -> Vec<(String, f64)> {
+        use prometheus::core::Collector;
+        self.0
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .map(|metric| {
+                let label = metric
+                    .get_label()
+                    .first()
+                    .map(|l| l.get_value().to_owned())
+                    .unwrap_or_default();
+                (label, metric.get_gauge().get_value())
+            })
+            .collect()
     }
 
     /// The exported value, `None` while absent. Reads what a scrape would, so it never

@@ -187,6 +187,28 @@ pub(crate) async fn scan_sets<C: ConnectionLike + Send + Sync>(
         .await
 }
 
+/// Every tenant with jobs in flight and how many (the console's tenants page).
+pub(crate) async fn in_flight_by_tenant<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+) -> redis::RedisResult<std::collections::BTreeMap<String, u64>> {
+    let mut counts = std::collections::BTreeMap::new();
+    let mut cursor = 0;
+    loop {
+        let (next, sets) = scan_sets(conn, keys, cursor).await?;
+        for set in sets {
+            if let Some(tenant) = keys.in_flight_tenant(&set) {
+                let n: u64 = redis::cmd("SCARD").arg(&set).query_async(conn).await?;
+                counts.insert(tenant.to_owned(), n);
+            }
+        }
+        if next == 0 {
+            return Ok(counts);
+        }
+        cursor = next;
+    }
+}
+
 /// One step of an SSCAN over one in-flight set: the next cursor (0 at the end) and members.
 pub(crate) async fn scan_members<C: ConnectionLike + Send + Sync>(
     conn: &mut C,

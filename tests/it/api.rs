@@ -556,6 +556,7 @@ async fn worker_only_server_serves_ops_routes_but_not_v1() {
         shutdown.clone(),
         listener,
         None,
+        None,
     )
     .unwrap();
     let running = actix_web::rt::spawn(api::serve_until_shutdown(server, shutdown.clone()));
@@ -602,6 +603,7 @@ async fn chunked_body_over_the_limit_is_413_without_content_length() {
         Roles::all(),
         shutdown.clone(),
         listener,
+        None,
         None,
     )
     .unwrap();

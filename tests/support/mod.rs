@@ -9,6 +9,7 @@
 
 pub mod api_requests;
 pub mod certs;
+pub mod console;
 pub mod cleanup;
 pub mod fabricate;
 pub mod fakes;

@@ -106,7 +106,14 @@ async fn a_browser_fills_a_form_clicks_tabs_and_takes_a_screenshot() {
     assert_eq!(browser.title().await, "Find a job");
 
     // A click that runs the page's script, seen in the DOM.
-    assert!(!browser.find("#refreshed").await.is_displayed().await.unwrap());
+    assert!(
+        !browser
+            .find("#refreshed")
+            .await
+            .is_displayed()
+            .await
+            .unwrap()
+    );
     browser.click("#refresh").await;
     assert_eq!(browser.text("#refreshed").await, "Refreshed");
 
@@ -139,7 +146,10 @@ async fn a_browser_fills_a_form_clicks_tabs_and_takes_a_screenshot() {
     browser.fill("#key", "first").await;
     browser.fill("#key", "job <42> & co").await;
     browser.click("#search").await;
-    assert_eq!(browser.text("#result").await, "Searched: key=job+%3C42%3E+%26+co");
+    assert_eq!(
+        browser.text("#result").await,
+        "Searched: key=job+%3C42%3E+%26+co"
+    );
     assert!(browser.current_url().await.ends_with("/search"));
     let searches = searches.lock().unwrap();
     assert_eq!(searches.len(), 1, "one submission");
@@ -164,7 +174,10 @@ async fn axe_passes_the_accessible_page_and_fails_the_inaccessible_one() {
     assert!(
         good.iter().all(|v| !v.is_serious()),
         "serious violations on the good page: {}",
-        good.iter().map(|v| v.to_string()).collect::<Vec<_>>().join("; ")
+        good.iter()
+            .map(|v| v.to_string())
+            .collect::<Vec<_>>()
+            .join("; ")
     );
     browser.assert_no_serious_violations("the good page").await;
 
@@ -187,10 +200,7 @@ async fn axe_passes_the_accessible_page_and_fails_the_inaccessible_one() {
         .catch_unwind()
         .await;
     let panic = outcome.expect_err("the bad page must fail the accessibility check");
-    let message = panic
-        .downcast_ref::<String>()
-        .cloned()
-        .unwrap_or_default();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
     assert!(message.contains("on the bad page"), "{message}");
     assert!(message.contains("image-alt (critical)"), "{message}");
     assert!(message.contains("button-name (critical)"), "{message}");

@@ -143,9 +143,18 @@ impl Driver {
              Connection: close\r\nContent-Length: 0\r\n\r\n",
             self.port
         );
-        if conn.write_all(request.as_bytes()).is_ok() {
-            let mut reply = Vec::new();
-            let _ = conn.read_to_end(&mut reply);
+        if conn.write_all(request.as_bytes()).is_err() {
+            return;
+        }
+        // The reply's head is enough: it comes once the browser has quit. chromedriver keeps
+        // the connection open despite `Connection: close`, so reading to the end would hang.
+        let mut reply = Vec::new();
+        let mut chunk = [0u8; 1024];
+        while !reply.windows(4).any(|w| w == b"\r\n\r\n") {
+            match conn.read(&mut chunk) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => reply.extend_from_slice(&chunk[..n]),
+            }
         }
     }
 }
@@ -309,9 +318,7 @@ impl Browser {
             .at_most(FIND_WITHIN)
             .for_element(Locator::Css(css))
             .await
-            .unwrap_or_else(|e| {
-                panic!("no element matches {css:?} within {FIND_WITHIN:?}: {e}")
-            })
+            .unwrap_or_else(|e| panic!("no element matches {css:?} within {FIND_WITHIN:?}: {e}"))
     }
 
     /// Every element matching `css` now (possibly none; no waiting).

@@ -219,6 +219,12 @@ _deps_ensure_cargo() {
   and 'rustup component add rustfmt clippy'; make sure ~/.cargo/bin is on PATH."
 }
 
+# The browser tests (tests/support/browser.rs) drive Debian's chromium through chromedriver.
+# The script exits at once when both are installed; the tests also run it themselves.
+_deps_ensure_browser() {
+    "$(dirname "${BASH_SOURCE[0]}")/browser-deps.sh"
+}
+
 _deps_main() {
     PG_HOST=${SUMMARYD_DEPS_PG_HOST:-127.0.0.1}
     PG_PORT=${SUMMARYD_DEPS_PG_PORT:-5432}
@@ -232,6 +238,7 @@ _deps_main() {
     _deps_check_pg_login
     _deps_ensure_redis
     _deps_ensure_test_servers
+    _deps_ensure_browser
 }
 
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then

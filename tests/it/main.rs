@@ -8,6 +8,7 @@ mod api;
 mod app;
 mod auth;
 mod backends;
+mod browser_smoke;
 mod console;
 mod front_door;
 mod healthcheck;

@@ -2,12 +2,14 @@
 //! included by path from each: the isolated world a test runs in (its own database and Redis
 //! key prefix), the one services/application builder, the loopback HTTP and SMTP servers,
 //! the fake providers, the request helpers for the in-process API, the Standard Webhooks
-//! reference verifier for recorded webhook requests, and the private Redis and Postgres
-//! servers (with certificates made per test) the TLS and durability tests start.
+//! reference verifier for recorded webhook requests, the private Redis and Postgres
+//! servers (with certificates made per test) the TLS and durability tests start, and a
+//! headless Chromium for browser tests.
 
 #![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
 
 pub mod api_requests;
+pub mod browser;
 pub mod certs;
 pub mod console;
 pub mod cleanup;

@@ -203,5 +203,6 @@ pub fn model_summary(text: &str) -> ModelSummary {
         model: "builtin".into(),
         usage: None,
         parts: None,
+        calls: Vec::new(),
     }
 }

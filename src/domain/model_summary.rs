@@ -31,6 +31,10 @@ pub struct TokenUsage {
 }
 
 impl TokenUsage {
+    pub fn new(prompt: u32, completion: u32) -> Self {
+        Self { prompt, completion }
+    }
+
     /// The usage of two calls together; unknown only when neither reported one.
     pub fn sum(a: Option<TokenUsage>, b: Option<TokenUsage>) -> Option<TokenUsage> {
         match (a, b) {

@@ -2,6 +2,7 @@
 
 pub mod job_texts;
 pub mod migrate;
+pub mod model_calls;
 pub mod outbox;
 pub mod parts;
 pub mod summaries;

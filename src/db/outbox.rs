@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::DbError;
 use tokio_postgres::types::Json;
 
-use crate::domain::{SummaryReady, WebhookEvent};
+use crate::domain::{EventType, JobId, SummaryReady, WebhookEvent};
 
 /// One claimed row, leased to the relay that claimed it.
 #[derive(Debug, Clone, PartialEq)]
@@ -372,6 +372,73 @@ pub async fn stuck(pool: &Pool) -> Result<Vec<StuckRow>, DbError> {
                 attempts: row.try_get(4)?,
                 last_error: row.try_get(5)?,
                 created_at: row.try_get(6)?,
+            })
+        })
+        .collect()
+}
+
+/// One outbox row of a job, email or webhook, as the operator's job page shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobOutboxRow {
+    pub id: i64,
+    /// `email.summary_ready` or `webhook`.
+    pub topic: String,
+    /// The provider's idempotency key (emails) or the webhook-id (webhooks).
+    pub dedupe_key: String,
+    /// Failed attempts so far.
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    /// The HTTP status of a webhook's last attempt; `None` without one, and for emails.
+    pub last_status: Option<i32>,
+    pub created_at: DateTime<Utc>,
+    /// When the email was sent or the webhook delivered.
+    pub sent_at: Option<DateTime<Utc>>,
+    /// When the relay tries it next; `None` once sent, parked or skipped.
+    pub next_attempt_at: Option<DateTime<Utc>>,
+    /// Parked: it needs a person (`outbox retry`, `webhook replay`).
+    pub failed_at: Option<DateTime<Utc>>,
+    /// A webhook not sent because its endpoint is disabled for the tenant.
+    pub skipped_at: Option<DateTime<Utc>>,
+    pub first_failed_at: Option<DateTime<Utc>>,
+    pub last_failed_at: Option<DateTime<Utc>>,
+}
+
+/// Every outbox row of `job_id` (its email, its `summary.completed` and `summary.failed`
+/// webhooks), oldest first; found by their dedupe keys, so the unique index finds them.
+pub async fn for_job(pool: &Pool, job_id: &JobId) -> Result<Vec<JobOutboxRow>, DbError> {
+    let keys = [
+        SummaryReady::dedupe_key(*job_id),
+        WebhookEvent::webhook_id(*job_id, EventType::Completed),
+        WebhookEvent::webhook_id(*job_id, EventType::Failed),
+    ];
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT id, topic, dedupe_key, attempts, last_error, last_status, created_at, \
+                    sent_at, \
+                    CASE WHEN sent_at IS NULL AND failed_at IS NULL AND skipped_at IS NULL \
+                         THEN next_attempt_at END, \
+                    failed_at, skipped_at, first_failed_at, last_failed_at \
+               FROM outbox WHERE dedupe_key = ANY($1) ORDER BY id",
+        )
+        .await?;
+    let rows = client.query(&stmt, &[&keys.as_slice()]).await?;
+    rows.iter()
+        .map(|row| {
+            Ok(JobOutboxRow {
+                id: row.try_get(0)?,
+                topic: row.try_get(1)?,
+                dedupe_key: row.try_get(2)?,
+                attempts: row.try_get(3)?,
+                last_error: row.try_get(4)?,
+                last_status: row.try_get(5)?,
+                created_at: row.try_get(6)?,
+                sent_at: row.try_get(7)?,
+                next_attempt_at: row.try_get(8)?,
+                failed_at: row.try_get(9)?,
+                skipped_at: row.try_get(10)?,
+                first_failed_at: row.try_get(11)?,
+                last_failed_at: row.try_get(12)?,
             })
         })
         .collect()

@@ -9,7 +9,7 @@ use chrono::{DateTime, SubsecRound, Utc};
 use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
 
-use super::DbError;
+use super::{DbError, model_calls};
 use crate::domain::{Job, JobId, JobText, ModelSummary, SummaryReady, WebhookEvent};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,7 +115,8 @@ pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow
 /// Insert the summary and its outbox rows (the [`SummaryReady`] email when the job has a
 /// `notify`, the `summary.completed` [`WebhookEvent`] when it has a webhook) in one
 /// transaction, or nothing at all; the job's stored text (`job_texts`), needed no more,
-/// goes with it.
+/// goes with it. The model calls the summary carries (`ModelSummary::calls`) are written
+/// in the same transaction, and kept even when another delivery committed the job first.
 ///
 /// The primary key plus `ON CONFLICT DO NOTHING RETURNING` is the guarantee: when two
 /// deliveries race, both may have paid for the model, but only the one whose insert
@@ -135,30 +136,43 @@ pub async fn commit_with_outbox(
     // the microsecond, what Postgres stores, or GET's `completed_at` (read from the row)
     // and the webhook's would differ in their last digits.
     let completed_at = Utc::now().trunc_subsecs(6);
+    let (job_id, tenant) = (job.job_id.as_uuid(), job.tenant.as_str());
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    let inserted = tx
-        .query_opt(
+    // The calls go in beside the summary, sent together on the connection (no round trip
+    // of their own). They are kept whichever delivery wins: a losing delivery paid for them
+    // too. The summary's error comes first: an insert after a failed one only reports the
+    // aborted transaction.
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+        &job_id,
+        &tenant,
+        &summary.text,
+        &job.created_at,
+        &summary.model,
+        &prompt_tokens,
+        &completion_tokens,
+        &parts,
+        &completed_at,
+    ];
+    let (inserted, calls) = tokio::join!(
+        tx.query_opt(
             "INSERT INTO summaries \
                 (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens, parts, \
                  completed_at) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
              ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
-            &[
-                &job.job_id.as_uuid(),
-                &job.tenant.as_str(),
-                &summary.text,
-                &job.created_at,
-                &summary.model,
-                &prompt_tokens,
-                &completion_tokens,
-                &parts,
-                &completed_at,
-            ],
-        )
-        .await?;
+            &params,
+        ),
+        model_calls::insert(&tx, job.job_id, &job.tenant, &summary.calls)
+    );
+    let inserted = inserted?;
+    calls?;
     if inserted.is_none() {
-        tx.rollback().await?;
+        if summary.calls.is_empty() {
+            tx.rollback().await?;
+        } else {
+            tx.commit().await?;
+        }
         return Ok(CommitOutcome::Duplicate);
     }
     // `Json` serialises each event as the statement is sent; the payload's shape is the
@@ -284,7 +298,8 @@ pub(crate) async fn finished_per_minute(
 }
 
 /// Remove the text of up to `batch` summaries completed before `cutoff`, oldest first, and
-/// keep their rows; returns how many texts were removed.
+/// keep their rows; the job's model calls (`model_calls`) go in the same statement. Returns
+/// how many texts were removed.
 ///
 /// The email needs nothing from here: its outbox row carries its own copy of the text, and
 /// retention never deletes an unsent outbox row, so a row still to send keeps its text
@@ -296,16 +311,25 @@ pub(crate) async fn expire_texts_completed_before(
 ) -> Result<u64, DbError> {
     let client = pool.get().await?;
     // The outer `summary IS NOT NULL` keeps a row that two passes both picked from
-    // counting twice.
+    // counting twice. The calls are found by their job index from the rows just expired,
+    // so this never scans `model_calls`.
     let stmt = client
         .prepare_cached(
-            "UPDATE summaries SET summary = NULL, summary_expired_at = now() \
-              WHERE job_id IN ( \
-                    SELECT job_id FROM summaries \
-                     WHERE summary IS NOT NULL AND completed_at < $1 \
-                     ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
-                AND summary IS NOT NULL",
+            "WITH expired AS ( \
+                UPDATE summaries SET summary = NULL, summary_expired_at = now() \
+                 WHERE job_id IN ( \
+                       SELECT job_id FROM summaries \
+                        WHERE summary IS NOT NULL AND completed_at < $1 \
+                        ORDER BY completed_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                   AND summary IS NOT NULL \
+             RETURNING job_id), \
+             calls AS (DELETE FROM model_calls WHERE job_id IN (SELECT job_id FROM expired)) \
+             SELECT count(*) FROM expired",
         )
         .await?;
-    Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)
+    let expired: i64 = client
+        .query_one(&stmt, &[&cutoff, &batch])
+        .await?
+        .try_get(0)?;
+    Ok(u64::try_from(expired).unwrap_or(0))
 }

@@ -1,6 +1,6 @@
 //! Newtypes that parse (once a value of these types exists, it is valid), and the types
 //! that cross the seams between stages: `Job` (api → stream → worker → db), `ModelSummary`
-//! (worker → db), and the events the relay delivers: `SummaryReady` (db → relay → mail) and
+//! and the `ModelCall`s it took (worker → db), and the events the relay delivers: `SummaryReady` (db → relay → mail) and
 //! `WebhookEvent` (db → relay → a client's endpoint). Every module may import
 //! these; they import nothing of the service.
 
@@ -9,6 +9,7 @@ mod email;
 mod idempotency_key;
 mod job;
 mod job_id;
+mod model_call;
 mod model_summary;
 mod notify_domains;
 mod summary_ready;
@@ -22,6 +23,7 @@ pub use email::Email;
 pub use idempotency_key::IdempotencyKey;
 pub use job::{Job, JobText};
 pub use job_id::JobId;
+pub use model_call::{CallLog, ModelCall};
 pub use model_summary::{ModelSummary, TokenUsage};
 pub use notify_domains::NotifyDomains;
 pub use summary_ready::{InvalidEvent, SummaryReady};

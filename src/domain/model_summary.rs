@@ -1,3 +1,5 @@
+use super::ModelCall;
+
 /// A summary as the model step hands it to the database (worker → db): the text, the model
 /// that wrote it, and what it cost. The summaries row stores all three; GET reports the
 /// model and `summaryd usage` adds up the tokens.
@@ -16,6 +18,9 @@ pub struct ModelSummary {
     /// Model calls the summary took when it was summarised in parts (parts and
     /// combinations); `None` for one call.
     pub parts: Option<u32>,
+    /// Every model call the summary took that is not stored yet (each attempt, failed ones
+    /// included), committed with it; a summary handed to a later delivery carries them.
+    pub calls: Vec<ModelCall>,
 }
 
 /// Tokens of one model call, as the provider counted them.
@@ -26,6 +31,10 @@ pub struct TokenUsage {
 }
 
 impl TokenUsage {
+    pub fn new(prompt: u32, completion: u32) -> Self {
+        Self { prompt, completion }
+    }
+
     /// The usage of two calls together; unknown only when neither reported one.
     pub fn sum(a: Option<TokenUsage>, b: Option<TokenUsage>) -> Option<TokenUsage> {
         match (a, b) {

@@ -24,6 +24,9 @@ pub struct Metrics {
     pub(crate) job_parts: IntCounter,
     /// `summaryd_job_model_calls`: model calls each finished job's summary took.
     pub(crate) job_model_calls: Histogram,
+    /// `summaryd_model_calls_unrecorded_total`: model calls missing from `model_calls`
+    /// because Postgres could not take them.
+    pub(crate) model_calls_unrecorded: IntCounter,
     /// `summaryd_llm_breaker_open{provider}`: 1 while a provider's breaker is open.
     pub(crate) llm_breaker_open: IntGaugeVec,
     pub(crate) http_duration: HistogramVec,
@@ -213,6 +216,11 @@ impl Metrics {
             "Parts of long texts (pieces of the text and combinations of their summaries) summarised and stored",
         )?;
         registry.register(Box::new(job_parts.clone()))?;
+        let model_calls_unrecorded = IntCounter::new(
+            "summaryd_model_calls_unrecorded_total",
+            "Model calls of jobs not recorded in model_calls because Postgres could not take them",
+        )?;
+        registry.register(Box::new(model_calls_unrecorded.clone()))?;
         // One call for most jobs; up to SUMMARYD_LLM_MAX_PARTS (256 by default) for the longest.
         let job_model_calls = Histogram::with_opts(
             HistogramOpts::new(
@@ -253,6 +261,7 @@ impl Metrics {
             llm_tokens,
             job_parts,
             job_model_calls,
+            model_calls_unrecorded,
             llm_breaker_open,
             http_duration,
             job_latency,

@@ -27,7 +27,7 @@ use super::{
     provider_configs,
 };
 use crate::config::LlmSettings;
-use crate::domain::{ModelSummary, TokenUsage};
+use crate::domain::{CallLog, ModelSummary, TokenUsage};
 use crate::infra::metrics::Metrics;
 use crate::llm::retry::{self, AttemptObserver, Deadline, RetryError, RetryPolicy};
 
@@ -182,23 +182,35 @@ impl ModelChain {
         Self { providers }
     }
 
-    /// Summarise `text` with the first provider that can, within `deadline`.
+    /// Summarise `text` with the first provider that can, within `deadline`, keeping no
+    /// record of the calls.
     pub async fn summarise(
         &self,
         text: &str,
         deadline: Deadline,
     ) -> Result<ModelSummary, ChainError> {
-        self.complete(&Prompt::Document(text.to_owned()), deadline)
+        self.attempt(&Prompt::Document(text.to_owned()), deadline, None)
             .await
     }
 
     /// Answer `prompt` with the first provider that can, within `deadline`. A prompt that
     /// does not fit the provider about to be called is not sent: [`ChainError::TooLong`]
-    /// says how small to split it for that provider.
+    /// says how small to split it for that provider. Every attempt against a provider,
+    /// failed or not, goes into `calls`.
     pub async fn complete(
         &self,
         prompt: &Prompt,
         deadline: Deadline,
+        calls: &CallLog,
+    ) -> Result<ModelSummary, ChainError> {
+        self.attempt(prompt, deadline, Some(calls)).await
+    }
+
+    async fn attempt(
+        &self,
+        prompt: &Prompt,
+        deadline: Deadline,
+        log: Option<&CallLog>,
     ) -> Result<ModelSummary, ChainError> {
         let mut last = None;
         let mut called = false;
@@ -215,6 +227,7 @@ impl ModelChain {
             let observer = Counted {
                 provider,
                 calls: AtomicU32::new(0),
+                log,
             };
             let attempted = retry::complete_prompt_with_retries(
                 provider.llm.as_ref(),
@@ -343,6 +356,7 @@ impl Provider {
             model: self.model.clone(),
             usage: completion.usage,
             parts: None,
+            calls: Vec::new(),
         }
     }
 
@@ -462,10 +476,12 @@ impl AttemptObserver for Provider {
 /// How often a confirmation looks whether a probe someone else runs has ended.
 const CONFIRM_POLL: Duration = Duration::from_millis(20);
 
-/// A provider's observer for one delivery that also counts the calls it let through.
+/// A provider's observer for one delivery that also counts the calls it let through, and
+/// logs each one for the job's history.
 struct Counted<'a> {
     provider: &'a Provider,
     calls: AtomicU32,
+    log: Option<&'a CallLog>,
 }
 
 impl AttemptObserver for Counted<'_> {
@@ -476,6 +492,19 @@ impl AttemptObserver for Counted<'_> {
     fn observe(&self, result: &Result<Completion, LlmError>, elapsed: Duration) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.provider.observe(result, elapsed);
+        if let Some(log) = self.log {
+            let (usage, error_class) = match result {
+                Ok(completion) => (completion.usage, None),
+                Err(e) => (None, Some(error_class(e))),
+            };
+            log.record(
+                &self.provider.label,
+                &self.provider.model,
+                usage,
+                elapsed,
+                error_class,
+            );
+        }
     }
 }
 
@@ -483,13 +512,21 @@ impl AttemptObserver for Counted<'_> {
 fn result_label(result: &Result<Option<TokenUsage>, &LlmError>) -> String {
     match result {
         Ok(_) => "ok".into(),
-        Err(LlmError::Timeout) => "timeout".into(),
-        Err(LlmError::Connect(_)) => "connect".into(),
-        Err(LlmError::Status { status, .. }) => format!("status_{status}"),
-        Err(LlmError::Malformed(_)) => "malformed".into(),
-        Err(LlmError::InvalidInput(_)) => "invalid_input".into(),
-        Err(LlmError::ContextExceeded(_)) => "context_exceeded".into(),
-        Err(LlmError::Other(_)) => "other".into(),
+        Err(e) => error_class(e),
+    }
+}
+
+/// What kind of failure `e` is, in a word: the `result` label of a failed call, and the
+/// error class of its `model_calls` row.
+fn error_class(e: &LlmError) -> String {
+    match e {
+        LlmError::Timeout => "timeout".into(),
+        LlmError::Connect(_) => "connect".into(),
+        LlmError::Status { status, .. } => format!("status_{status}"),
+        LlmError::Malformed(_) => "malformed".into(),
+        LlmError::InvalidInput(_) => "invalid_input".into(),
+        LlmError::ContextExceeded(_) => "context_exceeded".into(),
+        LlmError::Other(_) => "other".into(),
     }
 }
 
@@ -623,6 +660,53 @@ mod tests {
         ] {
             assert!(text.contains(line), "{line} missing from\n{text}");
         }
+    }
+
+    /// Every attempt of a delivery is in its log, on whichever provider, retries and
+    /// failures included; a call refused before it is sent (an open breaker) is not.
+    #[tokio::test(start_paused = true)]
+    async fn every_attempt_is_logged_with_its_provider_cost_and_error_class() {
+        let primary = Scripted::new(vec![status(503), Err(LlmError::Timeout)]);
+        let fallback = Scripted::new(vec![ok("from fallback", 7, 2)]);
+        let chain = chain(&[("big", &primary), ("small", &fallback)], None);
+        let log = CallLog::new(2);
+        let prompt = Prompt::Document("t".into());
+        let summary = chain.complete(&prompt, deadline(), &log).await.unwrap();
+        assert_eq!(summary.text, "from fallback");
+        assert!(
+            summary.calls.is_empty(),
+            "the log holds them, not the summary"
+        );
+        let calls = log.take();
+        let seen: Vec<_> = calls
+            .iter()
+            .map(|c| {
+                (
+                    c.delivery,
+                    c.seq,
+                    c.provider.as_str(),
+                    c.model.as_str(),
+                    c.prompt_tokens,
+                    c.completion_tokens,
+                    c.error_class.as_deref(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (2, 0, "openai:big", "big", None, None, Some("status_503")),
+                (2, 1, "openai:big", "big", None, None, Some("timeout")),
+                (2, 2, "openai:small", "small", Some(7), Some(2), None),
+            ]
+        );
+        // The primary's breaker opens after three failures; this delivery's third attempt
+        // on it is never made, so never logged.
+        let log = CallLog::new(3);
+        chain.complete(&prompt, deadline(), &log).await.unwrap();
+        let providers: Vec<_> = log.take().into_iter().map(|c| c.provider).collect();
+        assert_eq!(providers, ["openai:big", "openai:small"]);
+        assert_eq!(primary.calls(), 3);
     }
 
     #[tokio::test(start_paused = true)]

@@ -70,6 +70,14 @@ impl Completion {
             usage: None,
         }
     }
+
+    /// A completion that cost `usage`, as a provider reported it.
+    pub fn with_usage(summary: String, usage: TokenUsage) -> Self {
+        Self {
+            summary,
+            usage: Some(usage),
+        }
+    }
 }
 
 /// What went wrong in one model call; [`LlmError::fault`] says what each means.

@@ -81,10 +81,13 @@ pub struct Report {
     /// Stored parts of long texts whose summary text is gone, or whose job never finished
     /// (`what="summary_parts"`).
     pub summary_parts: u64,
+    /// Model calls as old as a dead letter may be (`what="model_calls"`); those that go
+    /// with their summary's text are not counted apart.
+    pub model_calls: u64,
 }
 
 impl Report {
-    fn removed(&self) -> [(&'static str, u64); 8] {
+    fn removed(&self) -> [(&'static str, u64); 9] {
         [
             ("stream_entries", self.stream_entries),
             ("dead_letters", self.dead_letters),
@@ -94,6 +97,7 @@ impl Report {
             ("in_flight", self.in_flight),
             ("job_texts", self.job_texts),
             ("summary_parts", self.summary_parts),
+            ("model_calls", self.model_calls),
         ]
     }
 }
@@ -177,6 +181,7 @@ impl Maintenance {
                 in_flight = report.in_flight,
                 job_texts = report.job_texts,
                 summary_parts = report.summary_parts,
+                model_calls = report.model_calls,
                 "maintenance removed finished work"
             );
         }

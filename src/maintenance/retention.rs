@@ -3,7 +3,11 @@
 //! stays when its text goes: it is the job's identity, which keeps a resent request a
 //! duplicate and GET's answer `done`. The stored parts of a long text go with its
 //! summary's text; the parts and the stored text of a job that never finished go when a
-//! dead letter of that age would (`SUMMARYD_RETENTION_DEAD_LETTERS_S`).
+//! dead letter of that age would (`SUMMARYD_RETENTION_DEAD_LETTERS_S`). A job's model calls
+//! (`model_calls`) go with its summary's text too, and every call, finished job or not,
+//! once as old as a dead letter may be: the history is kept for as long as an operator
+//! may still be asked about the job, and its storage stays bounded even while summaries
+//! are kept for good.
 
 use chrono::{DateTime, Utc};
 
@@ -33,8 +37,8 @@ impl Maintenance {
         Ok(dead_letters::purge_before(conn, &self.keys, cutoff_ms).await?)
     }
 
-    /// Delete sent outbox rows, the texts of summaries, and the stored texts and parts of
-    /// long jobs past their horizons. A failing table does not stop the others; the first
+    /// Delete sent outbox rows, the texts of summaries, the stored texts and parts of long
+    /// jobs, and model calls past their horizons. A failing table does not stop the others; the first
     /// error is returned after all ran.
     pub(super) async fn retain_postgres(
         &self,
@@ -73,6 +77,10 @@ impl Maintenance {
                 db::job_texts::delete_stored_before(&self.pg, cutoff, DELETE_BATCH)
             });
             keep(deleted.await, &mut report.job_texts);
+            let deleted = delete_in_batches(DELETE_BATCH as u64, || {
+                db::model_calls::delete_before(&self.pg, cutoff, DELETE_BATCH)
+            });
+            keep(deleted.await, &mut report.model_calls);
         }
         // Kept for good, unfinished jobs' parts stay too: nothing older than the epoch.
         let cutoff = unfinished.unwrap_or(DateTime::<Utc>::MIN_UTC);

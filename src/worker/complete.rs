@@ -7,8 +7,8 @@ use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
 use super::gate::POSTGRES;
 use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
-use crate::db::outbox;
-use crate::domain::{Job, WebhookEvent};
+use crate::db::{model_calls, outbox};
+use crate::domain::{Job, ModelCall, ModelSummary, WebhookEvent};
 use crate::stream::consumer_group::{self as group, Delivery};
 use crate::stream::{dead_letters, job_state};
 
@@ -175,6 +175,54 @@ impl Consumer {
             tracing::warn!(msg_id = %delivery.id, reason = %reason.operator, "not dead-lettered: the entry is no longer pending for this consumer");
         }
         Ok(())
+    }
+
+    /// Keep the model calls of a delivery that did not commit its job, with those of the
+    /// summary it wrote (`summary`: its commit failed), in one write before the delivery is
+    /// settled. A failed write never holds the settlement up: it is logged and counted, and
+    /// the calls stay with the summary, when there is one, to be committed with it.
+    pub(super) async fn keep_calls(
+        &self,
+        job: &Job,
+        mut calls: Vec<ModelCall>,
+        mut summary: Option<&mut ModelSummary>,
+    ) {
+        if let Some(summary) = summary.as_deref_mut() {
+            calls.append(&mut summary.calls);
+        }
+        if calls.is_empty() {
+            return;
+        }
+        match model_calls::record(&self.services.pg, job.job_id, &job.tenant, &calls).await {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, calls = calls.len(), "could not record the delivery's model calls");
+                self.calls_kept_with(summary, calls);
+            }
+        }
+    }
+
+    /// Keep `calls` with `summary` to be committed with it; without one they are lost,
+    /// and counted (`summaryd_model_calls_unrecorded_total`).
+    pub(super) fn calls_kept_with(
+        &self,
+        summary: Option<&mut ModelSummary>,
+        mut calls: Vec<ModelCall>,
+    ) {
+        match summary {
+            Some(summary) => summary.calls.append(&mut calls),
+            None if calls.is_empty() => {}
+            None => {
+                tracing::warn!(
+                    calls = calls.len(),
+                    "the delivery's model calls are not recorded: Postgres is unavailable"
+                );
+                self.services
+                    .metrics
+                    .model_calls_unrecorded
+                    .inc_by(calls.len() as u64);
+            }
+        }
     }
 
     /// Keep why a counted delivery failed for the dead letter's reason. Best effort: a

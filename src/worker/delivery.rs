@@ -17,7 +17,7 @@ use super::settle::{
 };
 use super::take::Taken;
 use crate::db::summaries;
-use crate::domain::{Job, ModelSummary};
+use crate::domain::{CallLog, Job, ModelSummary};
 use crate::resilience::failure::{Classify, Disposition};
 use crate::stream::consumer_group::{self as group, Delivery};
 use crate::stream::{job_entry, job_state};
@@ -75,7 +75,10 @@ impl Consumer {
             tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries);
         async {
             let outcome = match admit(deliveries, &limits) {
-                Admission::Run => self.run_job(conn, &delivery, &job, summary).await,
+                Admission::Run => {
+                    self.run_job(conn, &delivery, &job, summary, deliveries)
+                        .await
+                }
                 Admission::GiveUp => self.look_for_commit(conn, &job).await,
             };
             let settlement = settle(outcome, deliveries, &limits);
@@ -118,49 +121,82 @@ impl Consumer {
     }
 
     /// The job, its claim extended while it runs, starting from `summary` when an earlier
-    /// delivery got one.
+    /// delivery got one; `deliveries` is this delivery's number.
     async fn run_job(
         &self,
         conn: &mut deadpool_redis::Connection,
         delivery: &Delivery,
         job: &Job,
         summary: Option<ModelSummary>,
+        deliveries: u64,
     ) -> Outcome {
         let services = self.services.clone();
+        let calls = CallLog::new(deliveries);
         let ran = self
             .with_claim_extended(
                 conn,
                 delivery,
-                handle_summary_job_from(&services, job, summary),
+                handle_summary_job_from(&services, job, summary, &calls),
             )
             .await;
+        // A committed summary took this delivery's calls along; whatever is left (a delivery
+        // that failed, was cut short or lost its claim) is kept here, before it is settled.
         let handled = match ran {
             Ran::Finished(handled) => handled,
-            Ran::CutShort => return Outcome::CutShort,
-            Ran::ClaimLost => return Outcome::ClaimLost,
+            Ran::CutShort => {
+                self.keep_calls(job, calls.take(), None).await;
+                return Outcome::CutShort;
+            }
+            Ran::ClaimLost => {
+                self.keep_calls(job, calls.take(), None).await;
+                return Outcome::ClaimLost;
+            }
         };
         match handled {
-            Ok(finished) => Outcome::Finished(finished),
+            Ok(finished) => {
+                self.keep_calls(job, calls.take(), None).await;
+                Outcome::Finished(finished)
+            }
             Err(Unfinished {
                 error,
-                summary,
+                mut summary,
                 progressed,
-            }) => match error.disposition() {
-                Disposition::Transient { .. } if progressed => {
-                    Outcome::Progressed(error.to_string())
+            }) => {
+                // Postgres known down: the write would only wait to fail; the calls stay
+                // with the summary (when there is one) and are committed with it.
+                let postgres_down = error.dependency() == POSTGRES
+                    && error.disposition() == Disposition::Unavailable;
+                let left = calls.take();
+                if postgres_down {
+                    self.calls_kept_with(summary.as_mut(), left);
+                } else {
+                    self.keep_calls(job, left, summary.as_mut()).await;
                 }
-                Disposition::Transient { .. } => Outcome::Failed(error.to_string()),
-                Disposition::Unavailable => {
-                    let probe = self.probe_after(&error).await;
-                    Outcome::Unavailable {
-                        dependency: error.dependency(),
-                        reason: error.to_string(),
-                        probe,
-                        summary,
-                    }
+                self.unfinished(error, summary, progressed).await
+            }
+        }
+    }
+
+    /// What a delivery that did not finish its job comes to.
+    async fn unfinished(
+        &self,
+        error: JobError,
+        summary: Option<ModelSummary>,
+        progressed: bool,
+    ) -> Outcome {
+        match error.disposition() {
+            Disposition::Transient { .. } if progressed => Outcome::Progressed(error.to_string()),
+            Disposition::Transient { .. } => Outcome::Failed(error.to_string()),
+            Disposition::Unavailable => {
+                let probe = self.probe_after(&error).await;
+                Outcome::Unavailable {
+                    dependency: error.dependency(),
+                    reason: error.to_string(),
+                    probe,
+                    summary,
                 }
-                Disposition::Permanent => Outcome::Rejected(error.dead_reason()),
-            },
+            }
+            Disposition::Permanent => Outcome::Rejected(error.dead_reason()),
         }
     }
 

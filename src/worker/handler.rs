@@ -7,7 +7,7 @@ use super::job_error::JobError;
 use super::parts::{PartsFailure, summarise_in_parts};
 use crate::db::job_texts;
 use crate::db::summaries::{self, CommitOutcome};
-use crate::domain::{Job, JobText, ModelSummary};
+use crate::domain::{CallLog, Job, JobText, ModelSummary};
 use crate::llm::retry::Deadline;
 use crate::llm::{ChainError, Prompt};
 
@@ -20,13 +20,15 @@ pub enum JobOutcome {
     Duplicate,
 }
 
-/// Process one job. Sends nothing itself: the relay sends the email from the outbox row.
-/// What a failure means for the job is its [`JobError::disposition`].
+/// Process one job, as its first delivery. Sends nothing itself: the relay sends the email
+/// from the outbox row. What a failure means for the job is its [`JobError::disposition`].
+/// The model calls of a delivery that fails are not kept (the consumer keeps them).
 pub async fn handle_summary_job(
     services: &WorkerServices,
     job: &Job,
 ) -> Result<JobOutcome, JobError> {
-    handle_summary_job_from(services, job, None)
+    let calls = CallLog::new(1);
+    handle_summary_job_from(services, job, None, &calls)
         .await
         .map_err(|failed| failed.error)
 }
@@ -61,11 +63,15 @@ impl From<PartsFailure> for Unfinished {
     }
 }
 
-/// [`handle_summary_job`], starting from `summary` when an earlier delivery got one.
+/// [`handle_summary_job`], starting from `summary` when an earlier delivery got one. Every
+/// model call this delivery makes goes into `calls`; a summary that is committed takes them
+/// along (in its transaction), and whatever is left in `calls` afterwards is the caller's
+/// to keep.
 pub(crate) async fn handle_summary_job_from(
     services: &WorkerServices,
     job: &Job,
     summary: Option<ModelSummary>,
+    calls: &CallLog,
 ) -> Result<JobOutcome, Unfinished> {
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `commit_with_outbox` is the guarantee; this only saves money.
@@ -80,10 +86,11 @@ pub(crate) async fn handle_summary_job_from(
         return Ok(JobOutcome::Duplicate);
     }
 
-    let summary = match summary {
+    let mut summary = match summary {
         Some(summary) => summary,
-        None => summarise(services, job).await?,
+        None => summarise(services, job, calls).await?,
     };
+    summary.calls.extend(calls.take());
 
     // A commit that fails because Postgres went away (or refuses writes) is unavailable too:
     // the job did nothing wrong, and the summary it paid for goes with the held entry, so
@@ -106,7 +113,11 @@ pub(crate) async fn handle_summary_job_from(
 
 /// The model's summary of the job's text: one call when the text fits the provider about
 /// to be called (the common case, exactly one request), in parts otherwise.
-async fn summarise(services: &WorkerServices, job: &Job) -> Result<ModelSummary, Unfinished> {
+async fn summarise(
+    services: &WorkerServices,
+    job: &Job,
+    calls: &CallLog,
+) -> Result<ModelSummary, Unfinished> {
     let text = match &job.text {
         JobText::Inline(text) => text.clone(),
         JobText::Stored => match job_texts::load(&services.pg, job.job_id).await? {
@@ -116,10 +127,10 @@ async fn summarise(services: &WorkerServices, job: &Job) -> Result<ModelSummary,
     };
     let deadline = Deadline::after(services.settings.job_budget);
     let document = Prompt::Document(text);
-    match services.model.complete(&document, deadline).await {
+    match services.model.complete(&document, deadline, calls).await {
         Ok(summary) => Ok(summary),
         Err(too_long @ ChainError::TooLong { .. }) => {
-            Ok(summarise_in_parts(services, job.job_id, document, too_long).await?)
+            Ok(summarise_in_parts(services, job.job_id, document, too_long, calls).await?)
         }
         Err(e) => Err(e.into()),
     }

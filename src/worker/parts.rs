@@ -27,7 +27,7 @@ use super::WorkerServices;
 use super::dead_reason::DeadReason;
 use super::job_error::JobError;
 use crate::db::parts::{self, PartPlace, StoredPart};
-use crate::domain::{JobId, ModelSummary, TokenUsage};
+use crate::domain::{CallLog, JobId, ModelSummary, TokenUsage};
 use crate::llm::retry::Deadline;
 use crate::llm::{ChainError, Prompt, TokenCounter, split};
 use crate::stream::job_state;
@@ -82,6 +82,8 @@ struct Run<'a> {
     usage: Mutex<Option<TokenUsage>>,
     /// Most calls the job may need; a plan that grows past it is the job's fault.
     max_calls: u32,
+    /// Every model call of the delivery, for the job's history.
+    log: &'a CallLog,
 }
 
 /// Summarise `document` in parts, the chain having said it does not fit (`too_long`).
@@ -90,6 +92,7 @@ pub(crate) async fn summarise_in_parts(
     job_id: JobId,
     document: Prompt,
     too_long: ChainError,
+    log: &CallLog,
 ) -> Result<ModelSummary, PartsFailure> {
     let stored = parts::load(&services.pg, job_id)
         .await
@@ -111,6 +114,7 @@ pub(crate) async fn summarise_in_parts(
         // The intake refused texts that need more than max_parts on the smallest
         // provider; a plan twice that is a counter far off, and stopped before it costs.
         max_calls: u32::try_from(llm.max_parts.saturating_mul(2)).unwrap_or(u32::MAX),
+        log,
     };
     let place = PartPlace { level: 0, part: 0 };
     let result = run
@@ -151,6 +155,7 @@ impl Run<'_> {
                     model: part.model.clone(),
                     usage: part.usage,
                     parts: None,
+                    calls: Vec::new(),
                 });
             }
             let answer = {
@@ -159,7 +164,10 @@ impl Run<'_> {
                     return Err(Stop::Stopped);
                 }
                 let deadline = Deadline::after(self.services.settings.job_budget);
-                self.services.model.complete(&prompt, deadline).await
+                self.services
+                    .model
+                    .complete(&prompt, deadline, self.log)
+                    .await
             };
             match answer {
                 Ok(summary) => {

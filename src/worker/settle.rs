@@ -361,6 +361,7 @@ mod tests {
             model: "m".into(),
             usage: None,
             parts: None,
+            calls: Vec::new(),
         })
     }
 

@@ -642,6 +642,31 @@ async fn a_context_refusal_splits_smaller_and_is_never_a_dead_letter() {
     assert_eq!(env.count("outbox").await, 1);
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+
+    // Every request is in the job's history, refusals included, all of its one delivery.
+    let calls = summaryd::db::model_calls::for_job(&services.pg, &job(0, String::new()).job_id)
+        .await
+        .unwrap();
+    assert_eq!(calls.len(), seen.len(), "one row per request the model saw");
+    assert!(
+        calls
+            .iter()
+            .all(|c| c.delivery == 1 && c.provider == format!("openai:{LOCAL}"))
+    );
+    let refused = calls
+        .iter()
+        .filter(|c| c.error_class.as_deref() == Some("context_exceeded"))
+        .count();
+    assert_eq!(refused, model.refusals());
+    assert_eq!(refused + answered.len(), calls.len());
+    let prompt: i32 = calls
+        .iter()
+        .filter_map(|c| c.prompt_tokens)
+        .map(|n| n as i32)
+        .sum();
+    assert_eq!(prompt, usage_sums(&answered).0);
+    let seqs: Vec<u32> = calls.iter().map(|c| c.seq).collect();
+    assert_eq!(seqs, (0..calls.len() as u32).collect::<Vec<_>>());
 }
 
 /// A text that would need more model calls than `SUMMARYD_LLM_MAX_PARTS`, and one over
@@ -921,6 +946,26 @@ async fn a_delivery_that_stored_parts_is_not_counted() {
     assert_eq!(env.count("outbox").await, 1);
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+
+    // Every part's call of every delivery is in the job's history: those that failed
+    // (kept before each delivery was settled) and those that answered.
+    let calls = summaryd::db::model_calls::for_job(&services.pg, &job(0, String::new()).job_id)
+        .await
+        .unwrap();
+    assert_eq!(calls.len(), seen.len(), "one row per request the model saw");
+    let failed = calls
+        .iter()
+        .filter(|c| c.error_class.as_deref() == Some("status_500"))
+        .count();
+    assert_eq!(failed, failures);
+    assert_eq!(
+        calls.iter().filter(|c| c.error_class.is_none()).count(),
+        answered.len()
+    );
+    assert!(
+        calls.windows(2).all(|w| w[0].delivery <= w[1].delivery),
+        "ordered by delivery"
+    );
 }
 
 /// The other side of the rule: a delivery of a job in parts that stored nothing new before

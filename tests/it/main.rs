@@ -16,6 +16,7 @@ mod idempotency;
 mod long_documents;
 mod maintenance;
 mod model_api_retries;
+mod model_calls;
 mod model_chain;
 mod outages;
 mod properties;

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use summaryd::domain::ModelSummary;
+use summaryd::domain::{ModelSummary, TokenUsage};
 use summaryd::llm::{Completion, Llm, LlmError};
 use summaryd::mail::{MailError, Mailer, OutgoingEmail};
 
@@ -30,6 +30,8 @@ pub struct FakeLlm {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     call_times: Mutex<Vec<Instant>>,
+    /// What every answer reports it cost; `None`: nothing, as the built-in summariser.
+    usage: Option<TokenUsage>,
 }
 
 impl FakeLlm {
@@ -45,7 +47,14 @@ impl FakeLlm {
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
             call_times: Mutex::new(Vec::new()),
+            usage: None,
         }
+    }
+
+    /// Every answer reports `prompt` and `completion` tokens, as a hosted model does.
+    pub fn reporting(mut self, prompt: u32, completion: u32) -> Self {
+        self.usage = Some(TokenUsage::new(prompt, completion));
+        self
     }
 
     /// Every call fails with `err`.
@@ -116,7 +125,11 @@ impl Llm for FakeLlm {
         self.max_in_flight.fetch_max(now, Ordering::SeqCst);
         let _guard = InFlight(&self.in_flight);
         let step = self.script.next();
-        Self::play(step, text).await.map(Completion::without_usage)
+        let summary = Self::play(step, text).await?;
+        Ok(match self.usage {
+            Some(usage) => Completion::with_usage(summary, usage),
+            None => Completion::without_usage(summary),
+        })
     }
 }
 
@@ -203,5 +216,6 @@ pub fn model_summary(text: &str) -> ModelSummary {
         model: "builtin".into(),
         usage: None,
         parts: None,
+        calls: Vec::new(),
     }
 }

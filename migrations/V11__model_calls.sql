@@ -1,0 +1,27 @@
+-- Every model call a job made: each attempt against a provider, retried and failed ones
+-- included, with the delivery that made it (the stream's delivery count) and its place
+-- among that delivery's calls (`seq`, in the order they started). `error_class` is NULL
+-- for a call that succeeded, otherwise the `result` label of summaryd_llm_requests_total
+-- (`timeout`, `status_503`, …). Written with the summary, in its transaction, or before a
+-- delivery that did not finish its job is settled. No key of its own: a delivery that did
+-- not count (a dependency was down) shares its number with the one after it.
+--
+-- Retention: a job's rows go with its summary's text (SUMMARYD_RETENTION_SUMMARIES_S), and
+-- every row once as old as a dead letter may be (SUMMARYD_RETENTION_DEAD_LETTERS_S).
+CREATE TABLE model_calls (
+    job_id            uuid        NOT NULL,
+    tenant            text        NOT NULL,
+    delivery          integer     NOT NULL,
+    seq               integer     NOT NULL,
+    provider          text        NOT NULL,
+    model             text        NOT NULL,
+    prompt_tokens     integer,
+    completion_tokens integer,
+    duration_ms       integer     NOT NULL,
+    error_class       text,
+    at                timestamptz NOT NULL
+);
+-- The job page reads a job's calls; retention deletes those of a summary whose text expires.
+CREATE INDEX model_calls_job_id ON model_calls (job_id);
+-- Retention deletes the oldest rows in batches.
+CREATE INDEX model_calls_at ON model_calls (at);

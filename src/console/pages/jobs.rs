@@ -13,6 +13,7 @@ use crate::console::access::Who;
 use crate::console::error::ConsoleError;
 use crate::console::form::Fields;
 use crate::console::{Action, Console, layout, paths};
+use crate::db::outbox::JobOutboxRow;
 use crate::domain::{IdempotencyKey, JobId, ModelCall, TenantId};
 use crate::stream::dead_letters::{self, DeadLetterFilter, ReplayOutcome};
 use crate::stream::job_state;
@@ -40,8 +41,8 @@ pub(crate) struct JobDetail {
     /// Operators only; `None` for viewers, and once retention removed the text.
     pub(crate) summary: Option<String>,
     pub(crate) model_calls: Vec<ModelCall>,
-    /// The job's outbox rows (its email and webhook deliveries), as stored.
-    pub(crate) outbox: Vec<serde_json::Value>,
+    /// The job's outbox rows: its email and webhook deliveries.
+    pub(crate) outbox: Vec<JobOutboxRow>,
     pub(crate) dead_letter: Option<DeadLetterView>,
 }
 
@@ -87,11 +88,7 @@ pub(crate) async fn load(
     };
     let summary = crate::db::summaries::find(&console.pg, job_id).await?;
     let model_calls = crate::db::model_calls::for_job(&console.pg, &job_id).await?;
-    let outbox = crate::db::outbox::for_job(&console.pg, &job_id)
-        .await?
-        .into_iter()
-        .filter_map(|row| serde_json::to_value(row).ok())
-        .collect();
+    let outbox = crate::db::outbox::for_job(&console.pg, &job_id).await?;
     let dead_letter = dead_letter_of(console, job_id).await?;
     let deliveries = model_calls.iter().map(|c| c.delivery).max();
     let mut detail = JobDetail {
@@ -209,19 +206,6 @@ fn opt<T: std::fmt::Display>(value: Option<T>) -> String {
     value.map_or_else(|| "—".into(), |v| v.to_string())
 }
 
-fn is_stuck(row: &serde_json::Value) -> bool {
-    row.get("sent_at").is_none_or(serde_json::Value::is_null)
-        && row.get("failed_at").is_some_and(|v| !v.is_null())
-}
-
-fn cell(value: &serde_json::Value) -> String {
-    match value {
-        serde_json::Value::Null => "—".into(),
-        serde_json::Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
-}
-
 pub(crate) fn render(job: &JobDetail, who: &Who) -> Markup {
     let status_class = match job.status {
         "done" => "status-done",
@@ -287,24 +271,43 @@ pub(crate) fn render(job: &JobDetail, who: &Who) -> Markup {
         @if job.outbox.is_empty() {
             p.muted { "No outbox row (none yet, or removed by retention after sending)." }
         }
-        @for row in &job.outbox {
-            section.outbox-row {
-                table {
-                    caption { "Outbox row " (cell(row.get("id").unwrap_or(&serde_json::Value::Null))) }
-                    tbody {
-                        @if let Some(fields) = row.as_object() {
-                            @for (name, value) in fields {
-                                tr { th scope="row" { (name) } td.mono { (cell(value)) } }
+        @if !job.outbox.is_empty() {
+            table {
+                caption.visually-hidden { "Outbox rows" }
+                thead { tr {
+                    th.num scope="col" { "Row" } th scope="col" { "Topic" } th scope="col" { "Dedupe key" }
+                    th.num scope="col" { "Failed attempts" } th scope="col" { "Last status" } th scope="col" { "Last error" }
+                    th scope="col" { "Created" } th scope="col" { "Sent" } th scope="col" { "Next attempt" } th scope="col" { "State" }
+                } }
+                tbody {
+                    @for r in &job.outbox {
+                        tr {
+                            td.num { (r.id) }
+                            td { code { (r.topic) } }
+                            td.mono { (r.dedupe_key) }
+                            td.num { (r.attempts) }
+                            td { (opt(r.last_status)) }
+                            td { (opt(r.last_error.as_deref())) }
+                            td { (layout::time(&r.created_at)) }
+                            td { (opt(r.sent_at.as_ref().map(layout::time))) }
+                            td { (opt(r.next_attempt_at.as_ref().map(layout::time))) }
+                            td {
+                                @if r.sent_at.is_some() { "sent" }
+                                @else if r.skipped_at.is_some() { "skipped (endpoint disabled)" }
+                                @else if r.failed_at.is_some() {
+                                    "stuck"
+                                    @if who.is_operator() {
+                                        form.inline method="post" action={ (paths::OUTBOX) "/retry" } {
+                                            (layout::csrf(who))
+                                            input type="hidden" name="id" value=(r.id);
+                                            input type="hidden" name="return_to" value={ (paths::JOBS) "/" (job.job_id) };
+                                            " " button type="submit" aria-label={ "Retry outbox row " (r.id) } { "Retry" }
+                                        }
+                                    }
+                                }
+                                @else { "pending" }
                             }
                         }
-                    }
-                }
-                @if who.is_operator() && is_stuck(row) {
-                    form method="post" action={ (paths::OUTBOX) "/retry" } {
-                        (layout::csrf(who))
-                        input type="hidden" name="id" value=(cell(row.get("id").unwrap_or(&serde_json::Value::Null)));
-                        input type="hidden" name="return_to" value={ (paths::JOBS) "/" (job.job_id) };
-                        button type="submit" { "Retry this row" }
                     }
                 }
             }

@@ -348,18 +348,72 @@ pub async fn record_event(pool: &Pool, event: &WebhookEvent) -> Result<(), DbErr
 /// by a transient failure past the give-up horizon.
 const STUCK: &str = "(sent_at IS NULL AND failed_at IS NOT NULL)";
 
+/// Rows of `topic` (any topic when `None`); `$n` is the query's parameter holding it.
+fn of_topic(n: u8) -> String {
+    format!("(${n}::text IS NULL OR topic = ${n}::text)")
+}
+
 /// Rows that need a person, oldest first. An email carries its job id at the top of its
 /// payload, a webhook in its body's `data`, as receivers see it.
 pub async fn stuck(pool: &Pool) -> Result<Vec<StuckRow>, DbError> {
+    select_stuck(pool, None, None, 0).await
+}
+
+/// One page of the rows that need a person, oldest first: those of `topic` (every topic
+/// when `None`), at most `limit`, after skipping `offset` (a console's paging; a row
+/// retried or sent meanwhile shifts later pages, which only means a row may show twice or
+/// be seen on the next look).
+pub async fn stuck_matching(
+    pool: &Pool,
+    topic: Option<&str>,
+    limit: usize,
+    offset: usize,
+) -> Result<Vec<StuckRow>, DbError> {
+    select_stuck(pool, topic, Some(limit), offset).await
+}
+
+/// How many rows of `topic` (every topic when `None`) need a person.
+pub async fn count_stuck(pool: &Pool, topic: Option<&str>) -> Result<u64, DbError> {
     let client = pool.get().await?;
+    let row = client
+        .query_one(
+            &format!(
+                "SELECT count(*) FROM outbox WHERE {STUCK} AND {}",
+                of_topic(1)
+            ),
+            &[&topic],
+        )
+        .await?;
+    let n: i64 = row.try_get(0)?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+fn sql_count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+async fn select_stuck(
+    pool: &Pool,
+    topic: Option<&str>,
+    limit: Option<usize>,
+    offset: usize,
+) -> Result<Vec<StuckRow>, DbError> {
+    let client = pool.get().await?;
+    // LIMIT NULL is no limit.
     let rows = client
         .query(
             &format!(
                 "SELECT id, coalesce(payload->>($1::text), payload #>> '{{body,data,job_id}}'), \
                         topic, dedupe_key, attempts, last_error, created_at \
-                   FROM outbox WHERE {STUCK} ORDER BY id"
+                   FROM outbox WHERE {STUCK} AND {} ORDER BY id LIMIT $3 OFFSET $4",
+                of_topic(2)
             ),
-            &[&SummaryReady::JOB_ID_FIELD],
+            &[
+                &SummaryReady::JOB_ID_FIELD,
+                &topic,
+                &limit.map(sql_count),
+                &sql_count(offset),
+            ],
         )
         .await?;
     rows.iter()
@@ -466,6 +520,17 @@ pub async fn retry(pool: &Pool, ids: Option<&[i64]>) -> Result<u64, DbError> {
         }
     };
     Ok(n)
+}
+
+/// [`retry`] every stuck row of `topic` (every topic when `None`): the same rows
+/// [`stuck_matching`] lists, less those a relay holds. Returns how many were made eligible.
+pub async fn retry_matching(pool: &Pool, topic: Option<&str>) -> Result<u64, DbError> {
+    let client = pool.get().await?;
+    let update = format!(
+        "UPDATE outbox SET {AS_NEW} WHERE {STUCK} AND {NOT_LEASED} AND {}",
+        of_topic(1)
+    );
+    Ok(client.execute(&update, &[&topic]).await?)
 }
 
 /// Delete up to `batch` rows sent before `cutoff`, oldest first; returns how many.

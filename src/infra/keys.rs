@@ -92,6 +92,18 @@ impl RedisKeys {
         format!("{}tenant:{tenant}:notify:{recipient_id}", self.prefix)
     }
 
+    /// An operator's bulk action on dead letters (`stream/bulk.rs`): its record, a JSON
+    /// string with a TTL. The run id is a hash tag, so the record and its lease share a
+    /// slot and one script may touch both.
+    pub fn bulk_run(&self, run_id: &str) -> String {
+        format!("{}console:bulk:{{{run_id}}}", self.prefix)
+    }
+
+    /// The lease of the one process working a bulk run (a token, with a TTL).
+    pub fn bulk_lease(&self, run_id: &str) -> String {
+        format!("{}console:bulk:{{{run_id}}}:lease", self.prefix)
+    }
+
     /// Redis key of one idempotency record.
     pub fn idempotency(&self, scope: &ScopedKey) -> String {
         format!("{}{}", self.prefix, scope.0)

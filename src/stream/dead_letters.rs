@@ -1,34 +1,105 @@
 //! The dead-letter stream: jobs that will never succeed wait here for a person
 //! (`summaryd dlq list` / `dlq replay`). This module owns the stream's field names and
 //! every write to it: moving a job here, and replaying it onto the job stream with the
-//! SAME job id (so a replay can never make a second summary or email).
+//! SAME job id (so a replay can never make a second summary or email). Operators find
+//! dead letters by [`DeadLetterFilter`] (`list_matching`, `count_matching`); bulk actions
+//! over them are `stream/bulk.rs`.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use chrono::Utc;
 use redis::aio::ConnectionLike;
-use redis::streams::StreamRangeReply;
+use redis::streams::{StreamId, StreamRangeReply};
 use redis::{AsyncCommands, Script, Value};
 
+use super::consumer_group::entry_millis;
 use super::job_entry::{self, field_bytes};
 use super::job_state::{self, Queued};
-use crate::domain::JobId;
+use crate::domain::{JobId, ReasonClass};
 use crate::infra::keys::{GROUP, RedisKeys};
 
 /// Fields a dead entry has besides the job's own (`job_entry::FIELDS`).
 const REASON: &str = "reason";
+/// `ReasonClass::as_str`; absent from dead letters written before it existed.
+const CLASS: &str = "class";
 const ORIGINAL_ID: &str = "original_id";
 const FAILED_AT: &str = "failed_at";
 
 /// One dead-lettered job as operators see it (`summaryd dlq list`).
+///
+/// Serialises to exactly the fields `summaryd dlq list --json` prints (the external
+/// contract fixes them), so `class` is left out there; a console shows it from the field.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct DeadLetter {
-    pub(crate) id: String,
-    pub(crate) job_id: String,
-    pub(crate) tenant: String,
-    pub(crate) reason: String,
-    pub(crate) failed_at: String,
+    /// The dead-letter entry id (`<ms>-<seq>`, Redis's clock when it was dead-lettered).
+    pub id: String,
+    pub job_id: String,
+    pub tenant: String,
+    /// The operator's full reason.
+    pub reason: String,
+    #[serde(skip)]
+    pub class: ReasonClass,
+    /// RFC 3339.
+    pub failed_at: String,
+}
+
+impl DeadLetter {
+    /// The dead letter a raw entry (from [`entries_after`]) holds.
+    pub(crate) fn from_entry(entry: &StreamId) -> Self {
+        let class =
+            field_bytes(&entry.map, CLASS).map(|b| String::from_utf8_lossy(&b).into_owned());
+        DeadLetter {
+            id: entry.id.clone(),
+            job_id: text(&entry.map, job_entry::JOB_ID),
+            tenant: text(&entry.map, job_entry::TENANT),
+            reason: text(&entry.map, REASON),
+            class: ReasonClass::from_stored(class.as_deref()),
+            failed_at: text(&entry.map, FAILED_AT),
+        }
+    }
+}
+
+/// Which dead letters an operator means. Every field that is set must match; the default
+/// matches everything. Ages are measured from the entry id (Redis's clock when the job was
+/// dead-lettered), as `dlq purge --older-than` measures them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DeadLetterFilter {
+    /// Exactly this tenant.
+    pub tenant: Option<String>,
+    /// Exactly this class (`ReasonClass::Unknown` matches dead letters without one).
+    pub class: Option<ReasonClass>,
+    /// Dead-lettered longer ago than this.
+    pub older_than: Option<Duration>,
+    /// Dead-lettered at most this long ago.
+    pub newer_than: Option<Duration>,
+}
+
+impl DeadLetterFilter {
+    /// Whether `dead` is one of the dead letters meant, ages measured at `now_ms` (Unix
+    /// milliseconds). An entry id without a time matches no age bound.
+    pub fn matches(&self, dead: &DeadLetter, now_ms: u64) -> bool {
+        let cutoff = |age: Duration| now_ms.saturating_sub(millis(age));
+        let at = entry_millis(&dead.id);
+        self.tenant.as_ref().is_none_or(|t| *t == dead.tenant)
+            && self.class.is_none_or(|c| c == dead.class)
+            && self
+                .older_than
+                .is_none_or(|age| at.is_some_and(|ms| ms < cutoff(age)))
+            && self
+                .newer_than
+                .is_none_or(|age| at.is_some_and(|ms| ms >= cutoff(age)))
+    }
+}
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Now, in Unix milliseconds, for measuring ages.
+pub(crate) fn now_millis() -> u64 {
+    u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0)
 }
 
 /// Move the entry `msg_id`, pending for `consumer`, to the dead-letter stream (its original
@@ -45,18 +116,20 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     msg_id: &str,
     fields: &HashMap<String, Value>,
     reason: &str,
+    class: ReasonClass,
     tenant_error: &str,
 ) -> redis::RedisResult<bool> {
     let failed_at = job_entry::timestamp(Utc::now());
     // Keep every original field a replay needs; ours go last and win on a name clash.
     let mut entry: Vec<(String, Vec<u8>)> = fields
         .keys()
-        .filter(|name| ![REASON, ORIGINAL_ID, FAILED_AT].contains(&name.as_str()))
+        .filter(|name| ![REASON, CLASS, ORIGINAL_ID, FAILED_AT].contains(&name.as_str()))
         .filter_map(|name| field_bytes(fields, name).map(|v| (name.clone(), v)))
         .collect();
     // HashMap order is random; a stable order makes entries easy to compare by eye.
     entry.sort();
     entry.push((REASON.into(), reason.as_bytes().to_vec()));
+    entry.push((CLASS.into(), class.as_str().as_bytes().to_vec()));
     entry.push((ORIGINAL_ID.into(), msg_id.as_bytes().to_vec()));
     entry.push((FAILED_AT.into(), failed_at.into_bytes()));
 
@@ -168,17 +241,125 @@ pub async fn list<C: ConnectionLike + Send + Sync>(
     let reply: StreamRangeReply = conn
         .xrange_count(keys.dead_letters(), "-", "+", limit)
         .await?;
-    Ok(reply
-        .ids
-        .into_iter()
-        .map(|entry| DeadLetter {
-            job_id: text(&entry.map, job_entry::JOB_ID),
-            tenant: text(&entry.map, job_entry::TENANT),
-            reason: text(&entry.map, REASON),
-            failed_at: text(&entry.map, FAILED_AT),
-            id: entry.id,
-        })
-        .collect())
+    Ok(reply.ids.iter().map(DeadLetter::from_entry).collect())
+}
+
+/// Entries read per XRANGE while filtering: a page small enough that Redis is never busy
+/// with one read for long.
+pub(crate) const SCAN_PAGE: usize = 200;
+
+/// The most entries one [`list_matching`] call reads, so a filter that matches little in a
+/// large dead-letter stream answers in bounded time (and hands back a cursor to go on).
+pub const MAX_SCAN: usize = 10_000;
+
+/// The XRANGE start just after `after` (exclusive), or the stream's start.
+fn start_after(after: Option<&str>) -> String {
+    after.map_or_else(|| "-".to_owned(), |id| format!("({id}"))
+}
+
+/// Up to `count` raw dead entries after `after` (exclusive) and up to `upto` (inclusive,
+/// `+` for the newest), oldest first.
+pub(crate) async fn entries_after<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    after: Option<&str>,
+    upto: &str,
+    count: usize,
+) -> redis::RedisResult<Vec<StreamId>> {
+    let reply: StreamRangeReply = conn
+        .xrange_count(keys.dead_letters(), start_after(after), upto, count)
+        .await?;
+    Ok(reply.ids)
+}
+
+/// Up to `limit` dead letters that match `filter`, oldest first, after the entry id
+/// `after` (exclusive; `None` = from the oldest). Reads the stream in pages and filters
+/// here, at most [`MAX_SCAN`] entries per call.
+///
+/// The second value is the cursor for the next page (pass it as `after`): `None` when the
+/// stream was read to its end. A page may hold fewer than `limit` dead letters and still
+/// have a cursor (the scan stopped at [`MAX_SCAN`]); only `None` means there are no more.
+pub async fn list_matching<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    filter: &DeadLetterFilter,
+    after: Option<&str>,
+    limit: usize,
+) -> redis::RedisResult<(Vec<DeadLetter>, Option<String>)> {
+    let now_ms = now_millis();
+    let mut found = Vec::new();
+    let mut cursor = after.map(str::to_owned);
+    if limit == 0 {
+        return Ok((found, cursor));
+    }
+    let mut scanned = 0;
+    loop {
+        let page = entries_after(conn, keys, cursor.as_deref(), "+", SCAN_PAGE).await?;
+        let read = page.len();
+        for entry in &page {
+            scanned += 1;
+            cursor = Some(entry.id.clone());
+            let dead = DeadLetter::from_entry(entry);
+            if filter.matches(&dead, now_ms) {
+                found.push(dead);
+                if found.len() == limit {
+                    return Ok((found, cursor));
+                }
+            }
+        }
+        if read < SCAN_PAGE {
+            return Ok((found, None));
+        }
+        if scanned >= MAX_SCAN {
+            return Ok((found, cursor));
+        }
+    }
+}
+
+/// How many dead letters up to the entry id `upto` (inclusive: the newest when the
+/// operator looked, from [`newest_id`]) match `filter`. Reads every such entry, in pages.
+pub async fn count_matching<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    filter: &DeadLetterFilter,
+    upto: &str,
+) -> redis::RedisResult<usize> {
+    count_matching_at(conn, keys, filter, upto, now_millis()).await
+}
+
+/// [`count_matching`], ages measured at `now_ms`.
+pub(crate) async fn count_matching_at<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    filter: &DeadLetterFilter,
+    upto: &str,
+    now_ms: u64,
+) -> redis::RedisResult<usize> {
+    let mut count = 0;
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = entries_after(conn, keys, cursor.as_deref(), upto, SCAN_PAGE).await?;
+        count += page
+            .iter()
+            .filter(|entry| filter.matches(&DeadLetter::from_entry(entry), now_ms))
+            .count();
+        match page.last() {
+            Some(last) if page.len() == SCAN_PAGE => cursor = Some(last.id.clone()),
+            _ => return Ok(count),
+        }
+    }
+}
+
+/// The id of the newest dead letter, `None` when there is none: the snapshot a count and a
+/// bulk action agree on, so dead letters added after it are left alone.
+pub async fn newest_id<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+) -> redis::RedisResult<Option<String>> {
+    let reply: StreamRangeReply = conn
+        .xrevrange_count(keys.dead_letters(), "+", "-", 1)
+        .await?;
+    Ok(reply.ids.into_iter().next().map(|e| e.id))
 }
 
 /// Ids of every dead letter (for `dlq replay --all`).
@@ -268,7 +449,9 @@ pub(crate) async fn purge_ids<C: ConnectionLike + Send + Sync>(
     Ok(removed)
 }
 
-async fn purge_entries<C: ConnectionLike + Send + Sync>(
+/// Remove these dead entries (those still there) with their job state; returns how many
+/// this call removed.
+pub(crate) async fn purge_entries<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     entries: &[redis::streams::StreamId],
@@ -360,4 +543,105 @@ pub async fn replay<C: ConnectionLike + Send + Sync>(
         },
         None => ReplayOutcome::NotFound,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: u64 = 1_000_000_000;
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    fn dead(tenant: &str, class: ReasonClass, minutes_ago: u64) -> DeadLetter {
+        DeadLetter {
+            id: format!("{}-0", NOW - minutes_ago * 60_000),
+            job_id: "j".into(),
+            tenant: tenant.into(),
+            reason: "r".into(),
+            class,
+            failed_at: String::new(),
+        }
+    }
+
+    #[test]
+    fn the_empty_filter_matches_everything() {
+        let all = DeadLetterFilter::default();
+        assert!(all.matches(&dead("acme", ReasonClass::Unknown, 0), NOW));
+        let mut no_time = dead("acme", ReasonClass::Unknown, 0);
+        no_time.id = "garbage".into();
+        assert!(all.matches(&no_time, NOW));
+        let aged = DeadLetterFilter {
+            older_than: Some(Duration::ZERO),
+            ..DeadLetterFilter::default()
+        };
+        assert!(!aged.matches(&no_time, NOW), "no time, no age");
+        let young = DeadLetterFilter {
+            newer_than: Some(MINUTE),
+            ..DeadLetterFilter::default()
+        };
+        assert!(!young.matches(&no_time, NOW), "no time, no age");
+    }
+
+    #[test]
+    fn tenant_and_class_match_exactly_and_together() {
+        let filter = DeadLetterFilter {
+            tenant: Some("acme".into()),
+            class: Some(ReasonClass::TooLong),
+            ..DeadLetterFilter::default()
+        };
+        assert!(filter.matches(&dead("acme", ReasonClass::TooLong, 5), NOW));
+        assert!(!filter.matches(&dead("acme2", ReasonClass::TooLong, 5), NOW));
+        assert!(!filter.matches(&dead("acm", ReasonClass::TooLong, 5), NOW));
+        assert!(!filter.matches(&dead("acme", ReasonClass::MaxDeliveries, 5), NOW));
+        assert!(!filter.matches(&dead("other", ReasonClass::Unknown, 5), NOW));
+        let unknown = DeadLetterFilter {
+            class: Some(ReasonClass::Unknown),
+            ..DeadLetterFilter::default()
+        };
+        assert!(unknown.matches(&dead("x", ReasonClass::Unknown, 5), NOW));
+        assert!(!unknown.matches(&dead("x", ReasonClass::TooLong, 5), NOW));
+    }
+
+    #[test]
+    fn ages_split_at_the_cutoff_older_strictly() {
+        let older = DeadLetterFilter {
+            older_than: Some(10 * MINUTE),
+            ..DeadLetterFilter::default()
+        };
+        let newer = DeadLetterFilter {
+            newer_than: Some(10 * MINUTE),
+            ..DeadLetterFilter::default()
+        };
+        for (minutes, is_older) in [(11, true), (10, false), (9, false), (0, false)] {
+            let d = dead("acme", ReasonClass::Unknown, minutes);
+            assert_eq!(older.matches(&d, NOW), is_older, "{minutes} min");
+            assert_eq!(newer.matches(&d, NOW), !is_older, "{minutes} min");
+        }
+        let mut just_before = dead("acme", ReasonClass::Unknown, 10);
+        just_before.id = format!("{}-5", NOW - 10 * 60_000 - 1);
+        assert!(older.matches(&just_before, NOW));
+        assert!(!newer.matches(&just_before, NOW));
+        // Both bounds: a window between 5 and 10 minutes ago.
+        let window = DeadLetterFilter {
+            older_than: Some(5 * MINUTE),
+            newer_than: Some(10 * MINUTE),
+            ..DeadLetterFilter::default()
+        };
+        let hits: Vec<u64> = (0..15)
+            .filter(|m| window.matches(&dead("acme", ReasonClass::Unknown, *m), NOW))
+            .collect();
+        assert_eq!(hits, vec![6, 7, 8, 9, 10]);
+        // An age longer than the clock has run reaches back to the start of time.
+        let ancient = DeadLetterFilter {
+            older_than: Some(Duration::from_secs(u64::MAX)),
+            ..DeadLetterFilter::default()
+        };
+        assert!(!ancient.matches(&dead("acme", ReasonClass::Unknown, 60), NOW));
+    }
+
+    #[test]
+    fn a_cursor_starts_just_after_its_entry() {
+        assert_eq!(start_after(None), "-");
+        assert_eq!(start_after(Some("5-1")), "(5-1");
+    }
 }

@@ -5,9 +5,11 @@
 //!   key (`enqueue_once.lua`).
 //! - `consumer_group`: the group plumbing a worker uses: read, reclaim, count deliveries, ack.
 //! - `job_state`: the per-job hash GET reads until Postgres has the summary.
-//! - `dead_letters`: the dead-letter stream: move a job there, list, replay, count.
+//! - `dead_letters`: the dead-letter stream: move a job there, list, filter, replay, count.
+//! - `bulk`: an operator's replay or purge of many dead letters, resumable by any process.
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
 
+pub mod bulk;
 pub mod consumer_group;
 pub mod dead_letters;
 mod enqueue;

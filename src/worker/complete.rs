@@ -165,6 +165,7 @@ impl Consumer {
             &delivery.id,
             &delivery.fields,
             &reason.operator,
+            reason.class,
             &reason.tenant,
         )
         .await?;

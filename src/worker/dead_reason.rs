@@ -4,6 +4,7 @@
 //! scrubbed of credentials where they are made (`llm::openai`), so neither carries a secret.
 
 use crate::db::DbError;
+use crate::domain::ReasonClass;
 use crate::llm::retry::RetryError;
 use crate::llm::{ChainError, LlmError};
 
@@ -13,34 +14,46 @@ pub struct DeadReason {
     pub(crate) tenant: String,
     /// What operators see: the class and the full detail.
     pub(crate) operator: String,
+    /// What operators filter by, stored with the dead letter.
+    pub(crate) class: ReasonClass,
 }
 
 impl DeadReason {
-    fn new(tenant: impl Into<String>, detail: impl std::fmt::Display) -> Self {
+    fn new(class: ReasonClass, tenant: impl Into<String>, detail: impl std::fmt::Display) -> Self {
         let tenant = tenant.into();
         Self {
             operator: format!("{tenant}: {detail}"),
             tenant,
+            class,
         }
     }
 
     /// A model failure that is the job's own (`llm::Fault::Job`).
     pub(crate) fn model(err: &LlmError) -> Self {
-        let tenant = match err {
-            LlmError::Status { status, .. } => {
-                format!("the model rejected the request (HTTP {status})")
-            }
-            LlmError::Malformed(_) => "the model returned a response that could not be used".into(),
-            LlmError::InvalidInput(_) => "the text cannot be summarised".into(),
-            LlmError::ContextExceeded(_) => {
-                "the model refused even a small part of the text as too long".into()
-            }
-            LlmError::Timeout | LlmError::Connect(_) => {
-                "the model could not be reached in time".into()
-            }
-            LlmError::Other(_) => "the model call failed".into(),
+        let (class, tenant) = match err {
+            LlmError::Status { status, .. } => (
+                ReasonClass::ModelRefused,
+                format!("the model rejected the request (HTTP {status})"),
+            ),
+            LlmError::Malformed(_) => (
+                ReasonClass::ModelFailed,
+                "the model returned a response that could not be used".into(),
+            ),
+            LlmError::InvalidInput(_) => (
+                ReasonClass::ModelRefused,
+                "the text cannot be summarised".into(),
+            ),
+            LlmError::ContextExceeded(_) => (
+                ReasonClass::TooLong,
+                "the model refused even a small part of the text as too long".into(),
+            ),
+            LlmError::Timeout | LlmError::Connect(_) => (
+                ReasonClass::ModelUnreachable,
+                "the model could not be reached in time".into(),
+            ),
+            LlmError::Other(_) => (ReasonClass::ModelFailed, "the model call failed".into()),
         };
-        Self::new(tenant, err)
+        Self::new(class, tenant, err)
     }
 
     /// The model chain gave up on the job. Only the job's own fault (`ChainError::Job`)
@@ -48,9 +61,11 @@ impl DeadReason {
     pub(crate) fn model_chain(err: &ChainError) -> Self {
         match err {
             ChainError::Job(e) | ChainError::Transient(RetryError::Llm(e)) => Self::model(e),
-            ChainError::AllOpen { .. } | ChainError::Transient(_) => {
-                Self::new("the model could not be reached in time", err)
-            }
+            ChainError::AllOpen { .. } | ChainError::Transient(_) => Self::new(
+                ReasonClass::ModelUnreachable,
+                "the model could not be reached in time",
+                err,
+            ),
             ChainError::TooLong { .. } => Self::parts(err),
         }
     }
@@ -59,6 +74,7 @@ impl DeadReason {
     /// the job may make.
     pub(crate) fn parts(detail: impl std::fmt::Display) -> Self {
         Self::new(
+            ReasonClass::TooLong,
             "the text could not be summarised in parts that fit the model",
             detail,
         )
@@ -68,6 +84,7 @@ impl DeadReason {
     /// of a job queued for longer than it keeps texts).
     pub(crate) fn text_missing() -> Self {
         Self::new(
+            ReasonClass::InvalidJob,
             "the queued job could not be read",
             "its text, stored in Postgres at intake, is gone (table job_texts)",
         )
@@ -83,6 +100,7 @@ impl DeadReason {
             other => other.to_string(),
         };
         Self::new(
+            ReasonClass::Unstorable,
             "the summary could not be stored: the text or summary holds data the database refuses",
             format!("Postgres refused the commit (SQLSTATE {code}): {cause}"),
         )
@@ -90,7 +108,11 @@ impl DeadReason {
 
     /// The stream entry is not a job (written by something other than the API).
     pub(crate) fn malformed(detail: impl std::fmt::Display) -> Self {
-        Self::new("the queued job could not be read", detail)
+        Self::new(
+            ReasonClass::InvalidJob,
+            "the queued job could not be read",
+            detail,
+        )
     }
 
     /// Every delivery failed transiently.
@@ -103,6 +125,7 @@ impl DeadReason {
             ),
         };
         Self::new(
+            ReasonClass::MaxDeliveries,
             format!("processing failed on each of {max_deliveries} attempts"),
             detail,
         )
@@ -147,5 +170,55 @@ mod tests {
             DeadReason::model(&LlmError::Malformed("no choices".into())).tenant,
             "the model returned a response that could not be used"
         );
+    }
+
+    #[test]
+    fn each_failure_is_stored_under_its_class() {
+        let status = |status| LlmError::Status {
+            status,
+            retry_after: None,
+            message: String::new(),
+        };
+        let cases = [
+            (DeadReason::model(&status(400)), ReasonClass::ModelRefused),
+            (
+                DeadReason::model(&LlmError::InvalidInput("empty".into())),
+                ReasonClass::ModelRefused,
+            ),
+            (
+                DeadReason::model(&LlmError::Malformed("no choices".into())),
+                ReasonClass::ModelFailed,
+            ),
+            (
+                DeadReason::model(&LlmError::Other("bug".into())),
+                ReasonClass::ModelFailed,
+            ),
+            (
+                DeadReason::model(&LlmError::ContextExceeded("8192".into())),
+                ReasonClass::TooLong,
+            ),
+            (
+                DeadReason::model(&LlmError::Connect("refused".into())),
+                ReasonClass::ModelUnreachable,
+            ),
+            (
+                DeadReason::model_chain(&ChainError::AllOpen {
+                    reason: "openai:a: 401".into(),
+                    called: false,
+                }),
+                ReasonClass::ModelUnreachable,
+            ),
+            (DeadReason::parts("too many calls"), ReasonClass::TooLong),
+            (DeadReason::text_missing(), ReasonClass::InvalidJob),
+            (DeadReason::malformed("no job_id"), ReasonClass::InvalidJob),
+            (
+                DeadReason::unstorable(&DbError::Pool(deadpool_postgres::PoolError::Closed)),
+                ReasonClass::Unstorable,
+            ),
+            (DeadReason::exhausted(5, None), ReasonClass::MaxDeliveries),
+        ];
+        for (reason, class) in cases {
+            assert_eq!(reason.class, class, "{}", reason.operator);
+        }
     }
 }

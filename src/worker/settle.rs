@@ -352,6 +352,7 @@ mod tests {
         DeadReason {
             tenant: tenant.into(),
             operator: format!("{tenant}: detail"),
+            class: crate::domain::ReasonClass::ModelRefused,
         }
     }
 

@@ -63,6 +63,7 @@ async fn dead_letter(
         &delivery.id,
         &delivery.fields,
         reasons.0,
+        summaryd::domain::ReasonClass::ModelFailed,
         reasons.1,
     )
     .await

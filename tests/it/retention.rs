@@ -115,6 +115,7 @@ impl World {
             &msg_id,
             &fields,
             "test",
+            summaryd::domain::ReasonClass::ModelFailed,
             "test",
         )
         .await

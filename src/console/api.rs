@@ -159,7 +159,7 @@ async fn start_run(req: HttpRequest, console: web::Data<Console>, body: web::Byt
         .get("run_id")
         .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
     let existing = {
-        let mut conn = console.redis.get().await?;
+        let mut conn = console.redis.get().await.map_err(ConsoleError::from)?;
         crate::stream::bulk::get(&mut conn, &console.keys, &run_id)
             .await
             .map_err(ConsoleError::from)?

@@ -296,7 +296,7 @@ impl Metrics {
                 let provider = metric
                     .get_label()
                     .first()
-                    .map(|l| l.get_value().to_owned())
+                    .map(|l| l.value().to_owned())
                     .unwrap_or_default();
                 (provider, metric.get_gauge().get_value() > 0.0)
             })
@@ -438,7 +438,7 @@ impl<P: Atomic + 'static> MeasuredGauge<P> {
                 let label = metric
                     .get_label()
                     .first()
-                    .map(|l| l.get_value().to_owned())
+                    .map(|l| l.value().to_owned())
                     .unwrap_or_default();
                 (label, metric.get_gauge().get_value())
             })

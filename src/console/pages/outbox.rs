@@ -15,15 +15,15 @@ use crate::db::outbox::{self, StuckRow};
 use crate::domain::{SummaryReady, WebhookEvent};
 
 /// Rows shown per page.
-pub(crate) const PAGE: i64 = 100;
+pub(crate) const PAGE: usize = 100;
 const TOPICS: [&str; 2] = [SummaryReady::TOPIC, WebhookEvent::TOPIC];
 
 #[derive(Debug, Serialize)]
 pub(crate) struct Outbox {
     pub(crate) topic: Option<String>,
-    pub(crate) stuck: i64,
+    pub(crate) stuck: u64,
     pub(crate) rows: Vec<StuckRow>,
-    pub(crate) offset: i64,
+    pub(crate) offset: usize,
 }
 
 pub(crate) fn topic(fields: &Fields) -> Result<Option<&str>, ConsoleError> {
@@ -37,11 +37,11 @@ pub(crate) fn topic(fields: &Fields) -> Result<Option<&str>, ConsoleError> {
     }
 }
 
-fn offset(fields: &Fields) -> Result<i64, ConsoleError> {
+fn offset(fields: &Fields) -> Result<usize, ConsoleError> {
     fields
         .get("offset")
         .map(|o| {
-            o.parse::<i64>().ok().filter(|n| *n >= 0).ok_or_else(|| {
+            o.parse::<usize>().ok().ok_or_else(|| {
                 ConsoleError::BadInput(format!("offset: {o:?} is not a whole number"))
             })
         })
@@ -118,7 +118,7 @@ pub(crate) fn render(o: &Outbox, who: &Who) -> Markup {
                     }
                 }
             }
-            @if o.offset + PAGE < o.stuck {
+            @if ((o.offset + PAGE) as u64) < o.stuck {
                 p { a href={ (paths::OUTBOX) "?" (topic_query) "offset=" (o.offset + PAGE) } { "Next page" } }
             }
         }
@@ -176,7 +176,7 @@ pub(crate) async fn confirm(
     let count = if all {
         outbox::count_stuck(&console.pg, topic).await?
     } else {
-        ids.len() as i64
+        ids.len() as u64
     };
     let paused = super::paused(&console).await?;
     let content = html! {

@@ -58,26 +58,26 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
     let in_flight =
         crate::stream::tenant_limits::in_flight_by_tenant(&mut conn, &console.keys).await?;
     let mut rows: BTreeMap<String, TenantRow> = BTreeMap::new();
-    let mut row = |tenant: &str| -> &mut TenantRow {
+    fn row<'a>(rows: &'a mut BTreeMap<String, TenantRow>, tenant: &str) -> &'a mut TenantRow {
         rows.entry(tenant.to_owned()).or_insert_with(|| TenantRow {
             tenant: tenant.to_owned(),
             ..TenantRow::default()
         })
-    };
+    }
     for u in usage {
-        let r = row(&u.tenant);
+        let r = row(&mut rows, &u.tenant);
         r.jobs += u.jobs;
         r.prompt_tokens += u.prompt_tokens;
         r.completion_tokens += u.completion_tokens;
     }
     for (tenant, n) in in_flight {
-        row(&tenant).in_flight = n;
+        row(&mut rows, &tenant).in_flight = n;
     }
     if let Some(tokens) = &console.tokens {
         let store = tokens.current();
         for (tenant, policy) in store.tenants() {
             let l = &policy.limits;
-            row(tenant.as_str()).limits = Some(Limits {
+            row(&mut rows, tenant.as_str()).limits = Some(Limits {
                 rate_per_s: l.rate_per_s,
                 burst: l.burst,
                 max_in_flight: l.max_in_flight,

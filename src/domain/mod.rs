@@ -1,8 +1,8 @@
 //! Newtypes that parse (once a value of these types exists, it is valid), and the types
 //! that cross the seams between stages: `Job` (api → stream → worker → db), `ModelSummary`
-//! (worker → db), and the events the relay delivers: `SummaryReady` (db → relay → mail) and
-//! `WebhookEvent` (db → relay → a client's endpoint). Every module may import
-//! these; they import nothing of the service.
+//! (worker → db), the events the relay delivers: `SummaryReady` (db → relay → mail) and
+//! `WebhookEvent` (db → relay → a client's endpoint), and `Pause` (an operator → every
+//! worker). Every module may import these; they import nothing of the service.
 
 mod email;
 mod idempotency_key;
@@ -10,6 +10,7 @@ mod job;
 mod job_id;
 mod model_summary;
 mod notify_domains;
+mod pause;
 mod summary_ready;
 mod summary_request;
 mod tenant;
@@ -22,6 +23,7 @@ pub use job::{Job, JobText};
 pub use job_id::JobId;
 pub use model_summary::{ModelSummary, TokenUsage};
 pub use notify_domains::NotifyDomains;
+pub use pause::Pause;
 pub use summary_ready::{InvalidEvent, SummaryReady};
 pub use summary_request::{SummaryRequest, ValidSummaryRequest};
 pub use tenant::TenantId;

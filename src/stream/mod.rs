@@ -6,6 +6,7 @@
 //! - `consumer_group`: the group plumbing a worker uses: read, reclaim, count deliveries, ack.
 //! - `job_state`: the per-job hash GET reads until Postgres has the summary.
 //! - `dead_letters`: the dead-letter stream: move a job there, list, replay, count.
+//! - `pause`: the fleet-wide pause of consumption (who, why, since when).
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
 
 pub mod consumer_group;
@@ -13,6 +14,7 @@ pub mod dead_letters;
 mod enqueue;
 pub mod job_entry;
 pub mod job_state;
+pub mod pause;
 pub mod tenant_limits;
 
 pub use consumer_group::Delivery;

@@ -16,6 +16,7 @@ mod maintenance;
 mod model_api_retries;
 mod model_chain;
 mod outages;
+mod pause;
 mod properties;
 mod providers;
 mod recipients;

@@ -8,6 +8,7 @@ use crate::config::roles::Roles;
 pub use crate::ops::dlq::DlqCommand;
 pub use crate::ops::healthcheck::HealthcheckArgs;
 pub use crate::ops::outbox::OutboxCommand;
+pub use crate::ops::pause::PauseArgs;
 pub use crate::ops::token::TokenCommand;
 pub use crate::ops::usage::UsageArgs;
 pub use crate::ops::webhook::{SecretCommand, WebhookCommand};
@@ -46,6 +47,11 @@ pub enum Command {
     /// See and resend signed webhooks, re-enable endpoints, make signing secrets.
     #[command(subcommand)]
     Webhook(WebhookCommand),
+    /// Stop consumption fleet-wide: every worker takes no new work (deliveries in
+    /// progress finish) until `summaryd resume`; the api keeps accepting, the relay sending.
+    Pause(PauseArgs),
+    /// Restart consumption after `summaryd pause`.
+    Resume,
     /// GET /healthz of the summaryd configured here (on SUMMARYD_OPS_LISTEN when set, else
     /// SUMMARYD_LISTEN); exit 0 on 200, 1 otherwise (container health checks: no curl).
     Healthcheck(HealthcheckArgs),
@@ -252,6 +258,26 @@ mod tests {
             assert_eq!(err.exit_code(), 2);
             assert!(err.to_string().contains(named), "{named}: {err}");
         }
+    }
+
+    #[test]
+    fn pause_takes_an_optional_reason_and_resume_nothing() {
+        let cli = Cli::try_parse_from(["summaryd", "pause", "--reason", "incident 7"]).unwrap();
+        let Command::Pause(args) = cli.command else {
+            panic!("expected pause")
+        };
+        assert_eq!(args.reason.as_deref(), Some("incident 7"));
+        let Command::Pause(bare) = Cli::try_parse_from(["summaryd", "pause"]).unwrap().command
+        else {
+            panic!("expected pause")
+        };
+        assert_eq!(bare.reason, None);
+        assert!(matches!(
+            Cli::try_parse_from(["summaryd", "resume"]).unwrap().command,
+            Command::Resume
+        ));
+        let err = Cli::try_parse_from(["summaryd", "resume", "now"]).unwrap_err();
+        assert_eq!(err.exit_code(), 2);
     }
 
     #[test]

@@ -33,6 +33,8 @@ fn main() -> ExitCode {
             Command::Usage(args) => admin(config, AdminCommand::Usage(args)).await,
             Command::Webhook(WebhookCommand::Secret(SecretCommand::New)) => webhook_secret_new(),
             Command::Webhook(cmd) => admin(config, AdminCommand::Webhook(cmd)).await,
+            Command::Pause(args) => admin(config, AdminCommand::Pause(args)).await,
+            Command::Resume => admin(config, AdminCommand::Resume).await,
             Command::Token(TokenCommand::New { tenant }) => token_new(&tenant),
             Command::Healthcheck(args) => summaryd::ops::healthcheck::run(config, &args),
         }

@@ -325,6 +325,12 @@ impl Application {
 
         let mut supervisor = Supervisor::new(shutdown.clone());
         if let Some(worker) = worker {
+            // Before any consumer starts: a process starting into a paused fleet takes nothing.
+            crate::worker::sync_pause(&worker).await;
+            let (services, watch_shutdown) = (worker.clone(), shutdown.clone());
+            supervisor.spawn("worker pause watch".into(), move || {
+                crate::worker::watch_pause(services.clone(), watch_shutdown.clone())
+            });
             for index in 0..handles.settings.worker.consumers {
                 let name = crate::worker::consumer_name(index);
                 let (services, shutdown) = (worker.clone(), shutdown.clone());

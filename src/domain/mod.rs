@@ -1,8 +1,9 @@
 //! Newtypes that parse (once a value of these types exists, it is valid), and the types
 //! that cross the seams between stages: `Job` (api → stream → worker → db), `ModelSummary`
-//! and the `ModelCall`s it took (worker → db), and the events the relay delivers: `SummaryReady` (db → relay → mail) and
-//! `WebhookEvent` (db → relay → a client's endpoint). Every module may import
-//! these; they import nothing of the service.
+//! and the `ModelCall`s it took (worker → db), the events the relay delivers: `SummaryReady`
+//! (db → relay → mail) and `WebhookEvent` (db → relay → a client's endpoint), and `Pause`
+//! (an operator → every worker). Every module may import these; they import nothing of
+//! the service.
 
 mod duration;
 mod email;
@@ -12,6 +13,7 @@ mod job_id;
 mod model_call;
 mod model_summary;
 mod notify_domains;
+mod pause;
 mod reason_class;
 mod summary_ready;
 mod summary_request;
@@ -28,6 +30,7 @@ pub use model_call::{CallLog, ModelCall};
 pub use model_summary::{ModelSummary, TokenUsage};
 pub use notify_domains::NotifyDomains;
 pub use reason_class::ReasonClass;
+pub use pause::Pause;
 pub use summary_ready::{InvalidEvent, SummaryReady};
 pub use summary_request::{SummaryRequest, ValidSummaryRequest};
 pub use tenant::TenantId;

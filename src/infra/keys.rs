@@ -47,6 +47,12 @@ impl RedisKeys {
         format!("{}jobs:summaries:alive:{consumer}", self.prefix)
     }
 
+    /// Whether consumption is paused fleet-wide: one JSON string, present while paused
+    /// (`stream/pause.rs` owns its format).
+    pub fn paused(&self) -> String {
+        format!("{}paused", self.prefix)
+    }
+
     /// Per-job state the API and the dead-letter path keep until Postgres has the summary.
     pub fn job(&self, job_id: JobId) -> String {
         format!("{}job:{job_id}", self.prefix)

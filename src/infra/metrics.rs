@@ -38,6 +38,8 @@ pub struct Metrics {
     pub(crate) stream_lag: MeasuredGauge<AtomicI64>,
     pub(crate) oldest_queued_age: MeasuredGauge<AtomicF64>,
     pub(crate) dead_letters: MeasuredGauge<AtomicI64>,
+    /// `summaryd_consumption_paused`: 1 while consumption is paused fleet-wide, else 0.
+    pub consumption_paused: MeasuredGauge<AtomicI64>,
     pub outbox_unsent: MeasuredGauge<AtomicI64>,
     /// `summaryd_outbox_unsent` per topic (`email.summary_ready`, `webhook`): every known
     /// topic is set, 0 included, once measured.
@@ -188,6 +190,11 @@ impl Metrics {
             "summaryd_dead_letters",
             "Entries in the dead-letter stream (cluster-wide; only from processes with Redis, absent while the read fails)",
         )?;
+        let consumption_paused = MeasuredGauge::register(
+            &registry,
+            "summaryd_consumption_paused",
+            "1 while consumption is paused fleet-wide (summaryd pause), else 0 (cluster-wide; only from processes with Redis, absent while the read fails)",
+        )?;
         let outbox_unsent = MeasuredGauge::register(
             &registry,
             "summaryd_outbox_unsent",
@@ -269,6 +276,7 @@ impl Metrics {
             stream_lag,
             oldest_queued_age,
             dead_letters,
+            consumption_paused,
             outbox_unsent,
             outbox_unsent_by_topic,
             webhook_deliveries,

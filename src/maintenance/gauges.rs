@@ -1,9 +1,9 @@
-//! The cluster-wide gauges `/metrics` serves: the stream's backlog and dead letters (from
-//! Redis) and the unsent outbox rows (from Postgres). Every process that can read a source
-//! refreshes its gauges itself (the api and worker have Redis and Postgres, a relay-only
-//! process only Postgres), so every process exports the same values (aggregate them with
-//! `max`, never `sum`); a scrape only renders what the last refresh cached, so no number of
-//! scrapes can load Redis or Postgres.
+//! The cluster-wide gauges `/metrics` serves: the stream's backlog, dead letters and
+//! whether consumption is paused (from Redis) and the unsent outbox rows (from Postgres).
+//! Every process that can read a source refreshes its gauges itself (the api and worker
+//! have Redis and Postgres, a relay-only process only Postgres), so every process exports
+//! the same values (aggregate them with `max`, never `sum`); a scrape only renders what the
+//! last refresh cached, so no number of scrapes can load Redis or Postgres.
 //!
 //! A gauge is exported only while this process holds a measurement of it: one it cannot
 //! read at all (the stream gauges on a relay-only process) is never exported, and one whose
@@ -18,7 +18,7 @@ use chrono::Utc;
 use super::{Maintenance, MaintenanceError, Report, clamp};
 use crate::db;
 use crate::domain::{SummaryReady, WebhookEvent};
-use crate::stream::dead_letters;
+use crate::stream::{dead_letters, pause};
 
 impl Maintenance {
     /// Read the cluster-wide values into the gauges. Each source is read separately, so
@@ -33,10 +33,11 @@ impl Maintenance {
                 let mut conn = redis.get().await?;
                 let backlog = self.trim_finished(&mut conn).await?;
                 let dead = dead_letters::count(&mut conn, &self.keys).await?;
-                Ok::<_, MaintenanceError>((backlog, dead))
+                let paused = pause::current(&mut conn, &self.keys).await?;
+                Ok::<_, MaintenanceError>((backlog, dead, paused.is_some()))
             };
             match redis_part.await {
-                Ok((backlog, dead)) => {
+                Ok((backlog, dead, paused)) => {
                     match backlog.lag {
                         Some(lag) => m.stream_lag.set(clamp(lag)),
                         // Redis could not tell this time: no number is better than a guess.
@@ -46,6 +47,7 @@ impl Maintenance {
                     m.oldest_queued_age
                         .set(Duration::from_millis(backlog.oldest_age_ms).as_secs_f64());
                     m.dead_letters.set(clamp(dead));
+                    m.consumption_paused.set(i64::from(paused));
                     Self::record_trimmed(report, backlog.trimmed);
                 }
                 Err(e) => {
@@ -53,6 +55,7 @@ impl Maintenance {
                     m.stream_pending.clear();
                     m.oldest_queued_age.clear();
                     m.dead_letters.clear();
+                    m.consumption_paused.clear();
                     result = Err(e);
                 }
             }

@@ -1,11 +1,13 @@
 //! Operator commands (`docs/reference.md`, Command line): inspect and recover what landed in
 //! a dead-letter place, see and resend webhooks, and report what the model cost. Each command
-//! opens only the connection it needs: `dlq` Redis, `outbox`, `webhook` and `usage` Postgres.
+//! opens only the connection it needs: `dlq`, `pause` and `resume` Redis, `outbox`, `webhook`
+//! and `usage` Postgres.
 
 pub mod dlq;
 pub mod healthcheck;
 pub mod outbox;
 pub(crate) mod output;
+pub mod pause;
 pub mod token;
 pub mod usage;
 pub mod webhook;
@@ -18,6 +20,7 @@ use crate::infra::connections::{self, ConnectError};
 use crate::infra::keys::RedisKeys;
 use dlq::DlqCommand;
 use outbox::OutboxCommand;
+use pause::PauseArgs;
 use usage::UsageArgs;
 use webhook::{SecretCommand, WebhookCommand};
 
@@ -39,6 +42,9 @@ pub enum AdminError {
     /// `dlq replay` replayed the rest but skipped these: they still need a person.
     #[error("{0} dead-lettered entries are not jobs and were skipped; they stay dead-lettered")]
     SkippedMalformed(usize),
+    /// `pause` found the pause lifted again each time it looked who held it.
+    #[error("consumption was paused and resumed by others {0} times while pausing; run it again")]
+    PauseContended(usize),
 }
 
 /// An operator command, as the command line names it.
@@ -47,6 +53,8 @@ pub enum AdminCommand {
     Outbox(OutboxCommand),
     Usage(UsageArgs),
     Webhook(WebhookCommand),
+    Pause(PauseArgs),
+    Resume,
 }
 
 /// Run `command`, writing its output to `out` (a table or JSON lines).
@@ -63,6 +71,19 @@ pub async fn run(
             usage::report(&pg, &args, out).await
         }
         AdminCommand::Webhook(command) => run_webhook(settings, command, out).await,
+        AdminCommand::Pause(args) => {
+            let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
+            let keys = RedisKeys::new(settings.key_prefix.clone());
+            let by = pause::cli_actor();
+            pause::pause(&redis, &keys, &by, args.reason, out)
+                .await
+                .map(|_| ())
+        }
+        AdminCommand::Resume => {
+            let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
+            let keys = RedisKeys::new(settings.key_prefix.clone());
+            pause::resume(&redis, &keys, out).await.map(|_| ())
+        }
     }
 }
 

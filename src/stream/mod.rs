@@ -7,6 +7,7 @@
 //! - `job_state`: the per-job hash GET reads until Postgres has the summary.
 //! - `dead_letters`: the dead-letter stream: move a job there, list, filter, replay, count.
 //! - `bulk`: an operator's replay or purge of many dead letters, resumable by any process.
+//! - `pause`: the fleet-wide pause of consumption (who, why, since when).
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
 
 pub mod bulk;
@@ -15,6 +16,7 @@ pub mod dead_letters;
 mod enqueue;
 pub mod job_entry;
 pub mod job_state;
+pub mod pause;
 pub mod tenant_limits;
 
 pub use consumer_group::Delivery;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::WorkerServices;
-use super::gate::{DependencyGate, POSTGRES};
+use super::gate::{DependencyGate, PAUSED, POSTGRES};
 use super::settle::Settlement;
 use crate::config::WorkerSettings;
 use crate::domain::ModelSummary;
@@ -53,8 +53,9 @@ pub enum WorkerError {
     Redis(#[from] redis::RedisError),
     #[error("could not get a Redis connection: {0}")]
     Pool(#[from] deadpool_redis::PoolError),
-    /// A dependency a delivery needs is down: no work is taken until it answers again.
-    #[error("not taking work while {dependency} is down: {reason}")]
+    /// A dependency a delivery needs is down, or consumption is paused ([`PAUSED`]): no
+    /// work is taken until the gate opens again.
+    #[error("{}", not_taking_work(.dependency, .reason))]
     Paused {
         dependency: &'static str,
         reason: String,
@@ -71,6 +72,9 @@ impl WorkerError {
                 dependency: POSTGRES,
                 ..
             } => "postgres_unavailable",
+            WorkerError::Paused {
+                dependency: PAUSED, ..
+            } => "paused",
             WorkerError::Paused { .. } => "dependency_unavailable",
         }
     }
@@ -81,6 +85,15 @@ impl WorkerError {
             WorkerError::Paused { .. } => PROBE_BACKOFF.delay(failures),
             _ => ERROR_BACKOFF.delay(failures),
         }
+    }
+}
+
+fn not_taking_work(dependency: &str, reason: &str) -> String {
+    if dependency == PAUSED {
+        // `reason` says who paused and when.
+        format!("not taking work: consumption {reason}")
+    } else {
+        format!("not taking work while {dependency} is down: {reason}")
     }
 }
 

@@ -1,6 +1,7 @@
 //! Whether the consumers of this process may take work: closed while a dependency a
 //! delivery needs is down, so an outage of any length spends no job's deliveries
-//! (`docs/delivery.md`).
+//! (`docs/delivery.md`), and while an operator has paused consumption fleet-wide
+//! (`worker/pause.rs` closes it under [`PAUSED`]).
 //!
 //! Anything that learns a dependency is down closes the gate under the dependency's name,
 //! and whatever can tell it is back opens it again: the consumer probes Postgres itself, and
@@ -19,6 +20,9 @@ pub(crate) const POSTGRES: &str = "postgres";
 /// The dependency name under which the consumers close the gate while every model
 /// provider's circuit breaker is open.
 pub(crate) const MODEL: &str = "model";
+/// The name under which the gate is closed while consumption is paused fleet-wide
+/// (`summaryd pause`): no dependency is down, an operator asked the workers to stop.
+pub(crate) const PAUSED: &str = "paused";
 
 #[derive(Debug, Default)]
 pub struct DependencyGate {
@@ -33,12 +37,18 @@ impl DependencyGate {
         Self::default()
     }
 
-    /// `dependency` is down: consumers stop taking work until it is opened again.
+    /// `dependency` is down (or, under [`PAUSED`], consumption is paused): consumers stop
+    /// taking work until it is opened again.
     pub(crate) fn close(&self, dependency: &'static str, reason: impl Into<String>) {
         let reason = reason.into();
         let newly = self.lock().insert(dependency, reason.clone()).is_none();
         if newly {
-            tracing::warn!(dependency, %reason, "dependency down; consumers stop taking work");
+            if dependency == PAUSED {
+                // An operator's decision, not an outage.
+                tracing::info!(%reason, "consumption paused; consumers stop taking work (deliveries in progress finish)");
+            } else {
+                tracing::warn!(dependency, %reason, "dependency down; consumers stop taking work");
+            }
         }
     }
 
@@ -46,7 +56,11 @@ impl DependencyGate {
     pub(crate) fn open(&self, dependency: &'static str) -> bool {
         let was_down = self.lock().remove(dependency).is_some();
         if was_down {
-            tracing::info!(dependency, "dependency back; consumers resume");
+            if dependency == PAUSED {
+                tracing::info!("consumption resumed; consumers take work again");
+            } else {
+                tracing::info!(dependency, "dependency back; consumers resume");
+            }
             self.reopened.notify_waiters();
         }
         was_down
@@ -92,6 +106,20 @@ mod tests {
         assert_eq!(gate.down().len(), 1);
         assert!(gate.is_down(MODEL));
         assert!(gate.open(MODEL));
+        assert!(gate.down().is_empty());
+    }
+
+    #[test]
+    fn a_pause_is_one_more_reason_to_stay_closed() {
+        let gate = DependencyGate::new();
+        gate.close(PAUSED, "paused by cli:ops@host");
+        gate.close(MODEL, "every provider's breaker is open");
+        assert!(
+            gate.open(MODEL),
+            "the model coming back does not end the pause"
+        );
+        assert_eq!(gate.down(), [(PAUSED, "paused by cli:ops@host".to_owned())]);
+        assert!(gate.open(PAUSED));
         assert!(gate.down().is_empty());
     }
 }

@@ -1,6 +1,6 @@
 //! The worker role: consumers that take jobs off the stream, the summary job handler, and
 //! the gate that stops the consumers while a dependency (Postgres, every model provider) is
-//! down.
+//! down or consumption is paused fleet-wide (`pause.rs`).
 
 mod complete;
 mod consumer;
@@ -11,6 +11,7 @@ mod handler;
 mod job_error;
 mod liveness;
 mod parts;
+mod pause;
 mod run;
 mod settle;
 mod take;
@@ -22,6 +23,7 @@ pub use dead_reason::DeadReason;
 pub use gate::DependencyGate;
 pub use handler::{JobOutcome, handle_summary_job};
 pub use job_error::JobError;
+pub(crate) use pause::{sync_pause, watch_pause};
 pub use run::run;
 
 use crate::config::Settings;

@@ -5,7 +5,7 @@ use tokio::time::Instant;
 
 use super::WorkerServices;
 use super::consumer::{Consumer, WorkerError};
-use super::gate::MODEL;
+use super::gate::{MODEL, PAUSED};
 use crate::shutdown::Shutdown;
 use crate::stream::consumer_group as group;
 
@@ -67,11 +67,13 @@ pub async fn run(
             Err(e) => {
                 // Waiting out a model outage is the loop doing its job: every provider's
                 // breaker is open, which restarting this process would not fix, so it
-                // does not count against readiness (`/readyz` shows the breakers).
+                // does not count against readiness (`/readyz` shows the breakers). Nor does
+                // a pause an operator asked for: a paused fleet is healthy, and taking its
+                // pods out of service would only restart them.
                 if !matches!(
                     e,
                     WorkerError::Paused {
-                        dependency: MODEL,
+                        dependency: MODEL | PAUSED,
                         ..
                     }
                 ) {

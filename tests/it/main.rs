@@ -19,6 +19,7 @@ mod model_api_retries;
 mod model_calls;
 mod model_chain;
 mod outages;
+mod pause;
 mod properties;
 mod providers;
 mod recipients;

@@ -2,7 +2,7 @@
 //! problem details under `/console/api/`.
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::{CONTENT_TYPE, LOCATION, RETRY_AFTER, WWW_AUTHENTICATE};
+use actix_web::http::header::{CONTENT_TYPE, LOCATION, WWW_AUTHENTICATE};
 use actix_web::{HttpResponse, ResponseError};
 
 use crate::db::DbError;
@@ -17,8 +17,6 @@ pub enum ConsoleError {
         "the form's CSRF token is missing or wrong (a stale page, or a request from another site); reload the page and try again"
     )]
     Csrf,
-    #[error("too many failed sign-ins; try again in {0} s")]
-    SignInLocked(u64),
     #[error("{0}")]
     BadInput(String),
     #[error("{0}")]
@@ -38,7 +36,6 @@ impl ConsoleError {
         match self {
             Self::NotSignedIn => StatusCode::UNAUTHORIZED,
             Self::Forbidden | Self::Csrf => StatusCode::FORBIDDEN,
-            Self::SignInLocked(_) => StatusCode::TOO_MANY_REQUESTS,
             Self::BadInput(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::Redis(_) | Self::RedisPool(_) | Self::Db(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -51,7 +48,6 @@ impl ConsoleError {
             Self::NotSignedIn => "console-not-signed-in",
             Self::Forbidden => "console-forbidden",
             Self::Csrf => "console-csrf",
-            Self::SignInLocked(_) => "console-sign-in-locked",
             Self::BadInput(_) => "console-bad-input",
             Self::NotFound(_) => "console-not-found",
             Self::Redis(_) | Self::RedisPool(_) | Self::Db(_) => "console-unavailable",
@@ -83,11 +79,7 @@ impl ResponseError for ConsoleError {
                 .insert_header((LOCATION, super::paths::SIGN_IN))
                 .finish();
         }
-        let mut builder = HttpResponse::build(self.status());
-        if let Self::SignInLocked(seconds) = self {
-            builder.insert_header((RETRY_AFTER, seconds.to_string()));
-        }
-        builder
+        HttpResponse::build(self.status())
             .content_type("text/html; charset=utf-8")
             .body(super::layout::error_page(self.status(), &self.to_string()).into_string())
     }
@@ -109,14 +101,8 @@ impl ResponseError for ApiFailure {
         let status = self.0.status();
         let mut builder = HttpResponse::build(status);
         builder.insert_header((CONTENT_TYPE, crate::api::problem::PROBLEM_JSON));
-        match &self.0 {
-            ConsoleError::NotSignedIn => {
-                builder.insert_header((WWW_AUTHENTICATE, "Bearer realm=\"summaryd-console\""));
-            }
-            ConsoleError::SignInLocked(seconds) => {
-                builder.insert_header((RETRY_AFTER, seconds.to_string()));
-            }
-            _ => {}
+        if let ConsoleError::NotSignedIn = &self.0 {
+            builder.insert_header((WWW_AUTHENTICATE, "Bearer realm=\"summaryd-console\""));
         }
         let body = serde_json::json!({
             "type": format!("tag:summaryd,2025:problems/{}", self.0.slug()),

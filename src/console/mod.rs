@@ -47,7 +47,6 @@ pub(crate) mod paths {
 /// What the console reads and acts on; one per process.
 #[derive(Clone)]
 pub struct Console {
-    pub(crate) settings: Arc<Settings>,
     pub(crate) keys: RedisKeys,
     pub(crate) redis: deadpool_redis::Pool,
     pub(crate) pg: deadpool_postgres::Pool,
@@ -106,7 +105,6 @@ impl Console {
         }
         let idle = Duration::from_secs(settings.console.session_idle_s);
         Self {
-            settings,
             keys,
             redis,
             pg,

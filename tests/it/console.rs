@@ -88,7 +88,9 @@ async fn without_an_ops_listener_there_is_no_console() {
     let running = crate::shared::running::Running::start(app);
     let res = reqwest::get(format!("{base}/console")).await.unwrap();
     assert_eq!(res.status().as_u16(), 404);
-    let res = reqwest::get(format!("{base}/console/sign-in")).await.unwrap();
+    let res = reqwest::get(format!("{base}/console/sign-in"))
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 404);
     running.stop().await;
 }
@@ -98,7 +100,11 @@ async fn an_invalid_users_file_stops_the_start_as_a_configuration_error() {
     let env = TestEnv::new().await;
     let dir = tempfile::tempdir().unwrap();
     let users = dir.path().join("users.toml");
-    std::fs::write(&users, "[users.a]\nrole = \"admin\"\npassword_sha256 = \"00\"\n").unwrap();
+    std::fs::write(
+        &users,
+        "[users.a]\nrole = \"admin\"\npassword_sha256 = \"00\"\n",
+    )
+    .unwrap();
     let mut settings = env.settings.clone();
     settings.ops.listen = Some("127.0.0.1:0".parse().unwrap());
     settings.console.users_file = Some(users);
@@ -113,7 +119,10 @@ async fn an_invalid_users_file_stops_the_start_as_a_configuration_error() {
     .err()
     .expect("refused");
     assert!(err.is_configuration(), "{err}");
-    assert!(err.to_string().contains("SUMMARYD_CONSOLE_USERS_FILE"), "{err}");
+    assert!(
+        err.to_string().contains("SUMMARYD_CONSOLE_USERS_FILE"),
+        "{err}"
+    );
 }
 
 #[tokio::test]
@@ -125,14 +134,30 @@ async fn signing_in_opens_a_strict_session_and_every_answer_carries_the_security
     let res = app.http.get(app.url("/console")).send().await.unwrap();
     assert_eq!(res.status().as_u16(), 303);
     assert_eq!(res.headers()["location"], "/console/sign-in");
-    let res = app.http.get(app.url("/console/api/overview")).send().await.unwrap();
+    let res = app
+        .http
+        .get(app.url("/console/api/overview"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status().as_u16(), 401);
-    assert!(res.headers()["content-type"].to_str().unwrap().contains("problem+json"));
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .contains("problem+json")
+    );
 
     let wrong = app.try_sign_in("alice", "not the password").await;
     assert_eq!(wrong.status().as_u16(), 401);
     assert!(set_cookie(&wrong, "summaryd_console").is_none());
-    assert!(wrong.text().await.unwrap().contains("Wrong user name or password"));
+    assert!(
+        wrong
+            .text()
+            .await
+            .unwrap()
+            .contains("Wrong user name or password")
+    );
 
     // A sign-in POST without the form's own token (another site's form) opens nothing.
     let forged = app
@@ -215,7 +240,11 @@ async fn failed_sign_ins_are_limited_per_user_name() {
     // Locked: even the right password is refused until the window ends.
     let res = app.try_sign_in("olga", PASSWORD).await;
     assert_eq!(res.status().as_u16(), 429);
-    let retry_after: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry_after: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=900).contains(&retry_after), "{retry_after}");
     assert!(set_cookie(&res, "summaryd_console").is_none());
     // Another name from the same address is not locked by olga's failures.
@@ -240,11 +269,21 @@ async fn a_viewer_sees_no_action_and_a_viewers_or_forged_post_changes_nothing() 
     let paused_key = format!("{}paused", env.settings.key_prefix);
     let mut redis = env.redis().await;
 
-    let page = vera.get(&app, &format!("/console/jobs/{}", dead.job_id)).await;
+    let page = vera
+        .get(&app, &format!("/console/jobs/{}", dead.job_id))
+        .await;
     let page = page.text().await.unwrap();
     assert!(page.contains("Dead letter"), "{page}");
-    assert!(!page.contains("Replay this job"), "a viewer gets no replay button");
-    let list = vera.get(&app, "/console/dead-letters").await.text().await.unwrap();
+    assert!(
+        !page.contains("Replay this job"),
+        "a viewer gets no replay button"
+    );
+    let list = vera
+        .get(&app, "/console/dead-letters")
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(list.contains(&dead.job_id.to_string()), "{list}");
     assert!(!list.contains("Replay selected"), "{list}");
     assert!(!list.contains("name=\"id\""), "no checkboxes for a viewer");
@@ -292,8 +331,19 @@ async fn a_viewer_sees_no_action_and_a_viewers_or_forged_post_changes_nothing() 
     assert_eq!(dead_letter_count(&env).await, 1);
     assert!(stream_job_ids(&env).await.is_empty());
     assert!(!redis.exists::<_, bool>(&paused_key).await.unwrap());
-    let metrics = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("summaryd_console_actions_total{action=\"replay\"} 0"), "{metrics}");
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("summaryd_console_actions_total{action=\"replay\"} 0"),
+        "{metrics}"
+    );
     app.stop().await;
 }
 
@@ -303,7 +353,11 @@ async fn pausing_from_the_console_is_shown_everywhere_and_resuming_clears_it() {
     let app = api_app(&env).await;
     let alice = app.sign_in("alice").await;
     let res = alice
-        .post(&app, "/console/pause", &[("reason", "model provider incident")])
+        .post(
+            &app,
+            "/console/pause",
+            &[("reason", "model provider incident")],
+        )
         .await;
     assert_eq!(res.status().as_u16(), 303);
     let mut redis = env.redis().await;
@@ -336,20 +390,37 @@ async fn pausing_from_the_console_is_shown_everywhere_and_resuming_clears_it() {
 
     let res = alice.post(&app, "/console/resume", &[]).await;
     assert_eq!(res.status().as_u16(), 303);
-    assert!(!redis
-        .exists::<_, bool>(format!("{}paused", env.settings.key_prefix))
-        .await
-        .unwrap());
+    assert!(
+        !redis
+            .exists::<_, bool>(format!("{}paused", env.settings.key_prefix))
+            .await
+            .unwrap()
+    );
     let page = vera.get(&app, "/console").await.text().await.unwrap();
     assert!(!page.contains("Consumption is paused"));
-    let metrics = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("summaryd_console_actions_total{action=\"pause\"} 1"), "{metrics}");
-    assert!(metrics.contains("summaryd_console_actions_total{action=\"resume\"} 1"), "{metrics}");
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("summaryd_console_actions_total{action=\"pause\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("summaryd_console_actions_total{action=\"resume\"} 1"),
+        "{metrics}"
+    );
     app.stop().await;
 }
 
 #[tokio::test]
-async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touches_only_the_match() {
+async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touches_only_the_match()
+{
     let env = TestEnv::new().await;
     let services = env
         .services()
@@ -364,12 +435,18 @@ async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touch
     let alice = app.sign_in("alice").await;
 
     let list = alice
-        .get(&app, "/console/dead-letters?tenant=acme&class=model_refused")
+        .get(
+            &app,
+            "/console/dead-letters?tenant=acme&class=model_refused",
+        )
         .await
         .text()
         .await
         .unwrap();
-    assert!(list.contains("<strong>3</strong> dead letter(s) match"), "{list}");
+    assert!(
+        list.contains("<strong>3</strong> dead letter(s) match"),
+        "{list}"
+    );
     let upto = field_in(&list, "upto").expect("snapshot in the form");
     let confirm = alice
         .post(
@@ -380,7 +457,10 @@ async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touch
         .await;
     assert_eq!(confirm.status().as_u16(), 200);
     let confirm = confirm.text().await.unwrap();
-    assert!(confirm.contains("all 3 dead letter(s) matching tenant = acme"), "{confirm}");
+    assert!(
+        confirm.contains("all 3 dead letter(s) matching tenant = acme"),
+        "{confirm}"
+    );
     let run_id = field_in(&confirm, "run_id").unwrap();
     // A dead letter arriving after the confirmation is not part of the run.
     let late = job("acme", 6);
@@ -399,7 +479,10 @@ async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touch
     );
     for res in [&first, &second] {
         assert_eq!(res.status().as_u16(), 303);
-        assert_eq!(res.headers()["location"], format!("/console/runs/{run_id}").as_str());
+        assert_eq!(
+            res.headers()["location"],
+            format!("/console/runs/{run_id}").as_str()
+        );
     }
     let mut run = Value::Null;
     for _ in 0..200 {
@@ -419,7 +502,11 @@ async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touch
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(run["finished"], true, "{run}");
-    assert_eq!((run["total"].as_u64(), run["done"].as_u64()), (Some(3), Some(3)), "{run}");
+    assert_eq!(
+        (run["total"].as_u64(), run["done"].as_u64()),
+        (Some(3), Some(3)),
+        "{run}"
+    );
 
     // Each acme job is back on the stream exactly once; beta's and the late one stay dead.
     let mut on_stream = stream_job_ids(&env).await;
@@ -428,8 +515,16 @@ async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touch
     expected.sort();
     assert_eq!(on_stream, expected);
     assert_eq!(dead_letter_count(&env).await, 3);
-    let page = alice.get(&app, &format!("/console/runs/{run_id}")).await.text().await.unwrap();
-    assert!(page.contains("3 done, 0 already gone, 0 failed of 3"), "{page}");
+    let page = alice
+        .get(&app, &format!("/console/runs/{run_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        page.contains("3 done, 0 already gone, 0 failed of 3"),
+        "{page}"
+    );
     app.stop().await;
 }
 
@@ -437,16 +532,25 @@ async fn replaying_all_matching_is_one_run_under_two_concurrent_clicks_and_touch
 async fn a_dead_lettered_job_found_by_its_key_shows_its_history_and_replays_to_done() {
     let env = TestEnv::new().await;
     // Refused once for good, then the provider is fixed.
-    let llm = Arc::new(FakeLlm::with(vec![Step::Fail(refused())], Step::Ok(String::new())));
+    let llm = Arc::new(FakeLlm::with(
+        vec![Step::Fail(refused())],
+        Step::Ok(String::new()),
+    ));
     let mailer = Arc::new(FakeMailer::new());
-    let services = env.services().llm(llm.clone()).mailer(mailer.clone()).build();
+    let services = env
+        .services()
+        .llm(llm.clone())
+        .mailer(mailer.clone())
+        .build();
     let app = api_app(&env).await;
     let accepted: Value = app
         .http
         .post(format!("{}/v1/summaries", app.main))
         .header("Idempotency-Key", "console-key-000001")
         .header("X-Tenant-Id", "acme")
-        .json(&serde_json::json!({"text": "Revenue grew. Costs fell.", "notify": "lead@example.com"}))
+        .json(
+            &serde_json::json!({"text": "Revenue grew. Costs fell.", "notify": "lead@example.com"}),
+        )
         .send()
         .await
         .unwrap()
@@ -464,9 +568,20 @@ async fn a_dead_lettered_job_found_by_its_key_shows_its_history_and_replays_to_d
         .get(&app, "/console/jobs?tenant=acme&key=console-key-000001")
         .await;
     assert_eq!(found.status().as_u16(), 303);
-    assert_eq!(found.headers()["location"], format!("/console/jobs/{job_id}").as_str());
-    let missing = alice.get(&app, "/console/jobs?tenant=acme&key=no-such-key-0001").await;
-    assert!(missing.text().await.unwrap().contains("No job of tenant acme"));
+    assert_eq!(
+        found.headers()["location"],
+        format!("/console/jobs/{job_id}").as_str()
+    );
+    let missing = alice
+        .get(&app, "/console/jobs?tenant=acme&key=no-such-key-0001")
+        .await;
+    assert!(
+        missing
+            .text()
+            .await
+            .unwrap()
+            .contains("No job of tenant acme")
+    );
 
     let detail: Value = app
         .http
@@ -499,17 +614,57 @@ async fn a_dead_lettered_job_found_by_its_key_shows_its_history_and_replays_to_d
     relay_once(&services.relay()).await.unwrap();
     assert_eq!(mailer.sent().len(), 1, "one email");
 
-    let page = alice.get(&app, &format!("/console/jobs/{job_id}")).await.text().await.unwrap();
+    let page = alice
+        .get(&app, &format!("/console/jobs/{job_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(page.contains("status-done"), "{page}");
-    assert!(page.contains("status_400"), "the failed call stays in the history: {page}");
-    assert!(page.contains("email.summary_ready"), "its email row: {page}");
-    assert!(page.contains("<pre class=\"summary\">"), "operators see the summary");
+    assert!(
+        page.contains("status_400"),
+        "the failed call stays in the history: {page}"
+    );
+    assert!(
+        page.contains("email.summary_ready"),
+        "its email row: {page}"
+    );
+    assert!(
+        page.contains("<pre class=\"summary\">"),
+        "operators see the summary"
+    );
     let vera = app.sign_in("vera").await;
-    let page = vera.get(&app, &format!("/console/jobs/{job_id}")).await.text().await.unwrap();
+    let page = vera
+        .get(&app, &format!("/console/jobs/{job_id}"))
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(!page.contains("<pre class=\"summary\">"), "viewers do not");
-    let metrics = app.http.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
-    assert!(metrics.contains("summaryd_console_actions_total{action=\"replay\"} 1"), "{metrics}");
+    let metrics = app
+        .http
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("summaryd_console_actions_total{action=\"replay\"} 1"),
+        "{metrics}"
+    );
     app.stop().await;
+}
+
+async fn stuck(pg: &tokio_postgres::Client) -> i64 {
+    pg.query_one(
+        "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NOT NULL",
+        &[],
+    )
+    .await
+    .unwrap()
+    .get(0)
 }
 
 #[tokio::test]
@@ -543,23 +698,16 @@ async fn stuck_outbox_rows_of_a_topic_are_retried_all_at_once() {
     while relay_once(&services.relay()).await.unwrap() > 0 {}
     relay_once(&services.relay()).await.unwrap();
     let pg = env.pg().await;
-    let stuck = |pg: &tokio_postgres::Client| {
-        let pg = pg;
-        async move {
-            pg.query_one(
-                "SELECT count(*) FROM outbox WHERE sent_at IS NULL AND failed_at IS NOT NULL",
-                &[],
-            )
-            .await
-            .unwrap()
-            .get::<_, i64>(0)
-        }
-    };
     assert_eq!(stuck(&pg).await, 2);
 
     let app = api_app(&env).await;
     let olga = app.sign_in("olga").await;
-    let page = olga.get(&app, "/console/outbox?topic=email.summary_ready").await.text().await.unwrap();
+    let page = olga
+        .get(&app, "/console/outbox?topic=email.summary_ready")
+        .await
+        .text()
+        .await
+        .unwrap();
     assert!(page.contains("<strong>2</strong> stuck row(s)"), "{page}");
     assert!(page.contains("550 mailbox unavailable"), "{page}");
     let confirm = olga
@@ -572,9 +720,16 @@ async fn stuck_outbox_rows_of_a_topic_are_retried_all_at_once() {
         .text()
         .await
         .unwrap();
-    assert!(confirm.contains("Retry <strong>2</strong> stuck row(s)"), "{confirm}");
+    assert!(
+        confirm.contains("Retry <strong>2</strong> stuck row(s)"),
+        "{confirm}"
+    );
     let res = olga
-        .post(&app, "/console/outbox/retry", &[("all", "1"), ("topic", "email.summary_ready")])
+        .post(
+            &app,
+            "/console/outbox/retry",
+            &[("all", "1"), ("topic", "email.summary_ready")],
+        )
         .await;
     assert_eq!(res.status().as_u16(), 303);
     assert_eq!(stuck(&pg).await, 0);
@@ -598,17 +753,30 @@ async fn the_json_api_answers_tokens_and_the_tenants_page_counts_jobs() {
     .await
     .unwrap();
     let app = api_app(&env).await;
-    let get = |path: &str, token: &str| {
-        app.http
-            .get(app.url(path))
-            .bearer_auth(token)
-            .send()
-    };
-    assert_eq!(get("/console/api/overview", "nobody").await.unwrap().status().as_u16(), 401);
-    let overview: Value = get("/console/api/overview", "vera-token").await.unwrap().json().await.unwrap();
+    let get = |path: &str, token: &str| app.http.get(app.url(path)).bearer_auth(token).send();
+    assert_eq!(
+        get("/console/api/overview", "nobody")
+            .await
+            .unwrap()
+            .status()
+            .as_u16(),
+        401
+    );
+    let overview: Value = get("/console/api/overview", "vera-token")
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     let minutes = overview["finished_per_minute"].as_array().unwrap();
     assert_eq!(minutes.len(), 60);
-    assert_eq!(minutes.iter().map(|m| m["jobs"].as_i64().unwrap()).sum::<i64>(), 1);
+    assert_eq!(
+        minutes
+            .iter()
+            .map(|m| m["jobs"].as_i64().unwrap())
+            .sum::<i64>(),
+        1
+    );
     let tenants: Value = get("/console/api/tenants?window=1h", "vera-token")
         .await
         .unwrap()
@@ -618,11 +786,18 @@ async fn the_json_api_answers_tokens_and_the_tenants_page_counts_jobs() {
     assert_eq!(tenants["window"], "1h");
     assert_eq!(tenants["tenants"][0]["tenant"], "acme", "{tenants}");
     assert_eq!(tenants["tenants"][0]["jobs"], 1, "{tenants}");
-    let bad = get("/console/api/tenants?window=soon", "vera-token").await.unwrap();
+    let bad = get("/console/api/tenants?window=soon", "vera-token")
+        .await
+        .unwrap();
     assert_eq!(bad.status().as_u16(), 400);
     let problem: Value = bad.json().await.unwrap();
-    assert!(problem["detail"].as_str().unwrap().contains("window"), "{problem}");
-    let dl = get("/console/api/dead-letters?class=nope", "vera-token").await.unwrap();
+    assert!(
+        problem["detail"].as_str().unwrap().contains("window"),
+        "{problem}"
+    );
+    let dl = get("/console/api/dead-letters?class=nope", "vera-token")
+        .await
+        .unwrap();
     assert_eq!(dl.status().as_u16(), 400);
     // The page renders the chart as SVG with a bar per minute.
     let vera = app.sign_in("vera").await;

@@ -105,7 +105,12 @@ impl ConsoleApp {
 
     /// One sign-in attempt: the form's own token and cookie, then the POST.
     pub async fn try_sign_in(&self, user: &str, password: &str) -> reqwest::Response {
-        let form = self.http.get(self.url("/console/sign-in")).send().await.unwrap();
+        let form = self
+            .http
+            .get(self.url("/console/sign-in"))
+            .send()
+            .await
+            .unwrap();
         let pre = set_cookie(&form, "summaryd_console_sign_in").expect("sign-in cookie");
         let token = csrf_in(&form.text().await.unwrap()).expect("sign-in token");
         self.http
@@ -170,7 +175,12 @@ impl Session {
     }
 
     /// A form POST with this session's CSRF token added.
-    pub async fn post(&self, app: &ConsoleApp, path: &str, fields: &[(&str, &str)]) -> reqwest::Response {
+    pub async fn post(
+        &self,
+        app: &ConsoleApp,
+        path: &str,
+        fields: &[(&str, &str)],
+    ) -> reqwest::Response {
         let mut all: Vec<(&str, &str)> = fields.to_vec();
         all.push(("csrf", &self.csrf));
         self.post_raw(app, path, &all).await

@@ -11,8 +11,8 @@
 pub mod api_requests;
 pub mod browser;
 pub mod certs;
-pub mod console;
 pub mod cleanup;
+pub mod console;
 pub mod fabricate;
 pub mod fakes;
 pub mod http_request;

@@ -8,6 +8,7 @@ mod api;
 mod app;
 mod auth;
 mod backends;
+mod bulk;
 mod front_door;
 mod healthcheck;
 mod idempotency;

@@ -102,6 +102,16 @@ pub(crate) fn now_millis() -> u64 {
     u64::try_from(Utc::now().timestamp_millis()).unwrap_or(0)
 }
 
+/// Why a job is dead-lettered, as [`add`] stores it.
+#[derive(Debug, Clone, Copy)]
+pub struct Why<'a> {
+    /// The operator's full reason.
+    pub reason: &'a str,
+    pub class: ReasonClass,
+    /// What GET shows the tenant.
+    pub tenant_error: &'a str,
+}
+
 /// Move the entry `msg_id`, pending for `consumer`, to the dead-letter stream (its original
 /// fields plus the operator's `reason`, original id and time), mark the job failed with
 /// `tenant_error` (what GET shows) and stop counting it in flight for its tenant, in one
@@ -115,10 +125,13 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     consumer: &str,
     msg_id: &str,
     fields: &HashMap<String, Value>,
-    reason: &str,
-    class: ReasonClass,
-    tenant_error: &str,
+    why: Why<'_>,
 ) -> redis::RedisResult<bool> {
+    let Why {
+        reason,
+        class,
+        tenant_error,
+    } = why;
     let failed_at = job_entry::timestamp(Utc::now());
     // Keep every original field a replay needs; ours go last and win on a name clash.
     let mut entry: Vec<(String, Vec<u8>)> = fields

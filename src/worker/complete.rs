@@ -164,9 +164,11 @@ impl Consumer {
             &self.name,
             &delivery.id,
             &delivery.fields,
-            &reason.operator,
-            reason.class,
-            &reason.tenant,
+            dead_letters::Why {
+                reason: &reason.operator,
+                class: reason.class,
+                tenant_error: &reason.tenant,
+            },
         )
         .await?;
         if moved {

@@ -9,6 +9,7 @@ mod app;
 mod auth;
 mod backends;
 mod browser_smoke;
+mod bulk;
 mod console;
 mod front_door;
 mod healthcheck;

@@ -62,9 +62,11 @@ async fn dead_letter(
         consumer,
         &delivery.id,
         &delivery.fields,
-        reasons.0,
-        summaryd::domain::ReasonClass::ModelFailed,
-        reasons.1,
+        summaryd::stream::dead_letters::Why {
+            reason: reasons.0,
+            class: summaryd::domain::ReasonClass::ModelFailed,
+            tenant_error: reasons.1,
+        },
     )
     .await
     .unwrap()

@@ -114,9 +114,11 @@ impl World {
             "dead-letterer",
             &msg_id,
             &fields,
-            "test",
-            summaryd::domain::ReasonClass::ModelFailed,
-            "test",
+            dead_letters::Why {
+                reason: "test",
+                class: summaryd::domain::ReasonClass::ModelFailed,
+                tenant_error: "test",
+            },
         )
         .await
         .unwrap();

@@ -73,3 +73,33 @@ pub async fn rewind_rate(
     // reads a time in the past as "no arrivals pending".
     let _: i64 = redis.decr(keys.rate(tenant), by_us).await.unwrap();
 }
+
+/// A dead letter of `job` added under the entry id `id` (`<ms>-<seq>`, when it was
+/// dead-lettered; `*` for now), as the worker writes one: the job's fields, the reason, the
+/// original entry id and the time; with `class` when given, without one as dead letters
+/// written before classes existed. Ids must grow, as the stream's clock does.
+pub async fn dead_letter(
+    redis: &mut MultiplexedConnection,
+    keys: &RedisKeys,
+    id: &str,
+    job: &summaryd::domain::Job,
+    class: Option<&str>,
+) -> String {
+    let mut fields: Vec<(String, String)> = summaryd::stream::job_entry::to_fields(job)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect();
+    fields.push(("reason".into(), "fabricated".into()));
+    if let Some(class) = class {
+        fields.push(("class".into(), class.into()));
+    }
+    fields.push(("original_id".into(), "1-0".into()));
+    fields.push((
+        "failed_at".into(),
+        chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+    ));
+    redis
+        .xadd(keys.dead_letters(), id, &fields)
+        .await
+        .expect("XADD dead letter")
+}

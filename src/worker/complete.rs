@@ -218,7 +218,7 @@ impl Consumer {
             None => {
                 tracing::warn!(
                     calls = calls.len(),
-                    "the delivery's model calls are not recorded: Postgres is unavailable"
+                    "the delivery's model calls are not recorded: Postgres could not take them"
                 );
                 self.services
                     .metrics

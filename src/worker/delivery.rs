@@ -164,8 +164,7 @@ impl Consumer {
             }) => {
                 // Postgres known down: the write would only wait to fail; the calls stay
                 // with the summary (when there is one) and are committed with it.
-                let postgres_down = error.dependency() == POSTGRES
-                    && error.disposition() == Disposition::Unavailable;
+                let postgres_down = error.dependency() == POSTGRES && error.is_unavailable();
                 let left = calls.take();
                 if postgres_down {
                     self.calls_kept_with(summary.as_mut(), left);

@@ -122,11 +122,12 @@ pub(crate) async fn delete_before(
     batch: i64,
 ) -> Result<u64, DbError> {
     let client = pool.get().await?;
-    // By ctid: the table has no key of its own, and the batch is found by the `at` index.
+    // By ctid: the table has no key of its own, and the batch is found by the BRIN index
+    // on `at` (unordered: every row before the cutoff goes, in whatever order).
     let stmt = client
         .prepare_cached(
             "DELETE FROM model_calls WHERE ctid = ANY(ARRAY( \
-                SELECT ctid FROM model_calls WHERE at < $1 ORDER BY at LIMIT $2))",
+                SELECT ctid FROM model_calls WHERE at < $1 LIMIT $2))",
         )
         .await?;
     Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)

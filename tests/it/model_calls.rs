@@ -103,8 +103,10 @@ fn status(code: u16) -> LlmError {
     }
 }
 
-/// `(delivery, seq, error_class, prompt_tokens, completion_tokens)` of each call.
-fn shape(calls: &[ModelCall]) -> Vec<(u32, u32, Option<&str>, Option<u32>, Option<u32>)> {
+/// `(delivery, seq, error_class, prompt_tokens, completion_tokens)` of one call.
+type Shape<'a> = (u32, u32, Option<&'a str>, Option<u32>, Option<u32>);
+
+fn shape(calls: &[ModelCall]) -> Vec<Shape<'_>> {
     calls
         .iter()
         .map(|c| {

@@ -143,13 +143,18 @@ pub(crate) async fn note_failure<C: AsyncCommands>(
     address: &str,
 ) -> redis::RedisResult<()> {
     for (key, _) in failure_keys(keys, name, address) {
-        let (_count,): (u32,) = redis::pipe()
+        // The window's counter is created with its expiry (SET NX PX) and then counted
+        // (INCR keeps the expiry): never a counter without one, on any Redis version.
+        let () = redis::pipe()
             .atomic()
-            .incr(&key, 1)
-            .cmd("PEXPIRE")
+            .cmd("SET")
             .arg(&key)
+            .arg(0)
+            .arg("PX")
             .arg(millis(FAILURE_WINDOW))
             .arg("NX")
+            .ignore()
+            .incr(&key, 1)
             .ignore()
             .query_async(conn)
             .await?;

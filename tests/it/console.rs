@@ -805,3 +805,20 @@ async fn the_json_api_answers_tokens_and_the_tenants_page_counts_jobs() {
     assert_eq!(page.matches("<rect").count(), 60, "{page}");
     app.stop().await;
 }
+
+#[tokio::test]
+async fn a_job_with_no_trace_is_404_and_a_malformed_id_is_400() {
+    let env = TestEnv::new().await;
+    let app = api_app(&env).await;
+    let vera = app.sign_in("vera").await;
+    let unknown = JobId::from_scoped_key("idem:acme:POST:/v1/summaries:never-sent");
+    let res = vera.get(&app, &format!("/console/jobs/{unknown}")).await;
+    assert_eq!(res.status().as_u16(), 404);
+    assert!(res.text().await.unwrap().contains("no trace of job"));
+    let res = vera.get(&app, "/console/jobs/not-a-uuid").await;
+    assert_eq!(res.status().as_u16(), 400);
+    assert!(res.text().await.unwrap().contains("is not a job id"));
+    let res = vera.get(&app, "/console/jobs?job_id=nope").await;
+    assert!(res.text().await.unwrap().contains("is not a job id"));
+    app.stop().await;
+}

@@ -25,8 +25,8 @@ const SCAN_PAGE: usize = 500;
 pub(crate) struct JobDetail {
     pub(crate) job_id: String,
     pub(crate) tenant: Option<String>,
-    /// `done`, `queued`, `failed` (dead-lettered) or `unknown` (no trace left: never
-    /// accepted, purged, or its records expired).
+    /// `done`, `queued`, `failed` (dead-lettered) or `unknown` (only its model calls or
+    /// outbox rows are left; a job with no trace at all is a 404).
     pub(crate) status: &'static str,
     pub(crate) created_at: Option<DateTime<Utc>>,
     pub(crate) completed_at: Option<DateTime<Utc>>,
@@ -126,6 +126,10 @@ pub(crate) async fn load(
     } else if let Some(dead) = &detail.dead_letter {
         detail.status = "failed";
         detail.tenant = Some(dead.tenant.clone());
+    } else if detail.model_calls.is_empty() && detail.outbox.is_empty() {
+        return Err(ConsoleError::NotFound(format!(
+            "no trace of job {job_id}: never accepted, purged, or its records expired"
+        )));
     }
     Ok(detail)
 }

@@ -190,7 +190,7 @@ pub(crate) fn render(d: &DeadLetters, fields: &Fields, who: &Who) -> Markup {
                                 td { (x.tenant) }
                                 td { code { (x.class) } }
                                 td { (x.reason) }
-                                td { (x.failed_at) }
+                                td.when { (x.failed_at) }
                             }
                         }
                     }

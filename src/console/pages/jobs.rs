@@ -265,7 +265,7 @@ pub(crate) fn render(job: &JobDetail, who: &Who) -> Markup {
                             td.num { (opt(c.completion_tokens)) }
                             td.num { (c.duration_ms) " ms" }
                             td { (opt(c.error_class.as_deref())) }
-                            td { (layout::time(&c.at)) }
+                            td.when { (layout::time(&c.at)) }
                         }
                     }
                 }
@@ -292,9 +292,9 @@ pub(crate) fn render(job: &JobDetail, who: &Who) -> Markup {
                             td.num { (r.attempts) }
                             td { (opt(r.last_status)) }
                             td { (opt(r.last_error.as_deref())) }
-                            td { (layout::time(&r.created_at)) }
-                            td { (opt(r.sent_at.as_ref().map(layout::time))) }
-                            td { (opt(r.next_attempt_at.as_ref().map(layout::time))) }
+                            td.when { (layout::time(&r.created_at)) }
+                            td.when { (opt(r.sent_at.as_ref().map(layout::time))) }
+                            td.when { (opt(r.next_attempt_at.as_ref().map(layout::time))) }
                             td {
                                 @if r.sent_at.is_some() { "sent" }
                                 @else if r.skipped_at.is_some() { "skipped (endpoint disabled)" }

@@ -106,7 +106,7 @@ pub(crate) fn render(o: &Outbox, who: &Who) -> Markup {
                                 td { @if let Some(job) = &r.job_id { a.mono href={ (paths::JOBS) "/" (job) } { (job) } } @else { "—" } }
                                 td.num { (r.attempts) }
                                 td { (r.last_error.as_deref().unwrap_or("—")) }
-                                td { (layout::time(&r.created_at)) }
+                                td.when { (layout::time(&r.created_at)) }
                             }
                         }
                     }

@@ -11,6 +11,7 @@ mod backends;
 mod browser_smoke;
 mod bulk;
 mod console;
+mod console_browser;
 mod front_door;
 mod healthcheck;
 mod idempotency;

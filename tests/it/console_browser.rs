@@ -100,7 +100,7 @@ async fn sign_in(browser: &Browser, app: &ConsoleApp, user: &str) {
     );
     browser.fill("#user", user).await;
     browser.fill("#password", PASSWORD).await;
-    follow(&browser, "button[type=submit]").await;
+    follow(browser, "button[type=submit]").await;
     assert!(
         browser.current_url().await.ends_with("/console"),
         "signed in, on the overview: {}",

@@ -81,7 +81,7 @@ impl ResponseError for ConsoleError {
         }
         HttpResponse::build(self.status())
             .content_type("text/html; charset=utf-8")
-            .body(super::layout::error_page(self.status(), &self.to_string()).into_string())
+            .body(super::document::error_page(self.status(), &self.to_string()).into_string())
     }
 }
 

@@ -5,6 +5,7 @@ use actix_web::http::StatusCode;
 use maud::{DOCTYPE, Markup, html};
 
 use super::access::{CSRF_FIELD, Who};
+use super::document::head;
 use super::paths;
 use crate::domain::Pause;
 
@@ -23,18 +24,6 @@ pub(crate) struct Frame<'a> {
     pub(crate) paused: Option<&'a Pause>,
     /// The navigation entry this page belongs to.
     pub(crate) section: &'static str,
-}
-
-fn head(title: &str) -> Markup {
-    html! {
-        head {
-            meta charset="utf-8";
-            meta name="viewport" content="width=device-width, initial-scale=1";
-            title { (title) " · summaryd console" }
-            link rel="stylesheet" href={ (paths::STATIC) "/console.css" };
-            script src={ (paths::STATIC) "/console.js" } defer {}
-        }
-    }
 }
 
 /// The hidden field every state-changing form carries.
@@ -104,25 +93,6 @@ pub(crate) fn html_response(status: StatusCode, markup: Markup) -> HttpResponse 
     HttpResponse::build(status)
         .content_type("text/html; charset=utf-8")
         .body(markup.into_string())
-}
-
-/// A page for a refused or failed request, without the navigation (the user may not be
-/// signed in).
-pub(crate) fn error_page(status: StatusCode, message: &str) -> Markup {
-    let title = status.canonical_reason().unwrap_or("Error");
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            (head(title))
-            body {
-                main #main {
-                    h1 { (status.as_u16()) " " (title) }
-                    p.error role="alert" { (message) }
-                    p { a href=(paths::HOME) { "Back to the console" } }
-                }
-            }
-        }
-    }
 }
 
 pub(crate) fn sign_in(error: Option<&str>, token: &str) -> Markup {

@@ -21,6 +21,7 @@ use crate::infra::metrics::Metrics;
 pub(crate) mod access;
 pub(crate) mod api;
 pub(crate) mod assets;
+pub(crate) mod document;
 pub(crate) mod error;
 pub(crate) mod form;
 pub(crate) mod layout;

@@ -124,7 +124,7 @@ pub(crate) async fn load(
         detail.error = state.error;
         detail.last_failure = state.last_failure;
     } else if let Some(dead) = &detail.dead_letter {
-        detail.status = "failed";
+        detail.status = job_state::Status::Failed.as_str();
         detail.tenant = Some(dead.tenant.clone());
     } else if detail.model_calls.is_empty() && detail.outbox.is_empty() {
         return Err(ConsoleError::NotFound(format!(
@@ -211,10 +211,12 @@ fn opt<T: std::fmt::Display>(value: Option<T>) -> String {
 }
 
 pub(crate) fn render(job: &JobDetail, who: &Who) -> Markup {
-    let status_class = match job.status {
-        "done" => "status-done",
-        "failed" => "status-failed",
-        _ => "",
+    let status_class = if job.status == "done" {
+        "status-done"
+    } else if job.status == job_state::Status::Failed.as_str() {
+        "status-failed"
+    } else {
+        ""
     };
     html! {
         dl.cards {

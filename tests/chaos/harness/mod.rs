@@ -332,6 +332,28 @@ impl World {
             .expect("XLEN")
     }
 
+    /// Each dead letter's job id and reason, for a failure message that says why.
+    pub async fn dead_letter_reasons(&self) -> Vec<String> {
+        let mut conn = self.redis_conn().await;
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(self.keys().dead_letters())
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("XRANGE dead letters");
+        reply
+            .ids
+            .iter()
+            .map(|e| {
+                let field = |name: &str| {
+                    e.get::<String>(name).unwrap_or_else(|| format!("<no {name}>"))
+                };
+                format!("{}: {}", field("job_id"), field("reason"))
+            })
+            .collect()
+    }
+
     /// Everything the quiescence check looks at, in one line for logs.
     async fn progress(&self) -> Progress {
         Progress {
@@ -405,10 +427,10 @@ impl World {
         .await;
         assert!(
             quiescent,
-            "[{}] not quiescent within {QUIESCENCE:?}: accepted {n} ({w} webhooks), {:?}, dead letters {}",
+            "[{}] not quiescent within {QUIESCENCE:?}: accepted {n} ({w} webhooks), {:?}, dead letters {:?}",
             self.name,
             self.progress().await,
-            self.dead_letters().await
+            self.dead_letter_reasons().await
         );
 
         let pg = self.pg().await;

@@ -347,7 +347,8 @@ impl World {
             .iter()
             .map(|e| {
                 let field = |name: &str| {
-                    e.get::<String>(name).unwrap_or_else(|| format!("<no {name}>"))
+                    e.get::<String>(name)
+                        .unwrap_or_else(|| format!("<no {name}>"))
                 };
                 format!("{}: {}", field("job_id"), field("reason"))
             })

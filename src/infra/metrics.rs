@@ -295,19 +295,9 @@ impl Metrics {
     /// Each model provider's breaker as this process sees it: `(provider, open)`. Empty in a
     /// process without the worker role (it calls no model).
     pub fn breakers(&self) -> Vec<(String, bool)> {
-        use prometheus::core::Collector;
-        self.llm_breaker_open
-            .collect()
-            .iter()
-            .flat_map(|family| family.get_metric())
-            .map(|metric| {
-                let provider = metric
-                    .get_label()
-                    .first()
-                    .map(|l| l.value().to_owned())
-                    .unwrap_or_default();
-                (provider, metric.get_gauge().get_value() > 0.0)
-            })
+        first_label_values(&self.llm_breaker_open)
+            .into_iter()
+            .map(|(provider, value)| (provider, value > 0.0))
             .collect()
     }
 
@@ -437,20 +427,7 @@ impl<P: Atomic + 'static> MeasuredGauge<P> {
 
     /// Every exported series of a labelled gauge: its first label's value and the gauge's.
     pub fn by_label(&self) -> Vec<(String, f64)> {
-        use prometheus::core::Collector;
-        self.0
-            .collect()
-            .iter()
-            .flat_map(|family| family.get_metric())
-            .map(|metric| {
-                let label = metric
-                    .get_label()
-                    .first()
-                    .map(|l| l.value().to_owned())
-                    .unwrap_or_default();
-                (label, metric.get_gauge().get_value())
-            })
-            .collect()
+        first_label_values(&self.0)
     }
 
     /// The exported value, `None` while absent. Reads what a scrape would, so it never
@@ -464,6 +441,23 @@ impl<P: Atomic + 'static> MeasuredGauge<P> {
             .map(|metric| metric.get_gauge().get_value())
             .next()
     }
+}
+
+/// Every series of a labelled gauge as (its first label's value, the gauge's value).
+fn first_label_values(gauges: &impl prometheus::core::Collector) -> Vec<(String, f64)> {
+    gauges
+        .collect()
+        .iter()
+        .flat_map(|family| family.get_metric())
+        .map(|metric| {
+            let label = metric
+                .get_label()
+                .first()
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default();
+            (label, metric.get_gauge().get_value())
+        })
+        .collect()
 }
 
 /// Seconds from `since` to now, for the latency histograms; 0 when the clock went back.

@@ -10,24 +10,13 @@ use redis::AsyncCommands;
 use serde_json::Value;
 use summaryd::config::roles::{Role, Roles};
 use summaryd::domain::{Email, Job, JobId, TenantId};
-use summaryd::llm::LlmError;
 use summaryd::mail::MailError;
 use summaryd::relay::relay_once;
-use summaryd::stream::enqueue;
 use summaryd::worker::Consumer;
 
-use crate::shared::console::{ConsoleApp, PASSWORD, field_in, set_cookie};
+use crate::shared::console::{ConsoleApp, PASSWORD, dead_letter, field_in, refused, set_cookie};
 use crate::shared::fakes::{MailStep, Step};
-use crate::shared::test_env::Services;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv};
-
-fn refused() -> LlmError {
-    LlmError::Status {
-        status: 400,
-        retry_after: None,
-        message: "the model refused the input".into(),
-    }
-}
 
 fn job(tenant: &str, n: u32) -> Job {
     Job {
@@ -37,20 +26,6 @@ fn job(tenant: &str, n: u32) -> Job {
         notify: Some(Email::parse("lead@example.com").unwrap()),
         webhook: None,
         created_at: Utc::now(),
-    }
-}
-
-/// Dead-letter `jobs`: the model refuses each one's first call for good.
-async fn dead_letter(services: &Services, jobs: &[Job]) {
-    let mut redis = services.redis.get().await.unwrap();
-    for j in jobs {
-        enqueue(&mut redis, &services.keys, j).await.unwrap();
-    }
-    let mut consumer = Consumer::new(services.worker(), "w-dead");
-    consumer.ensure_group().await.unwrap();
-    let mut taken = 0;
-    while taken < jobs.len() {
-        taken += consumer.run_once().await.unwrap();
     }
 }
 

@@ -18,16 +18,13 @@ use chrono::Utc;
 use serde_json::{Value, json};
 use summaryd::config::roles::{Role, Roles};
 use summaryd::domain::{Email, Job, JobId, ModelSummary, TenantId, TokenUsage};
-use summaryd::llm::LlmError;
 use summaryd::mail::MailError;
 use summaryd::relay::relay_once;
-use summaryd::stream::enqueue;
 use summaryd::worker::Consumer;
 
 use crate::shared::browser::Browser;
-use crate::shared::console::{ConsoleApp, PASSWORD};
+use crate::shared::console::{ConsoleApp, PASSWORD, dead_letter, refused};
 use crate::shared::fakes::{MailStep, Step};
-use crate::shared::test_env::Services;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually, eventually_every, model_summary};
 
 /// The names the navigation of every page has, and the sign-out button.
@@ -42,14 +39,6 @@ const FRAME_ACTIONS: [&str; 8] = [
     "Sign out",
 ];
 
-fn refused() -> LlmError {
-    LlmError::Status {
-        status: 400,
-        retry_after: None,
-        message: "the model refused the input".into(),
-    }
-}
-
 fn job(tenant: &str, n: u32, text: &str) -> Job {
     Job {
         job_id: JobId::from_scoped_key(&format!("idem:{tenant}:POST:/v1/summaries:browser-{n}")),
@@ -58,20 +47,6 @@ fn job(tenant: &str, n: u32, text: &str) -> Job {
         notify: Some(Email::parse("lead@example.com").unwrap()),
         webhook: None,
         created_at: Utc::now(),
-    }
-}
-
-/// Dead-letter `jobs` through a worker whose model refuses each one.
-async fn dead_letter(services: &Services, jobs: &[Job]) {
-    let mut redis = services.redis.get().await.unwrap();
-    for j in jobs {
-        enqueue(&mut redis, &services.keys, j).await.unwrap();
-    }
-    let mut consumer = Consumer::new(services.worker(), "w-dead");
-    consumer.ensure_group().await.unwrap();
-    let mut taken = 0;
-    while taken < jobs.len() {
-        taken += consumer.run_once().await.unwrap();
     }
 }
 

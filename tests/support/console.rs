@@ -10,6 +10,32 @@ use summaryd::config::roles::Roles;
 use summaryd::shutdown::Shutdown;
 
 use super::TestEnv;
+use super::test_env::Services;
+
+/// What a model answers when it refuses a text for good: the job is dead-lettered at once.
+pub fn refused() -> summaryd::llm::LlmError {
+    summaryd::llm::LlmError::Status {
+        status: 400,
+        retry_after: None,
+        message: "the model refused the input".into(),
+    }
+}
+
+/// Dead-letter `jobs` through a worker whose model refuses each one.
+pub async fn dead_letter(services: &Services, jobs: &[summaryd::domain::Job]) {
+    let mut redis = services.redis.get().await.unwrap();
+    for j in jobs {
+        summaryd::stream::enqueue(&mut redis, &services.keys, j)
+            .await
+            .unwrap();
+    }
+    let mut consumer = summaryd::worker::Consumer::new(services.worker(), "w-dead");
+    consumer.ensure_group().await.unwrap();
+    let mut taken = 0;
+    while taken < jobs.len() {
+        taken += consumer.run_once().await.unwrap();
+    }
+}
 
 /// Users every console test has: `alice` (operator, argon2 password, token `alice-token`),
 /// `olga` (operator, SHA-256 password), `vera` (viewer, token `vera-token`).

@@ -7,7 +7,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use maud::{Markup, html};
 use serde::Serialize;
 
-use super::{change_form, frame, signed_in};
+use super::{change_form, signed_in};
 use crate::console::access::Who;
 use crate::console::error::ConsoleError;
 use crate::console::form::Fields;
@@ -215,13 +215,14 @@ pub(crate) async fn page(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
-    let fields = Fields::parse(req.query_string().as_bytes());
+    let signed = signed_in(&req, &console).await?;
+    let who = &signed.who;
+    let fields = super::query(&req);
     let data = load(&console, &fields).await?;
-    Ok(layout::page(
+    Ok(signed.page(
         "Dead letters",
-        &frame(&who, paused.as_ref(), paths::DEAD_LETTERS),
-        render(&data, &fields, &who),
+        paths::DEAD_LETTERS,
+        render(&data, &fields, who),
     ))
 }
 
@@ -270,7 +271,11 @@ pub(crate) async fn confirm(
         ids.len()
     };
     let run_id = uuid::Uuid::new_v4().to_string();
-    let paused = super::paused(&console).await?;
+    let signed = super::Signed {
+        paused: super::paused(&console).await?,
+        who,
+    };
+    let who = &signed.who;
     let what = if all {
         format!("all {count} dead letter(s) matching {}", describe(&fields))
     } else {
@@ -283,7 +288,7 @@ pub(crate) async fn confirm(
             BulkAction::Purge => p.muted { "Each is removed with its job state, for good." },
         }
         form method="post" action=(paths::RUNS) {
-            (layout::csrf(&who))
+            (layout::csrf(who))
             input type="hidden" name="run_id" value=(run_id);
             input type="hidden" name="action" value=(if action == BulkAction::Replay { "replay" } else { "purge" });
             @if all {
@@ -299,9 +304,9 @@ pub(crate) async fn confirm(
             }
         }
     };
-    Ok(layout::page(
+    Ok(signed.page(
         &format!("{} dead letters", verb(action)),
-        &frame(&who, paused.as_ref(), paths::DEAD_LETTERS),
+        paths::DEAD_LETTERS,
         content,
     ))
 }

@@ -8,7 +8,7 @@ use maud::{Markup, html};
 use serde::Serialize;
 
 use super::dead_letters::DeadLetterView;
-use super::{change_form, frame, see_other, signed_in};
+use super::{change_form, see_other, signed_in};
 use crate::console::access::Who;
 use crate::console::error::ConsoleError;
 use crate::console::form::Fields;
@@ -154,8 +154,8 @@ pub(crate) async fn search(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
-    let fields = Fields::parse(req.query_string().as_bytes());
+    let signed = signed_in(&req, &console).await?;
+    let fields = super::query(&req);
     let mut message = None;
     if let Some(raw) = fields.get("job_id") {
         match raw.parse::<JobId>() {
@@ -173,11 +173,7 @@ pub(crate) async fn search(
         (search_form(&fields))
         p.muted { "A key finds its job while its idempotency record lives (SUMMARYD_IDEMPOTENCY_RESULT_TTL_S)." }
     };
-    Ok(layout::page(
-        "Jobs",
-        &frame(&who, paused.as_ref(), paths::JOBS),
-        content,
-    ))
+    Ok(signed.page("Jobs", paths::JOBS, content))
 }
 
 /// The job `tenant`'s request with Idempotency-Key `key` made, or why there is none.
@@ -336,14 +332,11 @@ pub(crate) async fn page(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
+    let signed = signed_in(&req, &console).await?;
+    let who = &signed.who;
     let job_id = job_id_of(&req)?;
-    let job = load(&console, job_id, &who).await?;
-    Ok(layout::page(
-        &format!("Job {job_id}"),
-        &frame(&who, paused.as_ref(), paths::JOBS),
-        render(&job, &who),
-    ))
+    let job = load(&console, job_id, who).await?;
+    Ok(signed.page(&format!("Job {job_id}"), paths::JOBS, render(&job, who)))
 }
 
 /// Replay a dead-lettered job: back on the stream with the same job id. A second click

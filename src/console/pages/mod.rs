@@ -4,6 +4,7 @@
 use actix_web::http::StatusCode;
 use actix_web::http::header::{LOCATION, SET_COOKIE};
 use actix_web::{HttpRequest, HttpResponse, web};
+use maud::Markup;
 
 use super::Console;
 use super::access::{self, Via, Who};
@@ -51,13 +52,34 @@ pub(crate) fn routes(cfg: &mut web::ServiceConfig) {
 }
 
 /// The signed-in user (from the session cookie) and the pause state every page shows.
+pub(crate) struct Signed {
+    pub(crate) who: Who,
+    pub(crate) paused: Option<Pause>,
+}
+
+impl Signed {
+    /// `content` in the frame, under the navigation entry `section`.
+    pub(crate) fn page(&self, title: &str, section: &'static str, content: Markup) -> HttpResponse {
+        layout::page(
+            title,
+            &frame(&self.who, self.paused.as_ref(), section),
+            content,
+        )
+    }
+}
+
 pub(crate) async fn signed_in(
     req: &HttpRequest,
     console: &Console,
-) -> Result<(Who, Option<Pause>), ConsoleError> {
+) -> Result<Signed, ConsoleError> {
     let who = access::who(req, console, false).await?;
     let paused = paused(console).await?;
-    Ok((who, paused))
+    Ok(Signed { who, paused })
+}
+
+/// A GET's query string as fields (filters, windows, cursors).
+pub(crate) fn query(req: &HttpRequest) -> Fields {
+    Fields::parse(req.query_string().as_bytes())
 }
 
 pub(crate) async fn paused(console: &Console) -> Result<Option<Pause>, ConsoleError> {

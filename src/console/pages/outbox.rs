@@ -6,7 +6,7 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use maud::{Markup, html};
 use serde::Serialize;
 
-use super::{change_form, frame, see_other, signed_in};
+use super::{change_form, see_other, signed_in};
 use crate::console::access::Who;
 use crate::console::error::ConsoleError;
 use crate::console::form::Fields;
@@ -129,14 +129,11 @@ pub(crate) async fn page(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
-    let fields = Fields::parse(req.query_string().as_bytes());
+    let signed = signed_in(&req, &console).await?;
+    let who = &signed.who;
+    let fields = super::query(&req);
     let data = load(&console, &fields).await?;
-    Ok(layout::page(
-        "Outbox",
-        &frame(&who, paused.as_ref(), paths::OUTBOX),
-        render(&data, &who),
-    ))
+    Ok(signed.page("Outbox", paths::OUTBOX, render(&data, who)))
 }
 
 fn ids(fields: &Fields) -> Result<Vec<i64>, ConsoleError> {
@@ -178,13 +175,17 @@ pub(crate) async fn confirm(
     } else {
         ids.len() as u64
     };
-    let paused = super::paused(&console).await?;
+    let signed = super::Signed {
+        paused: super::paused(&console).await?,
+        who,
+    };
+    let who = &signed.who;
     let content = html! {
         p { "Retry " strong { (count) } " stuck row(s)"
             @if all { " (all" @if let Some(t) = topic { " of topic " code { (t) } } ")" } "?" }
         p.muted { "They become due at once, with their attempts counted from zero; a row sent or leased meanwhile is left alone." }
         form method="post" action={ (paths::OUTBOX) "/retry" } {
-            (layout::csrf(&who))
+            (layout::csrf(who))
             @if all {
                 input type="hidden" name="all" value="1";
                 @if let Some(t) = topic { input type="hidden" name="topic" value=(t); }
@@ -197,11 +198,7 @@ pub(crate) async fn confirm(
             }
         }
     };
-    Ok(layout::page(
-        "Retry outbox rows",
-        &frame(&who, paused.as_ref(), paths::OUTBOX),
-        content,
-    ))
+    Ok(signed.page("Retry outbox rows", paths::OUTBOX, content))
 }
 
 /// Retry the rows; `all` retries every stuck row of the topic (or of every topic).

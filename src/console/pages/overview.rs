@@ -5,9 +5,9 @@ use chrono::{DateTime, Duration as ChronoDuration, DurationRound, Utc};
 use maud::{Markup, html};
 use serde::Serialize;
 
-use super::{frame, signed_in};
+use super::signed_in;
 use crate::console::error::ConsoleError;
-use crate::console::{Console, layout, paths};
+use crate::console::{Console, paths};
 use crate::domain::Pause;
 
 /// Minutes the throughput chart covers.
@@ -183,13 +183,9 @@ pub(crate) async fn page(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
+    let signed = signed_in(&req, &console).await?;
     let overview = load(&console).await?;
-    Ok(layout::page(
-        "Overview",
-        &frame(&who, paused.as_ref(), paths::HOME),
-        render(&overview),
-    ))
+    Ok(signed.page("Overview", paths::HOME, render(&overview)))
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use maud::html;
 
-use super::{change_form, frame, see_other, signed_in};
+use super::{change_form, see_other, signed_in};
 use crate::console::access::Who;
 use crate::console::error::ConsoleError;
 use crate::console::{Action, Console, layout, paths};
@@ -13,16 +13,17 @@ pub(crate) async fn page(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
+    let signed = signed_in(&req, &console).await?;
+    let who = &signed.who;
     let content = html! {
-        @match &paused {
+        @match &signed.paused {
             Some(p) => {
                 p { "Consumption is " strong { "paused" } " since " (layout::time(&p.since())) " by " (p.by())
                     @if let Some(reason) = p.reason() { ": " (reason) } "." }
                 p.muted { "No worker takes a job or re-delivers one while paused, so paused jobs spend no deliveries. The api keeps accepting jobs and the relay keeps sending emails and webhooks." }
                 @if who.is_operator() {
                     form method="post" action={ (paths::HOME) "/resume" } {
-                        (layout::csrf(&who))
+                        (layout::csrf(who))
                         button type="submit" { "Resume consumption" }
                     }
                 }
@@ -32,7 +33,7 @@ pub(crate) async fn page(
                 p.muted { "Pausing stops every worker process from taking jobs within about a second; jobs being summarised finish. The api keeps accepting jobs and the relay keeps sending." }
                 @if who.is_operator() {
                     form.stack method="post" action=(paths::PAUSE) {
-                        (layout::csrf(&who))
+                        (layout::csrf(who))
                         label for="reason" { "Reason (shown to everyone)"
                             input #reason type="text" name="reason" maxlength="500";
                         }
@@ -43,11 +44,7 @@ pub(crate) async fn page(
         }
         @if !who.is_operator() { p.notice { "Viewers can see the state; an operator can change it." } }
     };
-    Ok(layout::page(
-        "Pause",
-        &frame(&who, paused.as_ref(), paths::PAUSE),
-        content,
-    ))
+    Ok(signed.page("Pause", paths::PAUSE, content))
 }
 
 /// Pause: keeps the first pauser when already paused.

@@ -5,7 +5,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use maud::{Markup, html};
 
-use super::{change_form, frame, see_other, signed_in};
+use super::{change_form, see_other, signed_in};
 use crate::console::access::Who;
 use crate::console::error::ConsoleError;
 use crate::console::form::Fields;
@@ -177,12 +177,9 @@ pub(crate) async fn page(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
+    let signed = signed_in(&req, &console).await?;
+    let who = &signed.who;
     let run_id = req.match_info().get("run_id").unwrap_or_default();
     let (run, worked) = load(&console, run_id).await?;
-    Ok(layout::page(
-        "Bulk run",
-        &frame(&who, paused.as_ref(), paths::DEAD_LETTERS),
-        render(&run, worked, &who),
-    ))
+    Ok(signed.page("Bulk run", paths::DEAD_LETTERS, render(&run, worked, who)))
 }

@@ -8,10 +8,10 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use maud::{Markup, html};
 use serde::Serialize;
 
-use super::{frame, signed_in};
+use super::signed_in;
 use crate::console::error::ConsoleError;
 use crate::console::form::Fields;
-use crate::console::{Console, layout, paths};
+use crate::console::{Console, paths};
 
 /// The windows the page offers; any `parse_duration` text works in the query too.
 pub(crate) const WINDOWS: [&str; 4] = ["1h", "24h", "7d", "30d"];
@@ -152,12 +152,12 @@ pub(crate) async fn page(
     req: HttpRequest,
     console: web::Data<Console>,
 ) -> Result<HttpResponse, ConsoleError> {
-    let (who, paused) = signed_in(&req, &console).await?;
-    let fields = Fields::parse(req.query_string().as_bytes());
+    let signed = signed_in(&req, &console).await?;
+    let fields = super::query(&req);
     let tenants = load(&console, &fields).await?;
-    Ok(layout::page(
+    Ok(signed.page(
         "Tenants",
-        &frame(&who, paused.as_ref(), paths::TENANTS),
+        paths::TENANTS,
         render(&tenants, console.tokens.is_some()),
     ))
 }

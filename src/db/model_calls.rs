@@ -9,6 +9,7 @@
 
 use chrono::{DateTime, Utc};
 use deadpool_postgres::{GenericClient, Pool};
+use tokio_postgres::types::Json;
 
 use super::DbError;
 use crate::domain::{JobId, ModelCall, TenantId};
@@ -83,7 +84,8 @@ pub(crate) async fn record(
     insert(&client, job_id, tenant, calls).await
 }
 
-/// Every recorded model call of `job_id`, by delivery, then in the order they started
+/// Every recorded model call of `job_id` (the rows of deliveries that did not commit, and
+/// the calls stored on its summary's row), by delivery, then in the order they started
 /// (`seq` within a delivery; a delivery number that did not count appears again for the
 /// delivery after it, whose calls started later).
 pub async fn for_job(pool: &Pool, job_id: &JobId) -> Result<Vec<ModelCall>, DbError> {
@@ -92,13 +94,22 @@ pub async fn for_job(pool: &Pool, job_id: &JobId) -> Result<Vec<ModelCall>, DbEr
         .prepare_cached(
             "SELECT delivery, seq, provider, model, prompt_tokens, completion_tokens, \
                     duration_ms, error_class, at \
-               FROM model_calls WHERE job_id = $1 ORDER BY delivery, at, seq",
+               FROM model_calls WHERE job_id = $1",
         )
         .await?;
-    let rows = client.query(&stmt, &[&job_id.as_uuid()]).await?;
+    let on_summary = client
+        .prepare_cached("SELECT model_calls FROM summaries WHERE job_id = $1")
+        .await?;
+    let id = job_id.as_uuid();
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&id];
+    let (rows, committed) = tokio::join!(
+        client.query(&stmt, &params),
+        client.query_opt(&on_summary, &params)
+    );
     // Written from u32s; a negative value could only be a hand edit, and reads as 0.
     let count = |n: i32| u32::try_from(n).unwrap_or(0);
-    rows.iter()
+    let mut calls = rows?
+        .iter()
         .map(|row| {
             Ok(ModelCall {
                 delivery: count(row.try_get(0)?),
@@ -112,7 +123,13 @@ pub async fn for_job(pool: &Pool, job_id: &JobId) -> Result<Vec<ModelCall>, DbEr
                 at: row.try_get(8)?,
             })
         })
-        .collect()
+        .collect::<Result<Vec<_>, DbError>>()?;
+    if let Some(row) = committed? {
+        let stored: Option<Json<Vec<ModelCall>>> = row.try_get(0)?;
+        calls.extend(stored.map(|Json(c)| c).unwrap_or_default());
+    }
+    calls.sort_by(|a, b| (a.delivery, a.at, a.seq).cmp(&(b.delivery, b.at, b.seq)));
+    Ok(calls)
 }
 
 /// Remove up to `batch` calls made before `cutoff`, oldest first; returns how many.

@@ -115,8 +115,8 @@ pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow
 /// Insert the summary and its outbox rows (the [`SummaryReady`] email when the job has a
 /// `notify`, the `summary.completed` [`WebhookEvent`] when it has a webhook) in one
 /// transaction, or nothing at all; the job's stored text (`job_texts`), needed no more,
-/// goes with it. The model calls the summary carries (`ModelSummary::calls`) are written
-/// in the same transaction, and kept even when another delivery committed the job first.
+/// goes with it. The model calls the summary carries (`ModelSummary::calls`) are stored on
+/// its row, or as `model_calls` rows when another delivery committed the job first.
 ///
 /// The primary key plus `ON CONFLICT DO NOTHING RETURNING` is the guarantee: when two
 /// deliveries race, both may have paid for the model, but only the one whose insert
@@ -139,11 +139,10 @@ pub async fn commit_with_outbox(
     let (job_id, tenant) = (job.job_id.as_uuid(), job.tenant.as_str());
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    // The calls go in beside the summary, sent together on the connection (no round trip
-    // of their own). They are kept whichever delivery wins: a losing delivery paid for them
-    // too. The summary's error comes first: an insert after a failed one only reports the
-    // aborted transaction.
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 9] = [
+    // The calls ride on the summary's row (`model_calls` jsonb): one more value in the
+    // insert the job makes anyway, so keeping the history costs no statement of its own.
+    let calls = (!summary.calls.is_empty()).then(|| Json(&summary.calls));
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
         &job_id,
         &tenant,
         &summary.text,
@@ -153,24 +152,25 @@ pub async fn commit_with_outbox(
         &completion_tokens,
         &parts,
         &completed_at,
+        &calls,
     ];
-    let (inserted, calls) = tokio::join!(
-        tx.query_opt(
+    let inserted = tx
+        .query_opt(
             "INSERT INTO summaries \
                 (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens, parts, \
-                 completed_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+                 completed_at, model_calls) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
              ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
             &params,
-        ),
-        model_calls::insert(&tx, job.job_id, &job.tenant, &summary.calls)
-    );
-    let inserted = inserted?;
-    calls?;
+        )
+        .await?;
     if inserted.is_none() {
+        // Another delivery committed the job first; this one paid for its calls too, and
+        // they are kept as rows of their own.
         if summary.calls.is_empty() {
             tx.rollback().await?;
         } else {
+            model_calls::insert(&tx, job.job_id, &job.tenant, &summary.calls).await?;
             tx.commit().await?;
         }
         return Ok(CommitOutcome::Duplicate);
@@ -298,7 +298,8 @@ pub(crate) async fn finished_per_minute(
 }
 
 /// Remove the text of up to `batch` summaries completed before `cutoff`, oldest first, and
-/// keep their rows; the job's model calls (`model_calls`) go in the same statement. Returns
+/// keep their rows; the job's model calls (on the row and in `model_calls`) go in the same
+/// statement. Returns
 /// how many texts were removed.
 ///
 /// The email needs nothing from here: its outbox row carries its own copy of the text, and
@@ -316,7 +317,7 @@ pub(crate) async fn expire_texts_completed_before(
     let stmt = client
         .prepare_cached(
             "WITH expired AS ( \
-                UPDATE summaries SET summary = NULL, summary_expired_at = now() \
+                UPDATE summaries SET summary = NULL, model_calls = NULL, summary_expired_at = now() \
                  WHERE job_id IN ( \
                        SELECT job_id FROM summaries \
                         WHERE summary IS NOT NULL AND completed_at < $1 \

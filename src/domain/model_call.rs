@@ -7,12 +7,12 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::TokenUsage;
 
 /// One attempt against a provider.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ModelCall {
     /// The delivery of the job that made it (the stream's delivery count, from 1). A
     /// delivery that did not count (a dependency was down) shares its number with the next.

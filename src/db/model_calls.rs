@@ -128,7 +128,7 @@ pub async fn for_job(pool: &Pool, job_id: &JobId) -> Result<Vec<ModelCall>, DbEr
         let stored: Option<Json<Vec<ModelCall>>> = row.try_get(0)?;
         calls.extend(stored.map(|Json(c)| c).unwrap_or_default());
     }
-    calls.sort_by(|a, b| (a.delivery, a.at, a.seq).cmp(&(b.delivery, b.at, b.seq)));
+    calls.sort_by_key(|c| (c.delivery, c.at, c.seq));
     Ok(calls)
 }
 

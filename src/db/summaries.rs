@@ -141,7 +141,7 @@ pub async fn commit_with_outbox(
     let tx = client.transaction().await?;
     // The calls ride on the summary's row (`model_calls` jsonb): one more value in the
     // insert the job makes anyway, so keeping the history costs no statement of its own.
-    let calls = (!summary.calls.is_empty()).then(|| Json(&summary.calls));
+    let calls = (!summary.calls.is_empty()).then_some(Json(&summary.calls));
     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
         &job_id,
         &tenant,

@@ -87,7 +87,11 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
                 error_rate: 0.03,
             },
             env: vec![
-                ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "1500".into()),
+                // Long enough that a delivery's claim outlives the CPU-bound stretches of
+                // splitting a 90 KB text in the debug build (on a loaded 2-core machine
+                // 1.5 s let other consumers take the entry from a live delivery again and
+                // again until it ran out of deliveries); still short next to the kill phase.
+                ("SUMMARYD_WORKER_CLAIM_IDLE_MS", "5000".into()),
                 ("SUMMARYD_LLM_CONTEXT_TOKENS", CONTEXT_TOKENS.into()),
             ],
             ..Default::default()

@@ -167,16 +167,7 @@ async fn start_run(req: HttpRequest, console: web::Data<Console>, body: web::Byt
     let run = match existing {
         Some(run) => runs::start_run(&console, &who, &run_id, run.action, run.selection).await?,
         None => {
-            let action = match fields.require("action")? {
-                "replay" => crate::stream::bulk::BulkAction::Replay,
-                "purge" => crate::stream::bulk::BulkAction::Purge,
-                other => {
-                    return Err(ConsoleError::BadInput(format!(
-                        "action: {other:?} is neither replay nor purge"
-                    ))
-                    .into());
-                }
-            };
+            let action = runs::action(&fields)?;
             runs::start_run(&console, &who, &run_id, action, runs::selection(&fields)?).await?
         }
     };

@@ -306,15 +306,7 @@ async fn a_viewer_sees_no_action_and_a_viewers_or_forged_post_changes_nothing() 
     assert_eq!(dead_letter_count(&env).await, 1);
     assert!(stream_job_ids(&env).await.is_empty());
     assert!(!redis.exists::<_, bool>(&paused_key).await.unwrap());
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("summaryd_console_actions_total{action=\"replay\"} 0"),
         "{metrics}"
@@ -373,15 +365,7 @@ async fn pausing_from_the_console_is_shown_everywhere_and_resuming_clears_it() {
     );
     let page = vera.get(&app, "/console").await.text().await.unwrap();
     assert!(!page.contains("Consumption is paused"));
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("summaryd_console_actions_total{action=\"pause\"} 1"),
         "{metrics}"
@@ -616,15 +600,7 @@ async fn a_dead_lettered_job_found_by_its_key_shows_its_history_and_replays_to_d
         .await
         .unwrap();
     assert!(!page.contains("<pre class=\"summary\">"), "viewers do not");
-    let metrics = app
-        .http
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = app.metrics().await;
     assert!(
         metrics.contains("summaryd_console_actions_total{action=\"replay\"} 1"),
         "{metrics}"

@@ -148,6 +148,18 @@ impl ConsoleApp {
             .unwrap()
     }
 
+    /// `/metrics` of this process, as Prometheus text.
+    pub async fn metrics(&self) -> String {
+        self.http
+            .get(self.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+
     pub async fn stop(self) {
         self.shutdown.trigger();
         let _ = tokio::time::timeout(std::time::Duration::from_secs(15), self.task).await;

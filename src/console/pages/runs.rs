@@ -22,7 +22,7 @@ impl From<BulkError> for ConsoleError {
     }
 }
 
-fn action(fields: &Fields) -> Result<BulkAction, ConsoleError> {
+pub(crate) fn action(fields: &Fields) -> Result<BulkAction, ConsoleError> {
     match fields.require("action")? {
         "replay" => Ok(BulkAction::Replay),
         "purge" => Ok(BulkAction::Purge),

@@ -90,6 +90,9 @@ async fn serve(config: Option<&Path>, args: ServeArgs) -> ExitCode {
         Err(code) => return code,
     };
     summaryd::infra::telemetry::init(settings.log.format);
+    // Installed before startup, so a SIGTERM during migrations or right after "summaryd
+    // started" ends the run through the drain rather than by the default disposition.
+    let signalled = os_signal();
     let app = match Application::from_settings(settings, args.roles, !args.no_migrate).await {
         Ok(app) => app,
         Err(e) => {
@@ -105,7 +108,7 @@ async fn serve(config: Option<&Path>, args: ServeArgs) -> ExitCode {
     let shutdown = Shutdown::new();
     let trigger = shutdown.clone();
     tokio::spawn(async move {
-        os_signal().await;
+        signalled.await;
         trigger.trigger();
     });
     match app.run(shutdown).await {

@@ -29,24 +29,36 @@ impl Shutdown {
 }
 
 /// Resolves on SIGTERM or SIGINT (Kubernetes sends SIGTERM; a terminal sends SIGINT).
-pub async fn os_signal() {
+///
+/// The handlers are installed when this is called, not when the future is first polled:
+/// a SIGTERM that arrives between "summaryd started" and the first poll of a spawned
+/// watcher would otherwise meet the default disposition and kill the process uncleanly.
+pub fn os_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
+        let term = signal(SignalKind::terminate()).ok();
+        let int = signal(SignalKind::interrupt()).ok();
+        async move {
+            match (term, int) {
+                (Some(mut term), Some(mut int)) => {
+                    tokio::select! {
+                        _ = term.recv() => {}
+                        _ = int.recv() => {}
+                    }
                 }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
+                (Some(mut only), None) | (None, Some(mut only)) => {
+                    only.recv().await;
+                }
+                // No handler could be installed: the default disposition ends the process.
+                (None, None) => std::future::pending::<()>().await,
             }
         }
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        async move {
+            let _ = tokio::signal::ctrl_c().await;
+        }
     }
 }

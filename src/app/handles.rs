@@ -15,7 +15,7 @@ use crate::infra::connections::{self, ConnectError, SharedRedis};
 use crate::infra::keys::RedisKeys;
 use crate::infra::log_key::DeploymentKey;
 use crate::infra::metrics::Metrics;
-use crate::llm::ModelChain;
+use crate::llm::{ModelChain, SharedLimits};
 use crate::mail::Mailer;
 use crate::maintenance::Maintenance;
 use crate::relay::{MailBreaker, RelayServices, SigningSecrets};
@@ -153,6 +153,11 @@ impl Handles {
             model,
             header_webhook_secrets: self.signing.header(),
         }
+    }
+
+    /// The model providers' state shared with every process (limits, cool-until, breakers).
+    pub fn model_limits(&self) -> SharedLimits {
+        SharedLimits::new(self.redis.clone(), self.keys.clone())
     }
 
     pub fn worker(&self, model: Arc<ModelChain>) -> WorkerServices {

@@ -223,7 +223,9 @@ impl Application {
         let settings = handles.settings.clone();
         let model = if roles.has(Role::Worker) {
             Some(Arc::new(
-                providers.model(&settings, handles.metrics.clone())?,
+                providers
+                    .model(&settings, handles.metrics.clone())?
+                    .shared(&handles.model_limits()),
             ))
         } else {
             None

@@ -55,6 +55,14 @@ pub struct LlmSettings {
     /// Providers tried in order after this one (`[[llm.fallback]]`; only in the file).
     #[serde(default)]
     pub fallback: Vec<FallbackSettings>,
+    /// The provider's requests per minute, for every process together (`SUMMARYD_LLM_RPM`):
+    /// each call waits for its slot in the shared limiter (`llm/shared.rs`); none = no limit.
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// The provider's tokens per minute, for every process together (`SUMMARYD_LLM_TPM`):
+    /// each call reserves its estimated prompt plus `max_tokens`; none = no limit.
+    #[serde(default)]
+    pub tpm: Option<u32>,
 }
 
 /// One `[[llm.fallback]]` table: a provider tried when the ones before it are unavailable.
@@ -80,6 +88,12 @@ pub struct FallbackSettings {
     /// This provider's context window in tokens; defaults to `[llm] context_tokens`.
     #[serde(default)]
     pub context_tokens: Option<u32>,
+    /// This provider's requests per minute, shared by every process; none = no limit.
+    #[serde(default)]
+    pub rpm: Option<u32>,
+    /// This provider's tokens per minute, shared by every process; none = no limit.
+    #[serde(default)]
+    pub tpm: Option<u32>,
 }
 
 impl Default for LlmSettings {
@@ -109,6 +123,9 @@ impl Default for LlmSettings {
             breaker_failures: 5,
             breaker_cooldown: Duration::from_secs(30),
             fallback: Vec::new(),
+            // The provider's own limits are the operator's to state: unknown, none.
+            rpm: None,
+            tpm: None,
         }
     }
 }
@@ -176,6 +193,24 @@ impl LlmSettings {
                 "must be positive",
             ));
         }
+        let limits = [
+            ("SUMMARYD_LLM_RPM".to_owned(), self.rpm),
+            ("SUMMARYD_LLM_TPM".to_owned(), self.tpm),
+        ];
+        let fallback_limits = self.fallback.iter().enumerate().flat_map(|(i, f)| {
+            [
+                (format!("[[llm.fallback]] #{} rpm", i + 1), f.rpm),
+                (format!("[[llm.fallback]] #{} tpm", i + 1), f.tpm),
+            ]
+        });
+        for (setting, limit) in limits.into_iter().chain(fallback_limits) {
+            if limit == Some(0) {
+                return Err(invalid(
+                    &setting,
+                    "must be positive (leave it out for no limit)",
+                ));
+            }
+        }
         if self.backoff > self.max_backoff {
             return Err(invalid(
                 "SUMMARYD_LLM_BACKOFF_MS",
@@ -222,6 +257,25 @@ mod tests {
     }
 
     #[test]
+    fn provider_limits_load_from_the_file_and_the_environment() {
+        let s = load(
+            "[llm]\nrpm = 500\n[[llm.fallback]]\nprovider = \"builtin\"\nrpm = 60\ntpm = 90000\n",
+            &[("SUMMARYD_LLM_TPM", "200000")],
+        )
+        .unwrap();
+        assert_eq!((s.llm.rpm, s.llm.tpm), (Some(500), Some(200_000)));
+        assert_eq!(
+            (s.llm.fallback[0].rpm, s.llm.fallback[0].tpm),
+            (Some(60), Some(90_000))
+        );
+        let mut zero = s.llm.clone();
+        zero.fallback[0].tpm = Some(0);
+        assert!(refusal(&zero).contains("[[llm.fallback]] #1 tpm"));
+        let none = load("", &[]).unwrap();
+        assert_eq!((none.llm.rpm, none.llm.tpm), (None, None));
+    }
+
+    #[test]
     fn the_key_and_url_are_secrets() {
         let s = load(
             "[llm]\nbase_url = \"https://user:url-pass@proxy/v1\"\n",
@@ -263,6 +317,17 @@ mod tests {
             adjust(&mut llm);
             assert!(refusal(&llm).contains(setting), "{setting}");
         }
+        let llm = LlmSettings {
+            rpm: Some(0),
+            ..LlmSettings::default()
+        };
+        assert!(refusal(&llm).contains("SUMMARYD_LLM_RPM"));
+        let llm = LlmSettings {
+            rpm: Some(60),
+            tpm: Some(0),
+            ..LlmSettings::default()
+        };
+        assert!(refusal(&llm).contains("SUMMARYD_LLM_TPM"));
         let mut llm = LlmSettings::default();
         llm.backoff = llm.max_backoff;
         assert!(llm.check().is_ok(), "a backoff at its cap");

@@ -110,6 +110,31 @@ impl RedisKeys {
         format!("{}console:bulk:{{{run_id}}}:lease", self.prefix)
     }
 
+    /// A model provider's shared limiter (`llm/shared.rs`): a hash of the theoretical
+    /// arrival times (ms) of its requests and of its tokens. Every key of one provider
+    /// shares the hash tag of its label, so one script may touch them all on a cluster.
+    pub fn llm_limit(&self, provider: &str) -> String {
+        format!("{}llm:{{{provider}}}:limit", self.prefix)
+    }
+
+    /// Until when (Unix ms) no process calls the provider: set from a 429's `Retry-After`,
+    /// only ever moved later.
+    pub fn llm_cool_until(&self, provider: &str) -> String {
+        format!("{}llm:{{{provider}}}:cool_until", self.prefix)
+    }
+
+    /// The provider's open circuit breaker as every process sees it (JSON: since, next
+    /// probe, probes failed, reason); absent while it is closed.
+    pub fn llm_breaker(&self, provider: &str) -> String {
+        format!("{}llm:{{{provider}}}:breaker", self.prefix)
+    }
+
+    /// The fleet's one probe of the provider's open breaker: held by whoever probes, and
+    /// after a failed probe for the cooldown, so no other process probes meanwhile.
+    pub fn llm_probe(&self, provider: &str) -> String {
+        format!("{}llm:{{{provider}}}:probe", self.prefix)
+    }
+
     /// Redis key of one idempotency record.
     pub fn idempotency(&self, scope: &ScopedKey) -> String {
         format!("{}{}", self.prefix, scope.0)

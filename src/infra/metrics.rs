@@ -27,6 +27,9 @@ pub struct Metrics {
     /// `summaryd_model_calls_unrecorded_total`: model calls missing from `model_calls`
     /// because Postgres could not take them.
     pub(crate) model_calls_unrecorded: IntCounter,
+    /// `summaryd_llm_limit_waits_total{provider,reason}`: model calls that waited for the
+    /// provider's shared limits before they were sent.
+    pub(crate) llm_limit_waits: IntCounterVec,
     /// `summaryd_llm_breaker_open{provider}`: 1 while a provider's breaker is open.
     pub(crate) llm_breaker_open: IntGaugeVec,
     pub(crate) http_duration: HistogramVec,
@@ -245,6 +248,11 @@ impl Metrics {
             &["provider"],
         )?;
         registry.register(Box::new(llm_breaker_open.clone()))?;
+        let llm_limit_waits = counter_vec(
+            "summaryd_llm_limit_waits_total",
+            "Model calls that waited for their provider's shared limits before being sent, by provider and reason: requests (rpm), tokens (tpm), cool (a 429's Retry-After)",
+            &["provider", "reason"],
+        )?;
         let mail_breaker_open = IntGaugeVec::new(
             Opts::new(
                 "summaryd_mail_breaker_open",
@@ -270,6 +278,7 @@ impl Metrics {
             job_model_calls,
             model_calls_unrecorded,
             llm_breaker_open,
+            llm_limit_waits,
             http_duration,
             job_latency,
             stream_pending,

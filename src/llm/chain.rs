@@ -15,16 +15,17 @@
 //! breaker is open no job is taken at all, so there would be no job to probe with. A probe
 //! costs a few tokens per cooldown during an outage, and nothing otherwise.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::breaker::{self, Breaker, BreakerState, Transition};
+use super::breaker::{self, Breaker, BreakerState, COOLDOWN_GROWTH_CAP, Transition};
+use super::shared::{Admission, Limits, OpenRecord, ProbeLease, ProviderShare, SharedLimits};
 use super::{
-    Completion, Fault, Fit, Llm, LlmConfigError, LlmError, Prompt, ProviderConfig, TokenCounter,
-    provider_configs,
+    Completion, Fault, Fit, Llm, LlmConfigError, LlmError, Prompt, PromptKind, ProviderConfig,
+    TokenCounter, provider_configs,
 };
 use crate::config::LlmSettings;
 use crate::domain::{CallLog, ModelSummary, TokenUsage};
@@ -53,6 +54,16 @@ pub struct Provider {
     policy: RetryPolicy,
     breaker: Breaker,
     metrics: Option<Arc<Metrics>>,
+    /// `rpm`/`tpm` as configured for this provider.
+    limits: Limits,
+    /// The completion cap every request carries: part of what a call may cost.
+    max_tokens: u32,
+    /// The first cooldown of its breaker: how long the fleet's probe is held at least.
+    cooldown: Duration,
+    /// Its state shared with every process, once the chain is given Redis
+    /// ([`ModelChain::shared`]); without it, limits are not kept and the breaker is this
+    /// process's alone.
+    share: OnceLock<Arc<ProviderShare>>,
 }
 
 /// What `/readyz` says of one provider.
@@ -114,7 +125,15 @@ impl Classify for ChainError {
 
 pub struct ModelChain {
     providers: Vec<Arc<Provider>>,
+    /// When the shared breakers were last read: at most once per [`SYNC_EVERY`] however
+    /// many consumers ask.
+    synced: Mutex<Option<Instant>>,
 }
+
+/// How stale this process's view of the fleet's breakers may be: a worker started during
+/// an outage reads it before its first job, and one of a running fleet learns of a probe
+/// that passed elsewhere within this long.
+const SYNC_EVERY: Duration = Duration::from_secs(1);
 
 impl std::fmt::Debug for ModelChain {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -169,6 +188,10 @@ impl ModelChain {
                     m.llm_breaker_open.with_label_values(&[&label]).set(0);
                 }
                 Arc::new(Provider {
+                    limits: Limits::new(config.rpm, config.tpm),
+                    max_tokens: config.max_tokens,
+                    cooldown,
+                    share: OnceLock::new(),
                     model: config.model_name().to_owned(),
                     fit: config.fit(),
                     policy: RetryPolicy::for_call_timeout(settings, config.call_timeout),
@@ -179,7 +202,38 @@ impl ModelChain {
                 })
             })
             .collect();
-        Self { providers }
+        Self {
+            providers,
+            synced: Mutex::new(None),
+        }
+    }
+
+    /// The same chain with every provider's limits, cool-until and breaker shared through
+    /// Redis with every other process of the deployment (`docs/tenants.md`).
+    pub fn shared(self, shared: &SharedLimits) -> Self {
+        for provider in &self.providers {
+            let _ = provider
+                .share
+                .set(Arc::new(shared.provider(&provider.label, provider.limits)));
+        }
+        self
+    }
+
+    /// Read the breakers the fleet published, at most once per [`SYNC_EVERY`]: a breaker
+    /// open elsewhere opens here with its schedule, and one a probe elsewhere closed closes
+    /// here. A Redis that does not answer leaves this process's view as it was.
+    pub(crate) async fn sync_shared(&self) {
+        {
+            let mut synced = self.synced.lock().unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            if synced.is_some_and(|at| now.saturating_duration_since(at) < SYNC_EVERY) {
+                return;
+            }
+            *synced = Some(now);
+        }
+        for provider in &self.providers {
+            provider.sync().await;
+        }
     }
 
     /// Summarise `text` with the first provider that can, within `deadline`, keeping no
@@ -255,6 +309,10 @@ impl ModelChain {
                 }
                 // No time left for this provider is no time left for the next one either.
                 Err(e @ RetryError::DeadlineExceeded { .. }) => {
+                    return Err(ChainError::Transient(e));
+                }
+                // Redis does not answer: no provider's limits can be asked.
+                Err(e @ RetryError::Limiter(_)) => {
                     return Err(ChainError::Transient(e));
                 }
                 Err(e) => e,
@@ -363,19 +421,185 @@ impl Provider {
     /// The one probe of an open breaker, if it is still due and nobody else runs it. A
     /// provider that answers at all (even refusing the tiny request as the job's fault) is
     /// up: only a transient failure or a misconfiguration keeps the breaker open.
+    ///
+    /// With shared state, the probe is the fleet's: taken in Redis first (one probe per
+    /// cooldown whatever the number of processes); a process that does not get it asks
+    /// again when it is free, and meanwhile follows the schedule the prober publishes.
     async fn probe(&self) {
         let Some(ticket) = self.breaker.begin_probe(Instant::now()) else {
             return;
         };
+        if let Some(share) = self.share.get() {
+            match share
+                .take_probe(self.policy.call_timeout + PROBE_LEASE_MARGIN)
+                .await
+            {
+                Ok(ProbeLease::Won) => {}
+                Ok(ProbeLease::Held(left)) => {
+                    ticket.postpone(Instant::now() + left);
+                    return;
+                }
+                // Probing without the fleet's lease costs one request per process per
+                // cooldown, what a lone process always spent.
+                Err(e) => {
+                    tracing::warn!(provider = %self.label, error = %e, "could not take the fleet's probe in Redis; probing from this process")
+                }
+            }
+        }
+        self.wait_turn_unchecked().await;
         let started = Instant::now();
         let result = retry::bounded(self.policy.call_timeout, self.llm.probe()).await;
         self.record_call(result.as_ref().map(|usage| *usage), started.elapsed());
+        self.after_call(&result).await;
         match result {
             Err(e) if e.fault() != Fault::Job => {
                 tracing::warn!(provider = %self.label, error = %e, "model provider probe failed; its breaker stays open");
                 ticket.failed(Instant::now(), &e.to_string());
+                self.publish_open(false).await;
             }
-            _ => self.apply(ticket.passed()),
+            _ => {
+                let transition = ticket.passed();
+                self.clear_open().await;
+                self.apply(transition);
+            }
+        }
+    }
+
+    /// Take this call's turn under the provider's shared limits (and its cool-until),
+    /// sleeping as long as the limiter says; how long it waited. Without shared state,
+    /// at once.
+    async fn wait_turn(&self, cost: u64) -> Result<Duration, RetryError> {
+        let Some(share) = self.share.get() else {
+            return Ok(Duration::ZERO);
+        };
+        let started = Instant::now();
+        let mut counted = false;
+        loop {
+            match share.admit(cost).await {
+                Ok(Admission::Go) => return Ok(started.elapsed()),
+                Ok(Admission::Wait { after, reason }) => {
+                    if !counted {
+                        counted = true;
+                        if let Some(m) = &self.metrics {
+                            m.llm_limit_waits
+                                .with_label_values(&[&self.label, reason.label()])
+                                .inc();
+                        }
+                        tracing::debug!(provider = %self.label, reason = reason.label(), wait_ms = after.as_millis() as u64, "model call waits for the provider's shared limits");
+                    }
+                    tokio::time::sleep(after).await;
+                }
+                // Without rpm/tpm only the cool-until was to be read: a call sent without it
+                // breaks no limit, and the provider's own 429 still answers it.
+                Err(e) if self.limits.is_unlimited() => {
+                    tracing::debug!(provider = %self.label, error = %e, "could not read the shared cool-until; calling anyway");
+                    return Ok(started.elapsed());
+                }
+                Err(e) => return Err(RetryError::Limiter(e.to_string())),
+            }
+        }
+    }
+
+    /// A probe's turn: it waits like any call, and goes without the limiter when Redis does
+    /// not answer (one tiny request per cooldown).
+    async fn wait_turn_unchecked(&self) {
+        let cost = (PromptKind::Document.overhead() + 1) as u64;
+        if let Err(e) = self.wait_turn(cost).await {
+            tracing::warn!(provider = %self.label, error = %e, "probing without the shared limits");
+        }
+    }
+
+    /// What one call of `prompt` may cost at most: its tokens as counted, the instructions,
+    /// and the whole completion cap.
+    fn cost_of(&self, prompt: &Prompt) -> u64 {
+        let tokens = prompt.data_tokens(self.fit.counter()) + prompt.kind().overhead();
+        tokens as u64 + u64::from(self.max_tokens)
+    }
+
+    /// A 429 that said how long to wait sets the fleet's cool-until.
+    async fn after_call<T>(&self, result: &Result<T, LlmError>) {
+        if let Some(after) = retry::rate_limited_for(result) {
+            self.rate_limited(after).await;
+        }
+    }
+
+    async fn rate_limited(&self, after: Duration) {
+        let Some(share) = self.share.get() else {
+            return;
+        };
+        match share.cool_for(after).await {
+            Ok(()) => {
+                tracing::warn!(provider = %self.label, wait_ms = after.as_millis() as u64, "model provider answered 429: no process calls it before its Retry-After")
+            }
+            Err(e) => {
+                tracing::warn!(provider = %self.label, error = %e, "could not share the provider's Retry-After in Redis")
+            }
+        }
+    }
+
+    /// Publish this breaker's open state for the fleet (`first`: it just opened here).
+    async fn publish_open(&self, first: bool) {
+        let (Some(share), Some((record, ttl))) = (self.share.get(), self.open_record()) else {
+            return;
+        };
+        publish(share, &self.label, &record, first, ttl).await;
+    }
+
+    /// The breaker's open state as the fleet is told it, and how long that record lives.
+    fn open_record(&self) -> Option<(OpenRecord, Duration)> {
+        let BreakerState::Open {
+            since,
+            probe_at,
+            probes_failed,
+            reason,
+            ..
+        } = self.breaker.state()
+        else {
+            return None;
+        };
+        let now = (Instant::now(), SystemTime::now());
+        let record = OpenRecord::at(now, since, probe_at, probes_failed, &reason);
+        // Outlives the longest cooldown twice, so a fleet that is gone leaves no open
+        // breaker behind for long, and a live one refreshes it with every failed probe.
+        let ttl = self.cooldown * COOLDOWN_GROWTH_CAP * 2 + self.policy.call_timeout;
+        Some((record, ttl))
+    }
+
+    async fn clear_open(&self) {
+        if let Some(share) = self.share.get() {
+            clear(share, &self.label).await;
+        }
+    }
+
+    /// Take the fleet's view of this provider's breaker.
+    async fn sync(&self) {
+        let Some(share) = self.share.get() else {
+            return;
+        };
+        match share.read_open().await {
+            Ok(Some(record)) => {
+                share.saw_open();
+                let (since, probe_at) = record.instants((Instant::now(), SystemTime::now()));
+                let opened =
+                    self.breaker
+                        .adopt_open(since, probe_at, record.probes_failed, &record.reason);
+                if opened.is_some() {
+                    tracing::warn!(provider = %self.label, "model provider's breaker is open in another process: this one makes no job call either");
+                }
+                self.apply(opened);
+            }
+            Ok(None) => {
+                if share.closed_elsewhere() && !self.breaker.is_probing() {
+                    let closed = self.breaker.record_success();
+                    if closed.is_some() {
+                        tracing::info!(provider = %self.label, "model provider's breaker was closed by another process's probe");
+                    }
+                    self.apply(closed);
+                }
+            }
+            Err(e) => {
+                tracing::debug!(provider = %self.label, error = %e, "could not read the shared breaker; keeping this process's view")
+            }
         }
     }
 
@@ -392,9 +616,11 @@ impl Provider {
         let Some(ticket) = self.breaker.begin_confirmation() else {
             return !self.breaker.is_open();
         };
+        self.wait_turn_unchecked().await;
         let started = Instant::now();
         let result = retry::bounded(self.policy.call_timeout, self.llm.probe()).await;
         self.record_call(result.as_ref().map(|usage| *usage), started.elapsed());
+        self.after_call(&result).await;
         match result {
             Err(e) if e.fault() != Fault::Job => {
                 tracing::warn!(provider = %self.label, error = %e, "model provider is down: the probe after a delivery opened its breaker failed too");
@@ -403,7 +629,9 @@ impl Provider {
             }
             _ => {
                 tracing::warn!(provider = %self.label, "model provider answers: the delivery that opened its breaker is at fault itself; its delivery counts");
-                self.apply(ticket.passed());
+                let transition = ticket.passed();
+                self.clear_open().await;
+                self.apply(transition);
                 true
             }
         }
@@ -469,12 +697,57 @@ impl AttemptObserver for Provider {
                 Fault::Job => None,
             },
         };
+        self.share_transition(&transition);
         self.apply(transition);
+    }
+}
+
+impl Provider {
+    /// Tell the fleet of a change a call made here, in its own task: the call's result is
+    /// not held up by Redis.
+    fn share_transition(&self, transition: &Option<Transition>) {
+        let Some(share) = self.share.get().cloned() else {
+            return;
+        };
+        let label = self.label.clone();
+        match transition {
+            Some(Transition::Opened { .. }) => {
+                let Some((record, ttl)) = self.open_record() else {
+                    return;
+                };
+                tokio::spawn(async move { publish(&share, &label, &record, true, ttl).await });
+            }
+            Some(Transition::Closed) => {
+                tokio::spawn(async move { clear(&share, &label).await });
+            }
+            None => {}
+        }
+    }
+}
+
+async fn publish(
+    share: &ProviderShare,
+    label: &str,
+    record: &OpenRecord,
+    first: bool,
+    ttl: Duration,
+) {
+    if let Err(e) = share.publish_open(record, first, ttl).await {
+        tracing::warn!(provider = %label, error = %e, "could not publish the open breaker in Redis");
+    }
+}
+
+async fn clear(share: &ProviderShare, label: &str) {
+    if let Err(e) = share.clear_open().await {
+        tracing::warn!(provider = %label, error = %e, "could not clear the open breaker in Redis");
     }
 }
 
 /// How often a confirmation looks whether a probe someone else runs has ended.
 const CONFIRM_POLL: Duration = Duration::from_millis(20);
+/// The fleet's probe is held this much longer than the probe's call timeout, so it cannot
+/// lapse while the probe still runs.
+const PROBE_LEASE_MARGIN: Duration = Duration::from_secs(1);
 
 /// A provider's observer for one delivery that also counts the calls it let through, and
 /// logs each one for the job's history.
@@ -484,9 +757,18 @@ struct Counted<'a> {
     log: Option<&'a CallLog>,
 }
 
+#[async_trait::async_trait]
 impl AttemptObserver for Counted<'_> {
     fn may_attempt(&self) -> bool {
         self.provider.may_attempt()
+    }
+
+    async fn wait_turn(&self, prompt: &Prompt) -> Result<Duration, RetryError> {
+        self.provider.wait_turn(self.provider.cost_of(prompt)).await
+    }
+
+    async fn rate_limited(&self, retry_after: Duration) {
+        self.provider.rate_limited(retry_after).await;
     }
 
     fn observe(&self, result: &Result<Completion, LlmError>, elapsed: Duration) {

@@ -13,6 +13,7 @@ mod fit;
 mod openai;
 pub mod prompts;
 pub mod retry;
+mod shared;
 pub mod split;
 pub mod tokens;
 
@@ -28,6 +29,7 @@ pub use chain::{ChainError, ModelChain, Provider, ProviderStatus};
 pub use fit::Fit;
 pub use openai::{OpenAiClient, PROBE_TEXT};
 pub use prompts::{Prompt, PromptKind, SYSTEM_PROMPT, document};
+pub use shared::{Admission, Limits, ProviderShare, SharedLimits, WaitReason};
 pub use tokens::TokenCounter;
 
 use crate::config::{FallbackSettings, LlmProvider, LlmSettings};
@@ -198,6 +200,9 @@ pub struct ProviderConfig {
     pub(crate) context_tokens: u32,
     /// `SUMMARYD_LLM` for `[llm]`, `[[llm.fallback]] #n` for a fallback.
     pub(crate) setting: String,
+    /// Requests and tokens per minute for every process together; none = no limit.
+    pub(crate) rpm: Option<u32>,
+    pub(crate) tpm: Option<u32>,
 }
 
 impl ProviderConfig {
@@ -212,6 +217,8 @@ impl ProviderConfig {
             max_tokens: settings.max_tokens,
             context_tokens: settings.context_tokens,
             setting: "SUMMARYD_LLM".into(),
+            rpm: settings.rpm,
+            tpm: settings.tpm,
         }
     }
 
@@ -255,6 +262,8 @@ impl ProviderConfig {
             max_tokens: settings.max_tokens,
             context_tokens: fallback.context_tokens.unwrap_or(settings.context_tokens),
             setting,
+            rpm: fallback.rpm,
+            tpm: fallback.tpm,
         })
     }
 
@@ -451,6 +460,8 @@ mod tests {
             api_key_env: api_key_env.map(str::to_owned),
             call_timeout: None,
             context_tokens: None,
+            rpm: None,
+            tpm: None,
         }
     }
 

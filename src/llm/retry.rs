@@ -32,6 +32,12 @@ impl Deadline {
     pub(crate) fn remaining(&self) -> Duration {
         self.0.saturating_duration_since(Instant::now())
     }
+
+    /// This deadline moved `by` later: time spent waiting for the provider's shared limits
+    /// is not the delivery's to lose.
+    pub(crate) fn extended(self, by: Duration) -> Self {
+        Self(self.0 + by)
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -84,10 +90,21 @@ impl RetryPolicy {
 }
 
 /// Sees every attempt on one provider: says whether another may start (its breaker is
-/// closed), and records each result (breaker, metrics).
+/// closed), waits for its turn under the provider's shared limits, and records each result
+/// (breaker, metrics, a 429's `Retry-After` for every process).
+#[async_trait::async_trait]
 pub trait AttemptObserver: Send + Sync {
     fn may_attempt(&self) -> bool;
     fn observe(&self, result: &Result<Completion, LlmError>, elapsed: Duration);
+
+    /// Wait until the provider's shared limits let a call of `prompt` through (taking its
+    /// slot); how long that took. Not an attempt: nothing was sent.
+    async fn wait_turn(&self, _prompt: &Prompt) -> Result<Duration, RetryError> {
+        Ok(Duration::ZERO)
+    }
+
+    /// The provider answered 429 and asked for `retry_after`.
+    async fn rate_limited(&self, _retry_after: Duration) {}
 }
 
 /// Why `complete_with_retries` gave up.
@@ -107,6 +124,10 @@ pub enum RetryError {
         remaining: Duration,
         needed: Duration,
     },
+    /// The provider's shared limits could not be asked (Redis): no call was sent, since
+    /// one sent unasked could break the limit every other process keeps.
+    #[error("the model provider's shared limits could not be checked: {0}")]
+    Limiter(String),
 }
 
 impl Classify for RetryError {
@@ -116,7 +137,7 @@ impl Classify for RetryError {
         match self {
             RetryError::Llm(e) => e.disposition(),
             RetryError::BreakerOpen => Disposition::Unavailable,
-            RetryError::DeadlineExceeded { .. } => Disposition::TRANSIENT,
+            RetryError::DeadlineExceeded { .. } | RetryError::Limiter(_) => Disposition::TRANSIENT,
         }
     }
 }
@@ -145,9 +166,18 @@ pub async fn complete_prompt_with_retries(
     observer: Option<&dyn AttemptObserver>,
 ) -> Result<Completion, RetryError> {
     let mut attempt: u32 = 0;
+    let mut deadline = deadline;
     loop {
         if observer.is_some_and(|o| !o.may_attempt()) {
             return Err(RetryError::BreakerOpen);
+        }
+        if let Some(o) = observer {
+            let waited = o.wait_turn(prompt).await?;
+            deadline = deadline.extended(waited);
+            // The breaker may have opened while this call waited for its turn.
+            if !waited.is_zero() && !o.may_attempt() {
+                return Err(RetryError::BreakerOpen);
+            }
         }
         let remaining = deadline.remaining();
         let timeout = policy.call_timeout.min(remaining);
@@ -197,8 +227,23 @@ async fn call_once(
     let result = bounded(timeout, llm.complete(prompt)).await;
     if let Some(o) = observer {
         o.observe(&result, started.elapsed());
+        if let Some(after) = rate_limited_for(&result) {
+            o.rate_limited(after).await;
+        }
     }
     result
+}
+
+/// The wait a 429 asked for, when it said one (`Retry-After` or `retry-after-ms`).
+pub(crate) fn rate_limited_for<T>(result: &Result<T, LlmError>) -> Option<Duration> {
+    match result {
+        Err(LlmError::Status {
+            status: 429,
+            retry_after,
+            ..
+        }) => *retry_after,
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -310,6 +355,27 @@ mod tests {
         let deadline = Deadline::after(after + p.min_attempt - Duration::from_millis(1));
         let given_up = complete_with_retries(&llm, "text", deadline, &p, None).await;
         assert!(matches!(given_up, Err(RetryError::Llm(_))), "{given_up:?}");
+    }
+
+    #[test]
+    fn only_a_429_with_a_wait_asks_every_process_to_wait() {
+        let with = |code: u16, after: Option<u64>| -> Result<(), LlmError> {
+            Err(LlmError::Status {
+                status: code,
+                retry_after: after.map(Duration::from_millis),
+                message: String::new(),
+            })
+        };
+        let cases = [
+            (with(429, Some(5_000)), Some(Duration::from_secs(5))),
+            (with(429, None), None),
+            (with(503, Some(5_000)), None),
+            (Err(LlmError::Timeout), None),
+            (Ok(()), None),
+        ];
+        for (result, want) in cases {
+            assert_eq!(rate_limited_for(&result), want, "{result:?}");
+        }
     }
 
     #[test]

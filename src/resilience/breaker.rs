@@ -191,6 +191,45 @@ impl Breaker {
         }
     }
 
+    /// Take the state another process published for the same provider (open since
+    /// `since`, next probe at `probe_at`, `probes_failed` so far): a closed breaker opens
+    /// (`Some(Opened)`), an open one follows that schedule. A probe running here is left
+    /// to finish; its answer decides.
+    pub(crate) fn adopt_open(
+        &self,
+        since: Instant,
+        probe_at: Instant,
+        probes_failed: u32,
+        reason: &str,
+    ) -> Option<Transition> {
+        let mut state = self.lock();
+        match &mut *state {
+            BreakerState::Closed { .. } => {
+                *state = BreakerState::Open {
+                    since,
+                    probe_at,
+                    probes_failed,
+                    probing: false,
+                    confirmed_down: false,
+                    reason: reason.to_owned(),
+                };
+                Some(Transition::Opened {
+                    reason: reason.to_owned(),
+                })
+            }
+            BreakerState::Open { probing: true, .. } => None,
+            BreakerState::Open {
+                probe_at: at,
+                probes_failed: failed,
+                ..
+            } => {
+                *at = probe_at;
+                *failed = probes_failed;
+                None
+            }
+        }
+    }
+
     /// Whether a probe of the open breaker runs right now.
     pub(crate) fn is_probing(&self) -> bool {
         matches!(&*self.lock(), BreakerState::Open { probing: true, .. })
@@ -267,6 +306,21 @@ impl ProbeTicket<'_> {
         self.breaker.probe_failed(now, reason);
     }
 
+    /// Someone else makes this probe (another process holds the fleet's probe): the breaker
+    /// stays open, asks again at `probe_at`, and its cooldown does not grow.
+    pub(crate) fn postpone(mut self, probe_at: Instant) {
+        self.done = true;
+        if let BreakerState::Open {
+            probing,
+            probe_at: at,
+            ..
+        } = &mut *self.breaker.lock()
+        {
+            *probing = false;
+            *at = probe_at;
+        }
+    }
+
     /// A confirmation failed: the breaker stays open on the schedule it opened with.
     pub(crate) fn still_down(mut self) {
         self.done = true;
@@ -307,6 +361,34 @@ mod tests {
             BreakerState::Open { probe_at, .. } => probe_at,
             other => panic!("not open: {other:?}"),
         }
+    }
+
+    /// Another process's published state opens a closed breaker and reschedules an open
+    /// one, but never interrupts a probe running here; a postponed probe keeps the cooldown.
+    #[test]
+    fn an_adopted_state_opens_or_reschedules_and_a_postponed_probe_keeps_the_cooldown() {
+        let t0 = Instant::now();
+        let b = breaker(5);
+        let opened = b.adopt_open(t0, t0 + 4 * S, 2, "503 elsewhere");
+        assert_eq!(
+            opened,
+            Some(Transition::Opened {
+                reason: "503 elsewhere".into()
+            })
+        );
+        assert_eq!(probe_at(&b), t0 + 4 * S);
+        assert_eq!(b.adopt_open(t0, t0 + 8 * S, 3, "again"), None);
+        assert_eq!(probe_at(&b), t0 + 8 * S, "follows the newer schedule");
+        let ticket = b.begin_probe(t0 + 8 * S).expect("due");
+        assert_eq!(b.adopt_open(t0, t0 + 20 * S, 4, "x"), None);
+        assert!(b.is_probing(), "a running probe is left alone");
+        ticket.postpone(t0 + 9 * S);
+        assert!(!b.is_probing());
+        assert_eq!(probe_at(&b), t0 + 9 * S);
+        // The cooldown after the next failed probe grows from the adopted count (3 → 8 S).
+        let now = t0 + 9 * S;
+        b.begin_probe(now).expect("due").failed(now, "503");
+        assert_eq!(probe_at(&b), now + 8 * S);
     }
 
     #[test]

@@ -110,6 +110,8 @@ impl Consumer {
             }
         }
         let model = &self.services.model;
+        // The fleet's breakers first: a worker started during an outage takes no job.
+        model.sync_shared().await;
         // Breakers whose cooldown is over get their probe, in its own task.
         model.probe_due();
         if model.all_open() {

@@ -29,7 +29,9 @@ pub use chain::{ChainError, ModelChain, Provider, ProviderStatus};
 pub use fit::Fit;
 pub use openai::{OpenAiClient, PROBE_TEXT};
 pub use prompts::{Prompt, PromptKind, SYSTEM_PROMPT, document};
-pub use shared::{Admission, Limits, ProviderShare, SharedLimits, WaitReason};
+pub use shared::{
+    Admission, Limits, OpenRecord, ProbeLease, ProviderShare, SharedLimits, WaitReason,
+};
 pub use tokens::TokenCounter;
 
 use crate::config::{FallbackSettings, LlmProvider, LlmSettings};

@@ -25,6 +25,7 @@ mod model_outage;
 mod outages;
 mod pg_drop;
 mod poison;
+mod provider_limits;
 mod recipients;
 mod redis_restart;
 mod sigterm;

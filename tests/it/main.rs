@@ -23,6 +23,7 @@ mod model_chain;
 mod outages;
 mod pause;
 mod properties;
+mod provider_limits;
 mod providers;
 mod recipients;
 mod relay_http_mail;

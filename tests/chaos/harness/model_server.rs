@@ -18,7 +18,7 @@ use std::hash::{Hash, Hasher};
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 use summaryd::llm::PromptKind;
@@ -81,6 +81,39 @@ struct State {
     in_flight: AtomicUsize,
     /// Markers answered with a fixed status whatever the behaviour (a poisonous text).
     refused: Mutex<HashMap<String, u16>>,
+    /// When each request arrived, and whether it was a probe.
+    arrivals: Mutex<Vec<(Instant, bool)>>,
+    /// The provider's own requests-per-minute limit, when the test gives it one.
+    limit: Mutex<Option<Bucket>>,
+    /// Job calls the limit would have refused with 429 (they are answered anyway).
+    over_limit: AtomicUsize,
+    /// Answer the n-th job call (from 1) with 429 and `Retry-After` of this many seconds.
+    throttle_once: Mutex<Option<(usize, u64)>>,
+    /// When that 429 was answered.
+    throttled_at: Mutex<Option<Instant>>,
+}
+
+/// A token bucket, as a provider meters requests: `capacity` at once, refilled at `per_s`.
+struct Bucket {
+    capacity: f64,
+    per_s: f64,
+    level: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    /// Take one request; false when the bucket is empty (the provider would answer 429).
+    fn take(&mut self, now: Instant) -> bool {
+        let refill = now.saturating_duration_since(self.at).as_secs_f64() * self.per_s;
+        self.level = (self.level + refill).min(self.capacity);
+        self.at = now;
+        if self.level >= 1.0 {
+            self.level -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
 }
 
 pub struct ModelServer {
@@ -214,6 +247,54 @@ impl ModelServer {
         self.state.probes.load(Ordering::SeqCst)
     }
 
+    /// Meter job calls as a provider with `rpm` requests a minute and a burst of `burst`
+    /// would; see [`Self::over_limit`].
+    pub fn enforce_rpm(&self, rpm: u32, burst: u32) {
+        *self.state.limit.lock().unwrap() = Some(Bucket {
+            capacity: f64::from(burst),
+            per_s: f64::from(rpm) / 60.0,
+            level: f64::from(burst),
+            at: Instant::now(),
+        });
+    }
+
+    /// Job calls the limit of [`Self::enforce_rpm`] would have answered with 429.
+    pub fn over_limit(&self) -> usize {
+        self.state.over_limit.load(Ordering::SeqCst)
+    }
+
+    /// Answer the `nth` job call from now on (from 1) with 429 and `Retry-After: secs`.
+    pub fn throttle_once(&self, nth: usize, secs: u64) {
+        let nth = self.total_calls() + nth;
+        *self.state.throttle_once.lock().unwrap() = Some((nth, secs));
+    }
+
+    /// When the 429 of [`Self::throttle_once`] was answered.
+    pub fn throttled_at(&self) -> Option<Instant> {
+        *self.state.throttled_at.lock().unwrap()
+    }
+
+    /// When each job call arrived.
+    pub fn job_call_times(&self) -> Vec<Instant> {
+        self.arrivals(false)
+    }
+
+    /// When each probe arrived.
+    pub fn probe_times(&self) -> Vec<Instant> {
+        self.arrivals(true)
+    }
+
+    fn arrivals(&self, probes: bool) -> Vec<Instant> {
+        self.state
+            .arrivals
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, probe)| *probe == probes)
+            .map(|(at, _)| *at)
+            .collect()
+    }
+
     /// Calls sleeping out their latency right now (hung calls are not counted: they are
     /// handed to the connection, which holds them until the client hangs up).
     pub fn in_flight(&self) -> usize {
@@ -241,7 +322,9 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
         .unwrap()
         .as_ref()
         .is_some_and(|b| b.down);
+    let arrived = Instant::now();
     if body["max_tokens"] == 1 {
+        state.arrivals.lock().unwrap().push((arrived, true));
         state.probes.fetch_add(1, Ordering::SeqCst);
         return if down {
             Reply::json(503, json!({"error": {"message": "outage"}}))
@@ -266,7 +349,28 @@ async fn answer(state: Arc<State>, req: Request) -> Reply {
             json!({"error": {"message": "no [[marker]] in prompt"}}),
         );
     }
-    state.total.fetch_add(1, Ordering::SeqCst);
+    let nth = state.total.fetch_add(1, Ordering::SeqCst) + 1;
+    state.arrivals.lock().unwrap().push((arrived, false));
+    if let Some(bucket) = state.limit.lock().unwrap().as_mut()
+        && !bucket.take(arrived)
+    {
+        state.over_limit.fetch_add(1, Ordering::SeqCst);
+    }
+    let throttle = {
+        let mut once = state.throttle_once.lock().unwrap();
+        match *once {
+            Some((at, secs)) if at == nth => {
+                *once = None;
+                Some(secs)
+            }
+            _ => None,
+        }
+    };
+    if let Some(secs) = throttle {
+        *state.throttled_at.lock().unwrap() = Some(Instant::now());
+        return Reply::json(429, json!({"error": {"message": "rate limit reached"}}))
+            .with_header("retry-after", &secs.to_string());
+    }
     *state.kinds.lock().unwrap().entry(kind).or_default() += 1;
     {
         let mut calls = state.calls.lock().unwrap();

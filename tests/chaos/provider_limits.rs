@@ -184,6 +184,18 @@ async fn during_an_outage_the_fleet_probes_once_per_cooldown_and_a_new_worker_ta
     })
     .await;
     assert!(published, "no process published its open breaker");
+    // Every running worker holds it open (its own failures, or the record read within a
+    // second): the fleet is in outage mode before the late worker starts.
+    let open_line = format!(r#"summaryd_llm_breaker_open{{provider="{MODEL}"}} 1"#);
+    for worker in &deployment.workers {
+        let url = worker.base_url();
+        let open = eventually(Duration::from_secs(10), || {
+            let (url, line) = (url.clone(), open_line.clone());
+            async move { metrics(&url).await.contains(&line) }
+        })
+        .await;
+        assert!(open, "{url}: breaker not open");
+    }
     // A worker started now reads the fleet's breaker before it takes anything.
     let _late = world
         .spawn("worker-late", "worker", &["--consumers", "2"])

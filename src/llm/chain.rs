@@ -24,8 +24,8 @@ use tokio::time::Instant;
 use super::breaker::{self, Breaker, BreakerState, COOLDOWN_GROWTH_CAP, Transition};
 use super::shared::{Admission, Limits, OpenRecord, ProbeLease, ProviderShare, SharedLimits};
 use super::{
-    Completion, Fault, Fit, Llm, LlmConfigError, LlmError, Prompt, PromptKind, ProviderConfig,
-    TokenCounter, provider_configs,
+    BUILTIN_LABEL, Completion, Fault, Fit, Llm, LlmConfigError, LlmError, Prompt, PromptKind,
+    ProviderConfig, TokenCounter, provider_configs,
 };
 use crate::config::LlmSettings;
 use crate::domain::{CallLog, ModelSummary, TokenUsage};
@@ -211,7 +211,8 @@ impl ModelChain {
     /// The same chain with every provider's limits, cool-until and breaker shared through
     /// Redis with every other process of the deployment (`docs/tenants.md`).
     pub fn shared(self, shared: &SharedLimits) -> Self {
-        for provider in &self.providers {
+        // The built-in summariser is never down, rate-limited or metered: nothing to share.
+        for provider in self.providers.iter().filter(|p| p.label != BUILTIN_LABEL) {
             let _ = provider
                 .share
                 .set(Arc::new(shared.provider(&provider.label, provider.limits)));

@@ -39,6 +39,9 @@ use crate::domain::TokenUsage;
 use crate::infra::http_client::with_causes;
 use crate::resilience::failure::{Classify, Disposition};
 
+/// The built-in summariser's label (logs, `/readyz`, metrics).
+pub(crate) const BUILTIN_LABEL: &str = "builtin";
+
 /// The statuses that say the provider is misconfigured (a revoked key, a model that does not
 /// exist there): no job can succeed on it, and any job may succeed elsewhere.
 const PROVIDER_FAULT_4XX: [u16; 3] = [401, 403, 404];
@@ -281,7 +284,7 @@ impl ProviderConfig {
     /// its kind and model, which an operator recognises from the config.
     pub(crate) fn label(&self) -> String {
         match self.provider {
-            LlmProvider::Builtin => "builtin".into(),
+            LlmProvider::Builtin => BUILTIN_LABEL.into(),
             LlmProvider::Openai => format!("openai:{}", self.model),
         }
     }

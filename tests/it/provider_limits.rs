@@ -181,3 +181,65 @@ async fn the_first_opener_and_the_first_prober_win_and_a_passed_probe_clears_bot
         .unwrap();
     assert_eq!(b.read_open().await.unwrap(), Some(record("probe failed")));
 }
+
+/// A chain of one provider called `openai:m`, answered by `llm`, sharing through `fleet`.
+fn chain(
+    fleet: &Fleet,
+    rpm: Option<u32>,
+    llm: std::sync::Arc<crate::shared::fakes::FakeLlm>,
+) -> summaryd::llm::ModelChain {
+    let mut settings = summaryd::config::Settings::default().llm;
+    settings.provider = summaryd::config::LlmProvider::Openai;
+    settings.model = "m".into();
+    settings.rpm = rpm;
+    summaryd::llm::ModelChain::single(&settings, llm, None).shared(&fleet.shared)
+}
+
+/// A call that waits for the provider's cool-until is sent once it is over, even when the
+/// wait is longer than the whole budget it was given: waiting is no attempt and spends none
+/// of the delivery's time.
+#[tokio::test]
+async fn a_call_waits_out_the_fleets_cool_until_without_spending_its_budget() {
+    let fleet = fleet().await;
+    let llm = std::sync::Arc::new(crate::shared::fakes::FakeLlm::ok());
+    let chain = chain(&fleet, None, llm.clone());
+    // Another process met a 429 asking for 3 s.
+    fleet
+        .process("openai:m", None, None)
+        .cool_for(Duration::from_secs(3))
+        .await
+        .unwrap();
+    let budget = summaryd::llm::retry::Deadline::after(Duration::from_millis(1_500));
+    let summary = chain.summarise("a text", budget).await;
+    assert!(summary.is_ok(), "{summary:?}");
+    assert_eq!(llm.calls(), 1);
+}
+
+/// With Redis gone, a provider with limits is not called (the attempt fails as transient);
+/// one without limits is, since only the cool-until was to be read.
+#[tokio::test]
+async fn without_redis_a_limited_provider_is_not_called_and_an_unlimited_one_is() {
+    let port = crate::shared::http_stub::free_port();
+    let pool = deadpool_redis::Config::from_url(format!("redis://127.0.0.1:{port}"))
+        .create_pool(Some(deadpool_redis::Runtime::Tokio1))
+        .expect("pool");
+    let gone = Fleet {
+        shared: SharedLimits::new(pool, RedisKeys::new("gone:")),
+        ..fleet().await
+    };
+    let deadline = || summaryd::llm::retry::Deadline::after(Duration::from_secs(10));
+    let llm = std::sync::Arc::new(crate::shared::fakes::FakeLlm::ok());
+    let limited = chain(&gone, Some(60), llm.clone());
+    let err = limited.summarise("a text", deadline()).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            summaryd::llm::ChainError::Transient(summaryd::llm::retry::RetryError::Limiter(_))
+        ),
+        "{err:?}"
+    );
+    assert_eq!(llm.calls(), 0, "no call sent without asking the limiter");
+    let unlimited = chain(&gone, None, llm.clone());
+    assert!(unlimited.summarise("a text", deadline()).await.is_ok());
+    assert_eq!(llm.calls(), 1);
+}

@@ -9,7 +9,10 @@
 //! - `bulk`: an operator's replay or purge of many dead letters, resumable by any process.
 //! - `pause`: the fleet-wide pause of consumption (who, why, since when).
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
+//! - `budget`: per-tenant token budgets, reserved in the enqueue script, settled when the
+//!   job finishes.
 
+pub mod budget;
 pub mod bulk;
 pub mod consumer_group;
 pub mod dead_letters;

@@ -45,6 +45,9 @@ pub enum Limit {
     InFlight,
     /// `notify_per_hour`: the recipient had that many emails from this tenant this hour.
     NotifyRate,
+    /// `budget_tokens`: the job's worst case does not fit the period's budget
+    /// (`stream/budget.rs`); retry when the period resets.
+    Budget,
 }
 
 /// A refusal: which limit, and when a request could pass.
@@ -142,6 +145,10 @@ impl OverLimit {
             },
             "notify" => Self {
                 limit: Limit::NotifyRate,
+                retry_after,
+            },
+            "budget" => Self {
+                limit: Limit::Budget,
                 retry_after,
             },
             _ => Self {

@@ -27,7 +27,8 @@ pub(crate) const USED: &str = "used";
 
 /// How many arguments [`Admission::pass_to`] appends to the enqueue script (the script
 /// finds the stream entry's fields before them by this count).
-pub(crate) const ADMISSION_ARGS: usize = 7;
+#[cfg(test)]
+const ADMISSION_ARGS: usize = 7;
 
 /// What the accepting script needs to reserve a job's worst case: the cost, the budget,
 /// the period and when it resets. `None` for a tenant without a budget.
@@ -137,8 +138,10 @@ impl Settle {
     }
 }
 
-/// Arguments [`Settle::pass_to`] appends.
-pub(crate) const SETTLE_ARGS: usize = 4;
+/// Arguments [`Settle::pass_to`] appends (the dead-letter script finds the dead entry's
+/// fields before them by this count).
+#[cfg(test)]
+const SETTLE_ARGS: usize = 4;
 
 /// `settle_budget(job state key, budget key, period field, tokens field, period id, spent)`:
 /// if the job state still holds a reservation made in `period id`, remove it and move it
@@ -219,4 +222,58 @@ pub async fn current<C: ConnectionLike + Send + Sync>(
     now: DateTime<Utc>,
 ) -> redis::RedisResult<BudgetUse> {
     read(conn, keys, tenant, &budget.period.id(now)).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scripts_find_the_budget_arguments_by_their_count() {
+        assert!(super::super::ENQUEUE_ONCE_LUA.contains(&format!("#ARGV - {ADMISSION_ARGS}")));
+        let script = redis::Script::new("return 1");
+        let mut invocation = script.prepare_invoke();
+        Admission::pass_to(None, &mut invocation);
+        let admission = Admission::new(
+            Budget {
+                tokens: 10,
+                period: crate::domain::BudgetPeriod::Day,
+                soft_ratio: 0.8,
+            },
+            3,
+            Utc::now(),
+        );
+        Admission::pass_to(Some(&admission), &mut invocation);
+        assert_eq!(Settle::args(None).len(), SETTLE_ARGS);
+        let settle = Settle {
+            reservation: Reservation {
+                period_id: "2026-12-02".into(),
+                tokens: 300,
+            },
+            spent: None,
+        };
+        // Unknown spend charges the reservation (-1 tells the script so).
+        assert_eq!(Settle::args(Some(&settle))[2..], ["2026-12-02", "-1"]);
+        let spent = Settle {
+            spent: Some(120),
+            ..settle
+        };
+        assert_eq!(Settle::args(Some(&spent))[2..], ["2026-12-02", "120"]);
+        assert_eq!(Settle::args(None)[2], "", "nothing to settle");
+    }
+
+    #[test]
+    fn a_refusal_waits_until_the_period_resets() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-02T23:59:30Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let budget = Budget {
+            tokens: 10,
+            period: crate::domain::BudgetPeriod::Day,
+            soft_ratio: 0.8,
+        };
+        let admission = Admission::new(budget, 3, now);
+        assert_eq!(admission.retry_after_ms, 30_000);
+        assert_eq!(admission.period_id, "2026-12-02");
+    }
 }

@@ -14,6 +14,7 @@ use redis::aio::ConnectionLike;
 use redis::streams::{StreamId, StreamRangeReply};
 use redis::{AsyncCommands, Script, Value};
 
+use super::budget::{self, Settle};
 use super::consumer_group::entry_millis;
 use super::job_entry::{self, field_bytes};
 use super::job_state::{self, Queued};
@@ -127,6 +128,22 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     fields: &HashMap<String, Value>,
     why: Why<'_>,
 ) -> redis::RedisResult<bool> {
+    add_settling(conn, keys, consumer, msg_id, fields, why, None).await
+}
+
+/// [`add`], releasing the job's budget reservation (`settle`: what the job's reported calls
+/// spent is charged, the rest of the reservation given back) inside the same
+/// owner-checked script, so a dead letter that does not happen releases nothing and a job
+/// acknowledged meanwhile is not settled twice (`stream/budget.rs`).
+pub async fn add_settling<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    consumer: &str,
+    msg_id: &str,
+    fields: &HashMap<String, Value>,
+    why: Why<'_>,
+    settle: Option<&Settle>,
+) -> redis::RedisResult<bool> {
     let Why {
         reason,
         class,
@@ -176,6 +193,10 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     for (name, value) in &entry {
         invocation.arg(name).arg(value);
     }
+    // Last, after the entry's fields (the script finds those before these by their count).
+    let tenant = text(fields, job_entry::TENANT);
+    let settle = settle.filter(|_| job_entry::job_id(fields).is_some());
+    Settle::pass_to(settle, keys, &tenant, &mut invocation);
     let dead_id: Option<String> = invocation.invoke_async(conn).await?;
     Ok(dead_id.is_some())
 }
@@ -194,16 +215,20 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
 /// same step: never gone while still pending, never left behind once dead.
 ///
 /// KEYS[1] job stream   KEYS[2] dead-letter stream   KEYS[3] job state hash
-/// KEYS[4] the tenant's in-flight set
+/// KEYS[4] the tenant's in-flight set   KEYS[5] the budget hash of the job's reservation
 /// ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id   ARGV[4] job id ('' when none)
 /// ARGV[5] n, ARGV[6 .. 5+n] job-state fields and values (`job_state::pass_failed`)
-/// ARGV[6+n ..] the dead entry's fields and values
-static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| Script::new(DEAD_LETTER_LUA));
+/// ARGV[6+n .. #ARGV-4] the dead entry's fields and values
+/// ARGV[#ARGV-3 ..] the budget settle's arguments (`budget::Settle::pass_to`; its period id
+/// is '' when there is nothing to settle)
+static DEAD_LETTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{}{DEAD_LETTER_LUA}", budget::SETTLE_LUA)));
 const DEAD_LETTER_LUA: &str = r"
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #pending == 0 then return false end
 local n = tonumber(ARGV[5])
-local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 6 + n))
+local s = #ARGV - 4
+local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 6 + n, s))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])
 if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
@@ -211,6 +236,7 @@ if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 if ARGV[4] ~= '' then
   redis.call('SREM', KEYS[4], ARGV[4])
+  settle_budget(KEYS[3], KEYS[5], ARGV[s + 1], ARGV[s + 2], ARGV[s + 3], ARGV[s + 4])
 end
 return dead_id
 ";

@@ -135,6 +135,16 @@ impl TenantLimits {
 }
 
 impl OverLimit {
+    /// Which limit refused.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// When the request could pass.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
     /// From the script's refusal: the limit's name and, for the rate, when the next job fits.
     pub(crate) fn from_script(limit: &str, retry_after_ms: i64) -> Self {
         let retry_after = Duration::from_millis(u64::try_from(retry_after_ms).unwrap_or(0));

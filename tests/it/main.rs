@@ -8,6 +8,7 @@ mod api;
 mod app;
 mod auth;
 mod backends;
+mod budgets;
 mod browser_smoke;
 mod bulk;
 mod console;

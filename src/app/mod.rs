@@ -220,6 +220,15 @@ impl Application {
         };
         // No connection is made here; the handles only carry the metrics the providers use.
         let handles = Handles::with_tokens(settings, auth.clone())?;
+        let budgets = auth.clone().map(|tokens| {
+            Arc::new(move || {
+                tokens
+                    .current()
+                    .tenants()
+                    .filter_map(|(id, policy)| policy.budget.map(|b| (id.to_string(), b)))
+                    .collect()
+            }) as crate::maintenance::BudgetSource
+        });
         let settings = handles.settings.clone();
         let model = if roles.has(Role::Worker) {
             Some(Arc::new(
@@ -351,7 +360,7 @@ impl Application {
         // Every role: each refreshes the gauges it can measure (an api-only process reports
         // the queue it feeds even with no worker running), and retention goes on wherever
         // the advisory lock lands.
-        let (maintenance, maintenance_shutdown) = (handles.maintenance(roles), shutdown.clone());
+        let (maintenance, maintenance_shutdown) = (handles.maintenance(roles).with_budgets(budgets), shutdown.clone());
         supervisor.spawn("maintenance".into(), move || {
             maintenance.clone().run(maintenance_shutdown.clone())
         });

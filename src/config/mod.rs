@@ -597,6 +597,8 @@ mod tests {
             api_key_env: Some("LOCAL_KEY".into()),
             call_timeout: None,
             context_tokens: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: None,
         }];
         s.redis_url = "rediss://default:redis-pass@cache:6380".into();
         s.database_url = "postgres://app:pg-pass@db/summaryd?sslmode=verify-full".into();

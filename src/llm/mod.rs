@@ -451,6 +451,8 @@ mod tests {
             api_key_env: api_key_env.map(str::to_owned),
             call_timeout: None,
             context_tokens: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: None,
         }
     }
 

@@ -76,7 +76,7 @@ pub async fn run(
         AdminCommand::Outbox(command) => run_outbox(settings, command, out).await,
         AdminCommand::Usage(args) => {
             let pg = connections::pg_pool(settings)?;
-            usage::report(&pg, &args, out).await
+            usage::report_priced(&pg, &settings.llm, &args, out).await
         }
         AdminCommand::Webhook(command) => run_webhook(settings, command, out).await,
         AdminCommand::Pause(args) => {

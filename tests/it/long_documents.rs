@@ -554,6 +554,8 @@ async fn with_the_primary_down_a_4096_token_fallback_finishes_a_long_text() {
         api_key_env: None,
         call_timeout: None,
         context_tokens: Some(4_096),
+        price_per_mtok_input: None,
+        price_per_mtok_output: None,
     }];
     let text = long_text(60_000, "fallback");
     let (services, mut consumer) = world(settings, &env, vec![job(0, text.clone())]).await;

@@ -63,6 +63,8 @@ fn settings(env: &TestEnv, primary: &HttpStub, fallback: Option<&HttpStub>) -> S
             api_key_env: None,
             call_timeout: None,
             context_tokens: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: None,
         })
         .into_iter()
         .collect();

@@ -118,16 +118,17 @@ mod tests {
 
     #[test]
     fn budget_show_takes_a_tenant_and_json() {
-        let cli =
-            Cli::try_parse_from(["summaryd", "budget", "show", "--tenant", "acme", "--json"])
-                .unwrap();
+        let cli = Cli::try_parse_from(["summaryd", "budget", "show", "--tenant", "acme", "--json"])
+            .unwrap();
         let Command::Budget(BudgetCommand::Show(args)) = cli.command else {
             panic!("expected budget show")
         };
         assert_eq!(args.tenant.as_deref(), Some("acme"));
         assert!(args.json);
         let Command::Budget(BudgetCommand::Show(all)) =
-            Cli::try_parse_from(["summaryd", "budget", "show"]).unwrap().command
+            Cli::try_parse_from(["summaryd", "budget", "show"])
+                .unwrap()
+                .command
         else {
             panic!("expected budget show")
         };

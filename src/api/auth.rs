@@ -743,9 +743,18 @@ mod tests {
                 "budget_tokens = 5\nbudget_period = \"month\"\nbudget_soft_ratio = 0.25",
                 ok(5, BudgetPeriod::Month, 0.25),
             ),
-            ("budget_period = \"day\"", Err("tenants.acme.budget_period needs budget_tokens")),
-            ("budget_soft_ratio = 0.5", Err("tenants.acme.budget_soft_ratio needs budget_tokens")),
-            ("budget_tokens = 1000", Err("tenants.acme.budget_tokens needs budget_period")),
+            (
+                "budget_period = \"day\"",
+                Err("tenants.acme.budget_period needs budget_tokens"),
+            ),
+            (
+                "budget_soft_ratio = 0.5",
+                Err("tenants.acme.budget_soft_ratio needs budget_tokens"),
+            ),
+            (
+                "budget_tokens = 1000",
+                Err("tenants.acme.budget_tokens needs budget_period"),
+            ),
             (
                 "budget_tokens = 0\nbudget_period = \"day\"",
                 Err("tenants.acme.budget_tokens must be at least 1"),
@@ -766,7 +775,10 @@ mod tests {
                 "budget_tokens = 10\nbudget_period = \"day\"\nbudget_soft_ratio = nan",
                 Err("tenants.acme.budget_soft_ratio must be above 0 and at most 1"),
             ),
-            ("budget_tokens = -1\nbudget_period = \"day\"", Err("budget_tokens")),
+            (
+                "budget_tokens = -1\nbudget_period = \"day\"",
+                Err("budget_tokens"),
+            ),
         ];
         for (extra, expected) in rows {
             match (budget(extra), expected) {

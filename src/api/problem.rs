@@ -122,7 +122,9 @@ pub enum ApiError {
     #[error("over its {} limit; retry in {retry_after_s} s", limit_name(*.limit))]
     RateLimited { limit: Limit, retry_after_s: u64 },
     /// The tenant's budget cannot hold the job's worst case in this period.
-    #[error("over its budget: the job may cost {cost} tokens, {left} of {budget} are left until {resets_at}")]
+    #[error(
+        "over its budget: the job may cost {cost} tokens, {left} of {budget} are left until {resets_at}"
+    )]
     BudgetExhausted {
         /// The job's worst-case tokens.
         cost: u64,
@@ -902,7 +904,11 @@ mod tests {
             retry_after_s: 60,
         }
         .problem();
-        assert!(p.detail.contains("more than this tenant's whole budget"), "{}", p.detail);
+        assert!(
+            p.detail.contains("more than this tenant's whole budget"),
+            "{}",
+            p.detail
+        );
         assert!(p.detail.contains("can never be accepted"), "{}", p.detail);
         assert!(p.problem_type.ends_with("/budget-exhausted"));
     }

@@ -311,12 +311,15 @@ async fn webhook_target(
 /// refusal itself was atomic with the check) and when the period resets.
 async fn budget_exhausted(state: &ApiState, tenant: &str, admission: &Admission) -> ApiError {
     let left = match state.services.redis.get().await {
-        Ok(mut conn) => {
-            stream::budget::read(&mut conn, &state.services.keys, tenant, &admission.period_id)
-                .await
-                .map(|taken| admission.budget.left(taken))
-                .unwrap_or(0)
-        }
+        Ok(mut conn) => stream::budget::read(
+            &mut conn,
+            &state.services.keys,
+            tenant,
+            &admission.period_id,
+        )
+        .await
+        .map(|taken| admission.budget.left(taken))
+        .unwrap_or(0),
         Err(_) => 0,
     };
     let retry_after = std::time::Duration::from_millis(admission.retry_after_ms);

@@ -234,8 +234,14 @@ impl LlmSettings {
             )),
             _ => Ok(()),
         };
-        price("SUMMARYD_LLM_PRICE_PER_MTOK_INPUT", self.price_per_mtok_input)?;
-        price("SUMMARYD_LLM_PRICE_PER_MTOK_OUTPUT", self.price_per_mtok_output)?;
+        price(
+            "SUMMARYD_LLM_PRICE_PER_MTOK_INPUT",
+            self.price_per_mtok_input,
+        )?;
+        price(
+            "SUMMARYD_LLM_PRICE_PER_MTOK_OUTPUT",
+            self.price_per_mtok_output,
+        )?;
         for (i, fallback) in self.fallback.iter().enumerate() {
             price(
                 &format!("[[llm.fallback]] #{} price_per_mtok_input", i + 1),
@@ -378,7 +384,11 @@ mod tests {
         for (setting, adjust) in rows {
             let mut llm = LlmSettings::default();
             adjust(&mut llm);
-            assert!(refusal(&llm).contains(setting), "{setting}: {}", refusal(&llm));
+            assert!(
+                refusal(&llm).contains(setting),
+                "{setting}: {}",
+                refusal(&llm)
+            );
         }
     }
 

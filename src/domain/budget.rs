@@ -269,7 +269,13 @@ mod tests {
         ];
         for ((reserved, used), job, spent, (r, u)) in rows {
             let after = BudgetUse { reserved, used }.settle(job, spent);
-            assert_eq!(after, BudgetUse { reserved: r, used: u });
+            assert_eq!(
+                after,
+                BudgetUse {
+                    reserved: r,
+                    used: u
+                }
+            );
         }
         // The 10 jobs of a budget that fits exactly 10 leave room for more once settled.
         let budget = Budget {

@@ -177,7 +177,10 @@ mod tests {
         let combine_tokens = worst - part_tokens as u64;
         // Every combination carries at most a context's worth, and at least its answer.
         assert!(combine_tokens >= (combines * (512 + PromptKind::Combine.overhead())) as u64);
-        assert!(combine_tokens <= (combines * 4_096) as u64, "{combine_tokens}");
+        assert!(
+            combine_tokens <= (combines * 4_096) as u64,
+            "{combine_tokens}"
+        );
         // Never less than what the text alone is.
         assert!(worst > TokenCounter::Estimate.count(&text) as u64);
     }

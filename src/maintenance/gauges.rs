@@ -33,12 +33,17 @@ impl Maintenance {
         let mut ratios = Vec::new();
         for (tenant, b) in budgets() {
             let taken = budget::current(&mut conn, &self.keys, &tenant, &b, now).await?;
-            ratios.push((tenant, b.used_ratio(taken)));
+            ratios.push((tenant, b.used_ratio(taken), b.soft_ratio));
         }
-        let gauge = &self.metrics.tenant_budget_used_ratio;
-        gauge.clear_all();
-        for (tenant, ratio) in ratios {
-            gauge.set_for(&[&tenant], ratio);
+        let (used, soft) = (
+            &self.metrics.tenant_budget_used_ratio,
+            &self.metrics.tenant_budget_soft_ratio,
+        );
+        used.clear_all();
+        soft.clear_all();
+        for (tenant, ratio, soft_ratio) in ratios {
+            used.set_for(&[&tenant], ratio);
+            soft.set_for(&[&tenant], soft_ratio);
         }
         Ok(())
     }
@@ -84,6 +89,7 @@ impl Maintenance {
         }
         if let Err(e) = self.refresh_budgets().await {
             m.tenant_budget_used_ratio.clear_all();
+            m.tenant_budget_soft_ratio.clear_all();
             result = result.and(Err(e));
         }
         match db::outbox::count_unsent(&self.pg).await {

@@ -42,8 +42,14 @@ pub struct BudgetRow {
 }
 
 impl Row for BudgetRow {
-    const COLUMNS: &'static [&'static str] =
-        &["tenant", "period", "budget_tokens", "reserved", "used", "left"];
+    const COLUMNS: &'static [&'static str] = &[
+        "tenant",
+        "period",
+        "budget_tokens",
+        "reserved",
+        "used",
+        "left",
+    ];
     fn cells(&self) -> Vec<String> {
         vec![
             self.tenant.clone(),

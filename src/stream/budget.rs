@@ -110,7 +110,12 @@ impl Settle {
             ),
             None => (String::new(), "-1".to_owned()),
         };
-        [period_field.to_owned(), tokens_field.to_owned(), period_id, spent]
+        [
+            period_field.to_owned(),
+            tokens_field.to_owned(),
+            period_id,
+            spent,
+        ]
     }
 
     /// The budget hash the reservation was made in (a job settles against the period it

@@ -3,8 +3,8 @@ use std::sync::LazyLock;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
-use super::job_entry;
 use super::budget::Admission;
+use super::job_entry;
 use super::job_state::Queued;
 use super::tenant_limits::{self, OverLimit, TenantLimits};
 use crate::domain::Job;

@@ -31,8 +31,14 @@ impl Consumer {
         match settlement {
             Settlement::Ack(finish) => {
                 let settle = self.settle_of(conn, job, Spent::Summary).await?;
-                group::ack_settling(conn, &self.services.keys, &delivery.id, job, settle.as_ref())
-                    .await?;
+                group::ack_settling(
+                    conn,
+                    &self.services.keys,
+                    &delivery.id,
+                    job,
+                    settle.as_ref(),
+                )
+                .await?;
                 match finish {
                     Finish::Summarised => {
                         self.services

@@ -71,7 +71,11 @@ fn replica(env: &TestEnv, file: &tempfile::NamedTempFile, llm: FakeLlm) -> Servi
 }
 
 /// The period hash's fields now (today, UTC).
-async fn budget_hash(env: &TestEnv, keys: &RedisKeys, period: BudgetPeriod) -> HashMap<String, u64> {
+async fn budget_hash(
+    env: &TestEnv,
+    keys: &RedisKeys,
+    period: BudgetPeriod,
+) -> HashMap<String, u64> {
     let period_id = period.id(Utc::now());
     env.redis()
         .await
@@ -138,14 +142,23 @@ async fn fifty_concurrent_posts_on_two_api_processes_admit_exactly_the_ten_that_
     assert_eq!(refused.len(), 40);
     for (_, _, retry_after, body) in &refused {
         assert!(
-            body["type"].as_str().unwrap().ends_with("/budget-exhausted"),
+            body["type"]
+                .as_str()
+                .unwrap()
+                .ends_with("/budget-exhausted"),
             "{body}"
         );
-        assert!(body["detail"].as_str().unwrap().contains("resets at"), "{body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains("resets at"),
+            "{body}"
+        );
         // Until the period resets: midnight UTC, whole seconds rounded up.
         let wait = retry_after.expect("Retry-After");
         let midnight = seconds_to_midnight();
-        assert!((midnight - 5..=midnight + 5).contains(&wait), "{wait} vs {midnight}");
+        assert!(
+            (midnight - 5..=midnight + 5).contains(&wait),
+            "{wait} vs {midnight}"
+        );
     }
 
     // The effects: ten entries, ten reservations, each noted in its job's state; nothing of
@@ -202,7 +215,11 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
         ids.push(body["job_id"].as_str().unwrap().to_owned());
     }
     let res = test::call_service(&app, post(&key(2)).to_request()).await;
-    assert_eq!(res.status(), 429, "the two reservations take the whole budget");
+    assert_eq!(
+        res.status(),
+        429,
+        "the two reservations take the whole budget"
+    );
 
     let mut worker = Consumer::new(services.worker(), "budget-worker");
     let mut done = 0;
@@ -260,9 +277,7 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
 async fn a_dead_letter_releases_its_reservation() {
     let env = TestEnv::new().await;
     let cost = cost(&env);
-    let file = tokens_file(&format!(
-        "budget_tokens = {cost}\nbudget_period = \"day\""
-    ));
+    let file = tokens_file(&format!("budget_tokens = {cost}\nbudget_period = \"day\""));
     // The model refuses the job for good: dead-lettered at once.
     let bad_request = LlmError::Status {
         status: 400,
@@ -303,7 +318,10 @@ async fn a_dead_letter_releases_its_reservation() {
     let res = test::call_service(&app, post(&key(0)).to_request()).await;
     assert_eq!(res.status(), 202);
     assert_eq!(res.headers().get("idempotent-replayed").unwrap(), "true");
-    assert_eq!(budget_hash(&env, &services.keys, BudgetPeriod::Day).await, before);
+    assert_eq!(
+        budget_hash(&env, &services.keys, BudgetPeriod::Day).await,
+        before
+    );
     assert_eq!(env.dead_letters().await, 1);
 }
 

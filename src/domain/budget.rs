@@ -38,6 +38,16 @@ impl BudgetPeriod {
         }
     }
 
+    /// Which kind of period `id` (from [`Self::id`]) names: a day's has the day, a month's
+    /// does not.
+    pub fn of_id(id: &str) -> Option<Self> {
+        match id.len() {
+            10 => Some(Self::Day),
+            7 => Some(Self::Month),
+            _ => None,
+        }
+    }
+
     /// When the period `now` falls in ends (the next one starts): the next UTC midnight, or
     /// the first of the next month at UTC midnight.
     pub fn resets_at(self, now: DateTime<Utc>) -> DateTime<Utc> {
@@ -208,6 +218,7 @@ mod tests {
             let reset = period.resets_at(now);
             assert_ne!(period.id(reset), id);
             assert_eq!(period.id(reset - chrono::Duration::milliseconds(1)), id);
+            assert_eq!(BudgetPeriod::of_id(id), Some(period));
             assert!(period.keep_ms() > u64::try_from((reset - now).num_milliseconds()).unwrap());
         }
     }
@@ -218,6 +229,9 @@ mod tests {
         assert_eq!(BudgetPeriod::parse("month"), Some(BudgetPeriod::Month));
         for bad in ["", "Day", "week", "daily", " day"] {
             assert_eq!(BudgetPeriod::parse(bad), None, "{bad:?}");
+        }
+        for bad in ["", "none", "2026", "2026-12-02T00"] {
+            assert_eq!(BudgetPeriod::of_id(bad), None, "{bad:?}");
         }
     }
 

@@ -198,6 +198,64 @@ pub(crate) fn add_settle(
     pipe.ignore();
 }
 
+/// What a replayed job reserves: the reservation it held when it was dead-lettered (the
+/// dead entry keeps it), in the period of the same kind that `now` falls in. A replay is an
+/// operator's decision and is never refused (as with `max_in_flight`), so the job is
+/// reserved even past the budget; it is settled like any other job when it finishes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rereserve {
+    pub tokens: u64,
+    pub period_id: String,
+}
+
+impl Rereserve {
+    /// From the dead entry's reservation (period id and tokens), at `now`.
+    pub fn at(period_id: &str, tokens: u64, now: DateTime<Utc>) -> Option<Self> {
+        let period = crate::domain::BudgetPeriod::of_id(period_id)?;
+        (tokens > 0).then(|| Self {
+            tokens,
+            period_id: period.id(now),
+        })
+    }
+
+    /// The budget key, then (as arguments, [`REPLAY_ARGS`] of them, last) the tokens (0:
+    /// none), the hash's TTL in ms, the job-state field of the period, the period id, the
+    /// job-state field of the tokens.
+    pub(crate) fn pass_to(
+        rereserve: Option<&Self>,
+        keys: &RedisKeys,
+        tenant: &str,
+        script: &mut ScriptInvocation,
+    ) {
+        let [period_field, tokens_field] = job_state::reservation_fields();
+        match rereserve {
+            Some(r) => {
+                let keep = crate::domain::BudgetPeriod::of_id(&r.period_id)
+                    .map_or(0, crate::domain::BudgetPeriod::keep_ms);
+                script
+                    .key(keys.budget(tenant, &r.period_id))
+                    .arg(r.tokens)
+                    .arg(keep)
+                    .arg(period_field)
+                    .arg(&r.period_id)
+                    .arg(tokens_field)
+            }
+            None => script
+                .key(keys.budget(tenant, "none"))
+                .arg(0)
+                .arg(0)
+                .arg(period_field)
+                .arg("")
+                .arg(tokens_field),
+        };
+    }
+}
+
+/// Arguments [`Rereserve::pass_to`] appends (the replay script finds the job's fields
+/// before them by this count).
+#[cfg(test)]
+const REPLAY_ARGS: usize = 5;
+
 /// A tenant's counters in one period (zero for a period nothing was reserved in).
 pub async fn read<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
@@ -265,6 +323,31 @@ mod tests {
         };
         assert_eq!(Settle::args(Some(&spent))[2..], ["2026-12-02", "120"]);
         assert_eq!(Settle::args(None)[2], "", "nothing to settle");
+        let mut replay = script.prepare_invoke();
+        Rereserve::pass_to(None, &RedisKeys::new(""), "acme", &mut replay);
+        let _ = REPLAY_ARGS;
+    }
+
+    #[test]
+    fn a_replay_reserves_as_much_again_in_the_period_of_its_kind_now() {
+        let now = chrono::DateTime::parse_from_rfc3339("2027-01-05T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let rows = [
+            // (dead entry's period, tokens, reserves)
+            ("2026-12-31", 300, Some(("2027-01-05", 300))),
+            ("2026-12", 300, Some(("2027-01", 300))),
+            ("2026-12", 0, None),
+            ("", 300, None),
+        ];
+        for (period, tokens, want) in rows {
+            let got = Rereserve::at(period, tokens, now);
+            assert_eq!(
+                got.map(|r| (r.period_id, r.tokens)),
+                want.map(|(p, t)| (p.to_owned(), t)),
+                "{period}"
+            );
+        }
     }
 
     #[test]

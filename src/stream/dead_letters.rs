@@ -27,6 +27,10 @@ const REASON: &str = "reason";
 const CLASS: &str = "class";
 const ORIGINAL_ID: &str = "original_id";
 const FAILED_AT: &str = "failed_at";
+/// The budget reservation the job held when it was dead-lettered (its period id and
+/// tokens); absent for a job without one.
+const BUDGET_PERIOD: &str = "budget_period";
+const BUDGET_TOKENS: &str = "budget_tokens";
 
 /// One dead-lettered job as operators see it (`summaryd dlq list`).
 ///
@@ -153,7 +157,10 @@ pub async fn add_settling<C: ConnectionLike + Send + Sync>(
     // Keep every original field a replay needs; ours go last and win on a name clash.
     let mut entry: Vec<(String, Vec<u8>)> = fields
         .keys()
-        .filter(|name| ![REASON, CLASS, ORIGINAL_ID, FAILED_AT].contains(&name.as_str()))
+        .filter(|name| {
+            ![REASON, CLASS, ORIGINAL_ID, FAILED_AT, BUDGET_PERIOD, BUDGET_TOKENS]
+                .contains(&name.as_str())
+        })
         .filter_map(|name| field_bytes(fields, name).map(|v| (name.clone(), v)))
         .collect();
     // HashMap order is random; a stable order makes entries easy to compare by eye.
@@ -162,6 +169,17 @@ pub async fn add_settling<C: ConnectionLike + Send + Sync>(
     entry.push((CLASS.into(), class.as_str().as_bytes().to_vec()));
     entry.push((ORIGINAL_ID.into(), msg_id.as_bytes().to_vec()));
     entry.push((FAILED_AT.into(), failed_at.into_bytes()));
+    // The reservation the job held, so `dlq replay` can reserve as much again.
+    if let Some(s) = settle {
+        entry.push((
+            BUDGET_PERIOD.into(),
+            s.reservation.period_id.as_bytes().to_vec(),
+        ));
+        entry.push((
+            BUDGET_TOKENS.into(),
+            s.reservation.tokens.to_string().into_bytes(),
+        ));
+    }
 
     let mut invocation = DEAD_LETTER.prepare_invoke();
     invocation.key(keys.stream()).key(keys.dead_letters());
@@ -252,14 +270,23 @@ return dead_id
 /// ARGV[1] dead entry id      ARGV[2] job id
 /// ARGV[3] n, ARGV[4 .. 3+n] job-state fields and values, ARGV[4+n] the job-state field
 ///         to clear (`job_state::Queued::pass_to`)
-/// ARGV[5+n ..] the job's stream fields and values
+/// ARGV[5+n .. #ARGV-5] the job's stream fields and values
+/// KEYS[5] the tenant's budget hash of this period   ARGV[#ARGV-4 ..] the reservation the
+/// job makes again (`budget::Rereserve::pass_to`: tokens, 0 for none, TTL ms, the job-state
+/// field of the period, the period id, the job-state field of the tokens); never refused
 static REPLAY: LazyLock<Script> = LazyLock::new(|| Script::new(REPLAY_LUA));
 const REPLAY_LUA: &str = r"
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return false end
 local n = tonumber(ARGV[3])
-local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n))
+local b = #ARGV - 5
+local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n, b))
 redis.call('HSET', KEYS[3], unpack(ARGV, 4, 3 + n))
 redis.call('HDEL', KEYS[3], ARGV[4 + n])
+if tonumber(ARGV[b + 1]) > 0 then
+  redis.call('HINCRBY', KEYS[5], 'reserved', ARGV[b + 1])
+  redis.call('PEXPIRE', KEYS[5], ARGV[b + 2])
+  redis.call('HSET', KEYS[3], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 1])
+end
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[2])
 return new_id
@@ -574,6 +601,19 @@ pub async fn replay<C: ConnectionLike + Send + Sync>(
             invocation.arg(name).arg(value);
         }
     }
+    // It will spend again: it reserves again what it held, in today's period.
+    let rereserve = text(&entry.map, BUDGET_TOKENS)
+        .parse::<u64>()
+        .ok()
+        .and_then(|tokens| {
+            budget::Rereserve::at(&text(&entry.map, BUDGET_PERIOD), tokens, Utc::now())
+        });
+    budget::Rereserve::pass_to(
+        rereserve.as_ref(),
+        keys,
+        &text(&entry.map, job_entry::TENANT),
+        &mut invocation,
+    );
     let new_id: Option<String> = invocation.invoke_async(conn).await?;
     Ok(match new_id {
         Some(stream_id) => ReplayOutcome::Replayed {

@@ -19,7 +19,7 @@ use summaryd::llm::LlmError;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::budget::{self, Admission};
 use summaryd::stream::consumer_group::ensure_group;
-use summaryd::stream::{EnqueueOnce, Limit, TenantLimits};
+use summaryd::stream::{EnqueueOnce, Limit, TenantLimits, dead_letters};
 use summaryd::worker::Consumer;
 
 use crate::shared::test_env::Services;

@@ -527,6 +527,8 @@ mod tests {
             "llm.context_tokens",
             "llm.parallel_parts",
             "llm.max_parts",
+            "llm.price_per_mtok_input",
+            "llm.price_per_mtok_output",
             "api.max_text_chars",
             "api.inline_text_bytes",
             "mail.smtp_url",
@@ -565,7 +567,7 @@ mod tests {
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 73, "{known:?}");
+        assert_eq!(known.len(), 75, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.

@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn the_scripts_find_the_budget_arguments_by_their_count() {
-        assert!(super::super::ENQUEUE_ONCE_LUA.contains(&format!("#ARGV - {ADMISSION_ARGS}")));
+        assert!(include_str!("enqueue_once.lua").contains(&format!("#ARGV - {ADMISSION_ARGS}")));
         let script = redis::Script::new("return 1");
         let mut invocation = script.prepare_invoke();
         Admission::pass_to(None, &mut invocation);
@@ -325,7 +325,9 @@ mod tests {
         assert_eq!(Settle::args(None)[2], "", "nothing to settle");
         let mut replay = script.prepare_invoke();
         Rereserve::pass_to(None, &RedisKeys::new(""), "acme", &mut replay);
-        let _ = REPLAY_ARGS;
+        let dead_letters = include_str!("dead_letters.rs");
+        assert!(dead_letters.contains(&format!("local s = #ARGV - {SETTLE_ARGS}")));
+        assert!(dead_letters.contains(&format!("local b = #ARGV - {REPLAY_ARGS}")));
     }
 
     #[test]

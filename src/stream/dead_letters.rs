@@ -158,8 +158,15 @@ pub async fn add_settling<C: ConnectionLike + Send + Sync>(
     let mut entry: Vec<(String, Vec<u8>)> = fields
         .keys()
         .filter(|name| {
-            ![REASON, CLASS, ORIGINAL_ID, FAILED_AT, BUDGET_PERIOD, BUDGET_TOKENS]
-                .contains(&name.as_str())
+            ![
+                REASON,
+                CLASS,
+                ORIGINAL_ID,
+                FAILED_AT,
+                BUDGET_PERIOD,
+                BUDGET_TOKENS,
+            ]
+            .contains(&name.as_str())
         })
         .filter_map(|name| field_bytes(fields, name).map(|v| (name.clone(), v)))
         .collect();

@@ -233,6 +233,27 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
     for id in &ids {
         assert!(job_state(&env, &services.keys, id).await.is_empty());
     }
+    // `summaryd budget show` reads the same: the tokens file's budget, Redis's counters.
+    let store = summaryd::api::auth::TokenStore::load(file.path()).unwrap();
+    let mut r = env.redis().await;
+    let rows = summaryd::ops::budget::rows(&mut r, &services.keys, &store, None, Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!(
+        (row.tenant.as_str(), row.period.as_str()),
+        ("acme", BudgetPeriod::Month.id(Utc::now()).as_str())
+    );
+    assert_eq!(
+        (row.budget_tokens, row.reserved, row.used, row.left),
+        (2 * cost, 0, 240, 2 * cost - 240)
+    );
+    let other =
+        summaryd::ops::budget::rows(&mut r, &services.keys, &store, Some("globex"), Utc::now())
+            .await
+            .unwrap();
+    assert!(other.is_empty());
 
     // The unused reservations are back: a job that did not fit now does.
     let res = test::call_service(&app, post(&key(2)).to_request()).await;
@@ -323,6 +344,25 @@ async fn a_dead_letter_releases_its_reservation() {
         before
     );
     assert_eq!(env.dead_letters().await, 1);
+
+    // `dlq replay` runs the job again, so it reserves again what it held (never refused,
+    // like every replay: here past the budget, which the next admission then sees).
+    let mut r = env.redis().await;
+    let dead = dead_letters::all_ids(&mut r, &services.keys).await.unwrap();
+    let replayed = dead_letters::replay(&mut r, &services.keys, &dead[0])
+        .await
+        .unwrap();
+    assert!(
+        matches!(replayed, dead_letters::ReplayOutcome::Replayed { .. }),
+        "{replayed:?}"
+    );
+    let hash = budget_hash(&env, &services.keys, BudgetPeriod::Day).await;
+    assert_eq!(hash.get("reserved"), Some(&(2 * cost)), "{hash:?}");
+    let state = job_state(&env, &services.keys, &job_id).await;
+    assert_eq!(state["status"], "queued");
+    assert_eq!(state["budget_reserved"], cost.to_string(), "{state:?}");
+    let res = test::call_service(&app, post(&key(2)).to_request()).await;
+    assert_eq!(res.status(), 429);
 }
 
 fn budget_job(n: usize) -> Job {
@@ -401,4 +441,58 @@ async fn a_new_period_admits_again() {
     let ttl: i64 = r.pttl(day("2026-12-02")).await.unwrap();
     assert!(ttl > 86_400_000 && ttl <= 2 * 86_400_000, "{ttl}");
     assert_eq!(r.xlen::<_, u64>(keys.stream()).await.unwrap(), 2);
+}
+
+/// One sample of `name{labels}` in the rendered metrics.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .map(|v| v.parse().unwrap())
+}
+
+#[tokio::test]
+async fn maintenance_exports_the_used_ratio_only_for_tenants_with_a_budget() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let budget = Budget {
+        tokens: 1_000,
+        period: BudgetPeriod::Day,
+        soft_ratio: 0.75,
+    };
+    // acme has reserved 300 and used 500 of 1,000 today.
+    let mut r = env.redis().await;
+    let _: () = r
+        .hset_multiple(
+            services
+                .keys
+                .budget("acme", &BudgetPeriod::Day.id(Utc::now())),
+            &[("reserved", 300), ("used", 500)],
+        )
+        .await
+        .unwrap();
+    let budgets: summaryd::maintenance::BudgetSource =
+        Arc::new(move || vec![("acme".to_owned(), budget)]);
+    let maintenance = summaryd::maintenance::Maintenance::new(
+        &services.settings,
+        services.pg.clone(),
+        Some(services.redis.clone()),
+        services.keys.clone(),
+        services.metrics.clone(),
+    )
+    .with_budgets(Some(budgets));
+    maintenance.run_once().await.unwrap();
+    let text = services.metrics.render();
+    assert_eq!(
+        sample(&text, "summaryd_tenant_budget_used_ratio{tenant=\"acme\"}"),
+        Some(0.8),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "summaryd_tenant_budget_soft_ratio{tenant=\"acme\"}"),
+        Some(0.75)
+    );
+    assert!(
+        !text.contains("summaryd_tenant_budget_used_ratio{tenant=\"globex\""),
+        "a tenant without a budget has no series"
+    );
 }

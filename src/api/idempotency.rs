@@ -153,8 +153,7 @@ impl IdempotencyStore {
             key,
             &done,
             self.result_ttl_s,
-            limits,
-            budget,
+            stream::Admit { limits, budget },
         )
         .await?;
         match reply {

@@ -50,6 +50,14 @@ pub enum EnqueueOnce {
     Refused(OverLimit),
 }
 
+/// What a new job is admitted under: its tenant's limits and, for a tenant with a budget,
+/// the job's worst case to reserve.
+#[derive(Debug, Clone, Copy)]
+pub struct Admit<'a> {
+    pub limits: &'a TenantLimits,
+    pub budget: Option<&'a Admission>,
+}
+
 /// Unless `record_key` exists: enqueue `job` like [`enqueue`] and store `record` under
 /// `record_key` for `record_ttl_s`, all in one atomic script, if the tenant is within
 /// `limits` and its budget holds the job's worst case (`budget`: reserved in the same step).
@@ -61,9 +69,9 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     record_key: &str,
     record: &str,
     record_ttl_s: u64,
-    limits: &TenantLimits,
-    budget: Option<&Admission>,
+    admit: Admit<'_>,
 ) -> redis::RedisResult<EnqueueOnce> {
+    let Admit { limits, budget } = admit;
     let tenant = job.tenant.as_str();
     let limits = &limits.for_recipient(job.notify.as_ref());
     // Without a recipient the window is never read (no notify_per_hour); any address names it.

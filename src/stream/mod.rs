@@ -23,6 +23,6 @@ pub mod pause;
 pub mod tenant_limits;
 
 pub use consumer_group::Delivery;
-pub use enqueue::{ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
+pub use enqueue::{Admit, ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
 pub use job_entry::MalformedMessage;
 pub use tenant_limits::{Limit, OverLimit, TenantLimits};

@@ -408,8 +408,10 @@ async fn a_new_period_admits_again() {
                 )),
                 "{}",
                 60,
-                &TenantLimits::default(),
-                Some(&admission),
+                summaryd::stream::Admit {
+                    limits: &TenantLimits::default(),
+                    budget: Some(&admission),
+                },
             )
             .await
             .unwrap()

@@ -14,10 +14,13 @@
 # candidate as they are (no tokens file, so no tenant limits), and, with AB_LIMITS=1, the
 # candidate twice more in token mode: without limits (what authentication costs), and with
 # rate_per_s, burst and max_in_flight all set (far above what the machine can send, so every
-# check runs and none refuses).
+# check runs and none refuses). With AB_BUDGET=1, the candidate in token mode without and
+# with a token budget (budget_tokens far above what a run spends, so every job's worst case
+# is counted and reserved and none is refused), and the ratio of the two per round: what
+# budgets cost on the same build (pass the same binary twice to measure only that).
 #
 # Settings (environment): AB_ROUNDS (5), AB_DURATION_S (8), AB_CONNECTIONS ("32"),
-# AB_THREADS (2), AB_LIMITS (0).
+# AB_THREADS (2), AB_LIMITS (0), AB_BUDGET (0).
 set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo_root"
@@ -33,6 +36,7 @@ DURATION_S=${AB_DURATION_S:-8}
 CONNECTIONS=${AB_CONNECTIONS:-32}
 THREADS=${AB_THREADS:-2}
 LIMITS=${AB_LIMITS:-0}
+BUDGET=${AB_BUDGET:-0}
 PG_PORT=${SUMMARYD_DEPS_PG_PORT:-5432}
 PG_BASE="postgres://postgres@127.0.0.1:$PG_PORT"
 
@@ -77,6 +81,10 @@ rate_per_s = 1000000.0
 burst = 1000000
 max_in_flight = 1000000000
 EOF
+cat "$workdir/tokens-only.toml" - >"$workdir/tokens-budget.toml" <<EOF
+budget_tokens = 1000000000000000
+budget_period = "month"
+EOF
 
 declare -A url=() bearer=()
 # $1 = scenario name, $2 = binary, $3 = tokens file or empty
@@ -106,6 +114,14 @@ if [[ "$LIMITS" == 1 ]]; then
     start candidate-token "$cand_bin" "$workdir/tokens-only.toml"
     start candidate-limits "$cand_bin" "$workdir/tokens.toml"
     scenarios+=(candidate-token candidate-limits)
+fi
+if [[ "$BUDGET" == 1 ]]; then
+    [[ "$LIMITS" == 1 ]] || {
+        start candidate-token "$cand_bin" "$workdir/tokens-only.toml"
+        scenarios+=(candidate-token)
+    }
+    start candidate-budget "$cand_bin" "$workdir/tokens-budget.toml"
+    scenarios+=(candidate-budget)
 fi
 sleep 1
 
@@ -148,3 +164,9 @@ for s in "${scenarios[@]:1}"; do
     done)
     printf '%-17s median %s  (rounds: %s)\n' "$s" "$(median <<<"$ratios")" "$(tr '\n' ' ' <<<"$ratios")"
 done
+if [[ "$BUDGET" == 1 ]]; then
+    ratios=$(for ((r = 1; r <= ROUNDS; r++)); do
+        awk -v a="${results[candidate-budget,$r]}" -v b="${results[candidate-token,$r]}" 'BEGIN { printf "%.3f\n", a / b }'
+    done)
+    printf '%-17s median %s  (rounds: %s)\n' "budget/token" "$(median <<<"$ratios")" "$(tr '\n' ' ' <<<"$ratios")"
+fi

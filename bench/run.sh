@@ -162,6 +162,9 @@ payload="{\"notify\":\"bench@example.com\",\"text\":\"$text\"}"
 # The job-state writes the script receives, as src/stream/job_state.rs passes them: the
 # count of field/value arguments, the pairs to HSET, then the field to HDEL.
 state_args=(6 tenant bench status queued created_at "$stamp" error)
+# The budget's arguments, last (src/stream/budget.rs): no budget, so no reservation, as for
+# a tenant without one.
+budget_args=(0 0 0 0 budget_period '' budget_reserved)
 # The tenant limits the script receives (src/stream/tenant_limits.rs): emission interval in
 # µs, burst, max in flight, the time in µs, emails per recipient per hour and the time in
 # ms; 0 = no limit, as for a tenant without limits. With BENCH_LIMITS=1 the tenant has the
@@ -190,9 +193,9 @@ redis_reference() {
     rcli -n "$REF_DB" FLUSHDB >/dev/null
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
         -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 \
-        EVALSHA "$lua_sha" 6 "$2" ref:stream 'ref:job:__rand_int__' ref:in_flight ref:rate ref:notify \
-        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}" \
-        job_id "$job" tenant bench payload "$payload" created_at "$stamp" >"$3" 2>&1
+        EVALSHA "$lua_sha" 7 "$2" ref:stream 'ref:job:__rand_int__' ref:in_flight ref:rate ref:notify \
+        ref:budget "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}" \
+        job_id "$job" tenant bench payload "$payload" created_at "$stamp" "${budget_args[@]}" >"$3" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
 }
 # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
@@ -281,9 +284,9 @@ for c in $CONNECTIONS; do
     # Same arguments as the new-key call; the first call stores the record, so every call
     # redis-benchmark makes only reads it. A failed store would make this a new-key run:
     # the reply is checked.
-    replay_call=(EVALSHA "$lua_sha" 6 ref:idem:fixed ref:stream ref:job:fixed ref:in_flight ref:rate ref:notify
-        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}"
-        job_id "$job" tenant bench payload "$payload" created_at "$stamp")
+    replay_call=(EVALSHA "$lua_sha" 7 ref:idem:fixed ref:stream ref:job:fixed ref:in_flight ref:rate ref:notify
+        ref:budget "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}"
+        job_id "$job" tenant bench payload "$payload" created_at "$stamp" "${budget_args[@]}")
     [[ "$(rcli -n "$REF_DB" "${replay_call[@]}" | head -n 1)" == 1 ]] ||
         die "the replay reference could not store its record"
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \

@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use crate::config::roles::Roles;
+pub use crate::ops::budget::BudgetCommand;
 pub use crate::ops::dlq::DlqCommand;
 pub use crate::ops::healthcheck::HealthcheckArgs;
 pub use crate::ops::outbox::OutboxCommand;
@@ -44,6 +45,9 @@ pub enum Command {
     Token(TokenCommand),
     /// Jobs and model tokens per tenant and model, from the summaries table.
     Usage(UsageArgs),
+    /// Tenants' token budgets: reserved, used and left in the current period.
+    #[command(subcommand)]
+    Budget(BudgetCommand),
     /// See and resend signed webhooks, re-enable endpoints, make signing secrets.
     #[command(subcommand)]
     Webhook(WebhookCommand),
@@ -110,6 +114,26 @@ mod tests {
             cli.command,
             Command::Token(TokenCommand::New { tenant }) if tenant == "acme"
         ));
+    }
+
+    #[test]
+    fn budget_show_takes_a_tenant_and_json() {
+        let cli = Cli::try_parse_from(["summaryd", "budget", "show", "--tenant", "acme", "--json"])
+            .unwrap();
+        let Command::Budget(BudgetCommand::Show(args)) = cli.command else {
+            panic!("expected budget show")
+        };
+        assert_eq!(args.tenant.as_deref(), Some("acme"));
+        assert!(args.json);
+        let Command::Budget(BudgetCommand::Show(all)) =
+            Cli::try_parse_from(["summaryd", "budget", "show"])
+                .unwrap()
+                .command
+        else {
+            panic!("expected budget show")
+        };
+        assert!(all.tenant.is_none() && !all.json);
+        assert!(Cli::try_parse_from(["summaryd", "budget"]).is_err());
     }
 
     #[test]

@@ -31,6 +31,7 @@ fn main() -> ExitCode {
             Command::Dlq(cmd) => admin(config, AdminCommand::Dlq(cmd)).await,
             Command::Outbox(cmd) => admin(config, AdminCommand::Outbox(cmd)).await,
             Command::Usage(args) => admin(config, AdminCommand::Usage(args)).await,
+            Command::Budget(command) => admin(config, AdminCommand::Budget(command)).await,
             Command::Webhook(WebhookCommand::Secret(SecretCommand::New)) => webhook_secret_new(),
             Command::Webhook(cmd) => admin(config, AdminCommand::Webhook(cmd)).await,
             Command::Pause(args) => admin(config, AdminCommand::Pause(args)).await,
@@ -153,7 +154,9 @@ async fn admin(config: Option<&Path>, command: AdminCommand) -> ExitCode {
         Err(e) => {
             eprintln!("summaryd: {e}");
             let code = match e {
-                AdminError::Setup(_) => EXIT_CONFIG,
+                AdminError::Setup(_) | AdminError::NoTokensFile | AdminError::TokensFile(_) => {
+                    EXIT_CONFIG
+                }
                 _ => EXIT_RUNTIME,
             };
             ExitCode::from(code)

@@ -15,7 +15,9 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::config::{AuthSettings, NotifySettings};
-use crate::domain::{NotifyDomains, TenantId, WebhookSecrets, WebhookUrl};
+use crate::domain::{
+    Budget, BudgetPeriod, DEFAULT_SOFT_RATIO, NotifyDomains, TenantId, WebhookSecrets, WebhookUrl,
+};
 use crate::stream::TenantLimits;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +57,12 @@ struct TenantEntry {
     webhook_url: Option<String>,
     /// `whsec_` secrets; the first signs, every one adds a signature (rotation).
     webhook_secrets: Option<Vec<String>>,
+    /// Tokens (prompt and completion, every model call) the tenant may spend per period.
+    budget_tokens: Option<u64>,
+    /// `day` or `month`, in UTC; required with `budget_tokens`.
+    budget_period: Option<String>,
+    /// Share of the budget at which operators are warned; in (0, 1], default 0.8.
+    budget_soft_ratio: Option<f64>,
 }
 
 struct Entry {
@@ -77,6 +85,8 @@ pub struct TenantPolicy {
     pub(crate) webhook_url: Option<WebhookUrl>,
     /// What signs the tenant's webhooks; without it no webhook can be accepted.
     pub(crate) webhook_secrets: Option<Arc<WebhookSecrets>>,
+    /// The tenant's token budget (`stream::budget`); `None`: unlimited. Header mode has none.
+    pub(crate) budget: Option<Budget>,
 }
 
 impl TenantPolicy {
@@ -97,6 +107,7 @@ impl TenantPolicy {
             notify_domains,
             webhook_url: None,
             webhook_secrets,
+            budget: None,
         }
     }
 
@@ -220,6 +231,7 @@ impl TokenStore {
                 .transpose()
                 .map_err(|why| format!("tenants.{name}.webhook_secrets: {why}"))?
                 .map(Arc::new);
+            let budget = budget_of(&name, &entry)?;
             entries.push(Entry {
                 tenant,
                 hash,
@@ -233,6 +245,7 @@ impl TokenStore {
                     notify_domains,
                     webhook_url,
                     webhook_secrets,
+                    budget,
                 }),
             });
         }
@@ -271,6 +284,51 @@ impl TokenStore {
             .map(|entry| (entry.tenant.clone(), entry.policy.clone()))
             .ok_or(Denied::Unauthenticated)
     }
+}
+
+/// The tenant's budget from its entry: `budget_tokens` with `budget_period`, and an optional
+/// `budget_soft_ratio`; either of the others without `budget_tokens` is a mistake worth
+/// refusing the file for (it would read as a budget that is not there).
+fn budget_of(name: &str, entry: &TenantEntry) -> Result<Option<Budget>, String> {
+    let Some(tokens) = entry.budget_tokens else {
+        if entry.budget_period.is_some() {
+            return Err(format!(
+                "tenants.{name}.budget_period needs budget_tokens (the tokens per period); remove it for no budget"
+            ));
+        }
+        if entry.budget_soft_ratio.is_some() {
+            return Err(format!(
+                "tenants.{name}.budget_soft_ratio needs budget_tokens (the tokens per period); remove it for no budget"
+            ));
+        }
+        return Ok(None);
+    };
+    if tokens == 0 {
+        return Err(format!(
+            "tenants.{name}.budget_tokens must be at least 1 (remove it for no budget)"
+        ));
+    }
+    let period = match entry.budget_period.as_deref() {
+        Some(raw) => BudgetPeriod::parse(raw).ok_or_else(|| {
+            format!("tenants.{name}.budget_period must be \"day\" or \"month\" (UTC), not {raw:?}")
+        })?,
+        None => {
+            return Err(format!(
+                "tenants.{name}.budget_tokens needs budget_period = \"day\" or \"month\" (UTC)"
+            ));
+        }
+    };
+    let soft_ratio = entry.budget_soft_ratio.unwrap_or(DEFAULT_SOFT_RATIO);
+    if !soft_ratio.is_finite() || soft_ratio <= 0.0 || soft_ratio > 1.0 {
+        return Err(format!(
+            "tenants.{name}.budget_soft_ratio must be above 0 and at most 1 (a share of budget_tokens), not {soft_ratio}"
+        ));
+    }
+    Ok(Some(Budget {
+        tokens,
+        period,
+        soft_ratio,
+    }))
 }
 
 /// How often the tokens file is read for a change. A revoked token stops working within
@@ -651,6 +709,86 @@ mod tests {
             tokens.current().authenticate("t").unwrap().0.as_str(),
             "acme"
         );
+    }
+
+    #[test]
+    fn budgets_parse_with_their_period_and_soft_ratio_and_mistakes_name_the_field() {
+        let budget = |extra: &str| {
+            let parse = |extra: &str| {
+                TokenStore::parse(&format!(
+                    "[tenants.acme]\ntoken_sha256 = \"{}\"\n{extra}\n",
+                    token_sha256("acme-token")
+                ))
+            };
+            parse(extra).map(|s| s.authenticate("acme-token").unwrap().1.budget)
+        };
+        let ok = |tokens, period, soft_ratio| -> Result<Option<Budget>, &str> {
+            Ok(Some(Budget {
+                tokens,
+                period,
+                soft_ratio,
+            }))
+        };
+        let rows: [(&str, Result<Option<Budget>, &str>); 13] = [
+            ("", Ok(None)),
+            (
+                "budget_tokens = 1000\nbudget_period = \"day\"",
+                ok(1000, BudgetPeriod::Day, 0.8),
+            ),
+            (
+                "budget_tokens = 5\nbudget_period = \"month\"\nbudget_soft_ratio = 1.0",
+                ok(5, BudgetPeriod::Month, 1.0),
+            ),
+            (
+                "budget_tokens = 5\nbudget_period = \"month\"\nbudget_soft_ratio = 0.25",
+                ok(5, BudgetPeriod::Month, 0.25),
+            ),
+            (
+                "budget_period = \"day\"",
+                Err("tenants.acme.budget_period needs budget_tokens"),
+            ),
+            (
+                "budget_soft_ratio = 0.5",
+                Err("tenants.acme.budget_soft_ratio needs budget_tokens"),
+            ),
+            (
+                "budget_tokens = 1000",
+                Err("tenants.acme.budget_tokens needs budget_period"),
+            ),
+            (
+                "budget_tokens = 0\nbudget_period = \"day\"",
+                Err("tenants.acme.budget_tokens must be at least 1"),
+            ),
+            (
+                "budget_tokens = 10\nbudget_period = \"week\"",
+                Err("tenants.acme.budget_period must be \"day\" or \"month\""),
+            ),
+            (
+                "budget_tokens = 10\nbudget_period = \"day\"\nbudget_soft_ratio = 0.0",
+                Err("tenants.acme.budget_soft_ratio must be above 0 and at most 1"),
+            ),
+            (
+                "budget_tokens = 10\nbudget_period = \"day\"\nbudget_soft_ratio = 1.5",
+                Err("tenants.acme.budget_soft_ratio must be above 0 and at most 1"),
+            ),
+            (
+                "budget_tokens = 10\nbudget_period = \"day\"\nbudget_soft_ratio = nan",
+                Err("tenants.acme.budget_soft_ratio must be above 0 and at most 1"),
+            ),
+            (
+                "budget_tokens = -1\nbudget_period = \"day\"",
+                Err("budget_tokens"),
+            ),
+        ];
+        for (extra, expected) in rows {
+            match (budget(extra), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{extra}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{extra}: {got}"),
+                (got, want) => panic!("{extra}: got {got:?}, want {want:?}"),
+            }
+        }
+        let header = TenantPolicy::header_mode(&NotifySettings::default(), None);
+        assert_eq!(header.budget, None, "header mode has no budgets");
     }
 
     #[test]

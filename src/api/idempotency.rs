@@ -28,6 +28,7 @@ use crate::domain::Job;
 use crate::infra::connections::SharedRedis;
 use crate::infra::keys::RedisKeys;
 use crate::infra::metrics::Metrics;
+use crate::stream::budget::Admission;
 use crate::stream::{self, EnqueueOnce, OverLimit, TenantLimits};
 
 /// What is stored under an idempotency key (operators read it; keep it JSON).
@@ -123,6 +124,22 @@ impl IdempotencyStore {
         response: StoredResponse,
         limits: &TenantLimits,
     ) -> Result<Outcome, StoreError> {
+        self.enqueue_within(key, fingerprint, job, response, limits, None)
+            .await
+    }
+
+    /// [`Self::enqueue_once`], reserving `budget` (the job's worst case against its
+    /// tenant's budget) in the same atomic step; a job that does not fit is refused as
+    /// over the `Budget` limit and nothing is written.
+    pub async fn enqueue_within(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        job: &Job,
+        response: StoredResponse,
+        limits: &TenantLimits,
+        budget: Option<&Admission>,
+    ) -> Result<Outcome, StoreError> {
         let done = serde_json::to_string(&Record::Done {
             fp: fingerprint.to_owned(),
             status: response.status,
@@ -136,7 +153,7 @@ impl IdempotencyStore {
             key,
             &done,
             self.result_ttl_s,
-            limits,
+            stream::Admit { limits, budget },
         )
         .await?;
         match reply {

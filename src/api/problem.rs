@@ -17,6 +17,7 @@ fn limit_name(limit: Limit) -> &'static str {
         Limit::Rate => "rate",
         Limit::InFlight => "max_in_flight",
         Limit::NotifyRate => "notify_per_hour",
+        Limit::Budget => "budget_tokens",
     }
 }
 
@@ -120,6 +121,20 @@ pub enum ApiError {
     Unauthorized(&'static str),
     #[error("over its {} limit; retry in {retry_after_s} s", limit_name(*.limit))]
     RateLimited { limit: Limit, retry_after_s: u64 },
+    /// The tenant's budget cannot hold the job's worst case in this period.
+    #[error(
+        "over its budget: the job may cost {cost} tokens, {left} of {budget} are left until {resets_at}"
+    )]
+    BudgetExhausted {
+        /// The job's worst-case tokens.
+        cost: u64,
+        budget: u64,
+        /// Tokens neither reserved nor used in the period (as the API last read them).
+        left: u64,
+        /// When the period resets (RFC 3339, UTC).
+        resets_at: String,
+        retry_after_s: u64,
+    },
 }
 
 /// Everything one error is answered with. [`ApiError::spec`] is the one table of them,
@@ -407,6 +422,32 @@ impl ApiError {
                     Limit::NotifyRate => format!(
                         "This recipient has had this tenant's notify_per_hour emails in the last hour; retry in {retry_after_s} s with the same Idempotency-Key, or notify another address."
                     ),
+                    // The handler answers a budget refusal as `BudgetExhausted`, with the
+                    // job's cost; this is only the fallback wording.
+                    Limit::Budget => format!(
+                        "This tenant's token budget (budget_tokens) cannot hold this job in this period; retry in {retry_after_s} s, when the budget resets, with the same Idempotency-Key."
+                    ),
+                },
+            )
+            .retry_after(*retry_after_s),
+            Self::BudgetExhausted {
+                cost,
+                budget,
+                left,
+                resets_at,
+                retry_after_s,
+            } => P::new(
+                S::TOO_MANY_REQUESTS,
+                "budget-exhausted",
+                "Token budget exhausted",
+                if cost > budget {
+                    format!(
+                        "This job may cost up to {cost} tokens, more than this tenant's whole budget of {budget} tokens per period: it can never be accepted under this budget. Shorten or split the text, or ask the operator to raise budget_tokens."
+                    )
+                } else {
+                    format!(
+                        "This job may cost up to {cost} tokens and this tenant's budget has {left} of {budget} tokens left in this period; the budget resets at {resets_at} (retry in {retry_after_s} s with the same Idempotency-Key), or ask the operator to raise budget_tokens."
+                    )
                 },
             )
             .retry_after(*retry_after_s),
@@ -718,6 +759,21 @@ mod tests {
                     "job rate (rate_per_s/burst) is exhausted; retry in 3 s",
                 )
             },
+            K::BudgetExhausted => Documented {
+                headers: &[("retry-after", "3600")],
+                ..doc(
+                    ApiError::BudgetExhausted {
+                        cost: 900,
+                        budget: 10_000,
+                        left: 500,
+                        resets_at: "2026-12-03T00:00:00Z".into(),
+                        retry_after_s: 3600,
+                    },
+                    429,
+                    "budget-exhausted",
+                    "has 500 of 10000 tokens left in this period; the budget resets at 2026-12-03T00:00:00Z",
+                )
+            },
         }
     }
 
@@ -836,6 +892,25 @@ mod tests {
             matches!(&unavailable, ApiError::Unavailable(why) if why.starts_with("EOF while parsing")),
             "{unavailable:?}"
         );
+    }
+
+    #[test]
+    fn a_job_larger_than_the_whole_budget_is_told_it_can_never_fit() {
+        let p = ApiError::BudgetExhausted {
+            cost: 20_000,
+            budget: 10_000,
+            left: 10_000,
+            resets_at: "2026-12-03T00:00:00Z".into(),
+            retry_after_s: 60,
+        }
+        .problem();
+        assert!(
+            p.detail.contains("more than this tenant's whole budget"),
+            "{}",
+            p.detail
+        );
+        assert!(p.detail.contains("can never be accepted"), "{}", p.detail);
+        assert!(p.problem_type.ends_with("/budget-exhausted"));
     }
 
     #[test]

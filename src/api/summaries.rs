@@ -4,7 +4,7 @@
 use actix_web::http::StatusCode;
 use actix_web::http::header::{CONTENT_TYPE, HeaderMap, LOCATION};
 use actix_web::{HttpRequest, HttpResponse, web};
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, Timelike, Utc};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 use uuid::Uuid;
@@ -19,7 +19,9 @@ use super::tenant::{Tenant, single_header};
 use crate::db;
 use crate::domain::{IdempotencyKey, Job, JobId, JobText, TenantId, WebhookRules, WebhookUrl};
 use crate::infra::keys::ScopedKey;
+use crate::stream::budget::Admission;
 use crate::stream::job_state::{self, Status};
+use crate::stream::{self, Limit};
 
 pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 pub(crate) const REPLAYED_HEADER: &str = "Idempotent-Replayed";
@@ -150,7 +152,7 @@ pub struct Progress {
         (status = 400, description = "Idempotency-Key or X-Tenant-Id missing, malformed or repeated (an Authorization header repeated too; `header` names it), or malformed JSON", body = Problem, content_type = "application/problem+json"),
         (status = 408, description = "The body was not received within the request deadline; the connection is closed", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "Token mode (a tokens file is configured): missing or unknown bearer token", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "The tenant is over its rate_per_s/burst or max_in_flight (token mode), or the recipient has had notify_per_hour emails from this tenant in the last hour (a replay of an accepted request is never refused)", body = Problem, content_type = "application/problem+json",
+        (status = 429, description = "The tenant is over its rate_per_s/burst or max_in_flight (token mode), its token budget cannot hold the job's worst case (problem type ending `/budget-exhausted`; Retry-After until the period resets), or the recipient has had notify_per_hour emails from this tenant in the last hour (a replay of an accepted request is never refused)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds"))),
         (status = 409, description = "An in-progress marker of an older version holds the key (rolling upgrade only: this version accepts a key in one atomic step, with no observable in-progress state)", body = Problem, content_type = "application/problem+json",
             headers(("Retry-After" = String, description = "Seconds; 1"))),
@@ -187,7 +189,8 @@ pub(crate) async fn create(
     let rules = state.services.settings.webhook.rules();
     let request = body::parse_summary_request(&bytes, rules)?;
     drop(bytes);
-    check_length(&state, &request.text).await?;
+    let budget = tenant.policy.budget;
+    let cost = check_length(&state, &request.text, budget.is_some()).await?;
 
     // Before anything is stored: a recipient the tenant may not notify, or a webhook that
     // cannot be sent, is the client's to fix (422), never a job.
@@ -232,12 +235,28 @@ pub(crate) async fn create(
         webhook,
         created_at: Utc::now(),
     };
+    // The job's worst case, reserved against the tenant's budget in the accepting step.
+    let admission = budget
+        .zip(cost)
+        .map(|(budget, cost)| Admission::new(budget, cost, job.created_at));
     // The 202 is known before anything is written (the job id comes from the request), so
     // it is stored in the same atomic step that enqueues the job: see `api::idempotency`.
     let outcome = state
         .idempotency
-        .enqueue_once(&redis_key, &fingerprint, &job, accepted(job_id)?, &limits)
+        .enqueue_within(
+            &redis_key,
+            &fingerprint,
+            &job,
+            accepted(job_id)?,
+            &limits,
+            admission.as_ref(),
+        )
         .await;
+    if let (Err(StoreError::OverLimit(over)), Some(admission)) = (&outcome, &admission)
+        && over.limit == Limit::Budget
+    {
+        return Err(budget_exhausted(&state, job.tenant.as_str(), admission).await);
+    }
     if stored_here && matches!(outcome, Err(StoreError::KeyReused)) {
         // Another body holds the key, so no job with this id was or will be enqueued under
         // it: the text belongs to no job. (After a limit or an outage the text stays for
@@ -288,9 +307,44 @@ async fn webhook_target(
     }
 }
 
+/// The 429 for a job the tenant's budget cannot hold: how much is left (read now; the
+/// refusal itself was atomic with the check) and when the period resets.
+async fn budget_exhausted(state: &ApiState, tenant: &str, admission: &Admission) -> ApiError {
+    let left = match state.services.redis.get().await {
+        Ok(mut conn) => stream::budget::read(
+            &mut conn,
+            &state.services.keys,
+            tenant,
+            &admission.period_id,
+        )
+        .await
+        .map(|taken| admission.budget.left(taken))
+        .unwrap_or(0),
+        Err(_) => 0,
+    };
+    let retry_after = std::time::Duration::from_millis(admission.retry_after_ms);
+    let resets_at = Utc::now() + retry_after;
+    ApiError::BudgetExhausted {
+        cost: admission.cost,
+        budget: admission.budget.tokens,
+        left,
+        resets_at: resets_at
+            .with_nanosecond(0)
+            .unwrap_or(resets_at)
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        retry_after_s: retry_after.as_millis().div_ceil(1000).max(1) as u64,
+    }
+}
+
 /// 413 for a text longer than `SUMMARYD_API_MAX_TEXT_CHARS`, or one that would need more
-/// than `SUMMARYD_LLM_MAX_PARTS` model calls on the configured chain.
-async fn check_length(state: &ApiState, text: &str) -> Result<(), ApiError> {
+/// than `SUMMARYD_LLM_MAX_PARTS` model calls on the configured chain. With `budgeted`, also
+/// the text's worst-case tokens on the primary provider (what a budget reserves), counted
+/// in the same pass.
+async fn check_length(
+    state: &ApiState,
+    text: &str,
+    budgeted: bool,
+) -> Result<Option<u64>, ApiError> {
     let api = &state.services.settings.api;
     // A UTF-8 char is at least one byte, so a short byte length settles it without a scan.
     if text.len() > api.max_text_chars && text.chars().nth(api.max_text_chars).is_some() {
@@ -301,19 +355,26 @@ async fn check_length(state: &ApiState, text: &str) -> Result<(), ApiError> {
     let max_parts = state.services.settings.llm.max_parts;
     // Planning a long text counts its tokens, milliseconds per 100 KB: off the HTTP
     // workers' threads for a long one.
-    let needed = if text.len() <= PLAN_INLINE_BYTES {
-        crate::llm::most_calls(&state.fits, text)
+    let plan = move |fits: &[crate::llm::Fit], text: &str| {
+        let needed = crate::llm::most_calls(fits, text);
+        let cost = budgeted
+            .then(|| fits.first().map(|primary| primary.worst_case_tokens(text)))
+            .flatten();
+        (needed, cost)
+    };
+    let (needed, cost) = if text.len() <= PLAN_INLINE_BYTES {
+        plan(&state.fits, text)
     } else {
         let fits = state.fits.clone();
         let text = text.to_owned();
-        actix_web::rt::task::spawn_blocking(move || crate::llm::most_calls(&fits, &text))
+        actix_web::rt::task::spawn_blocking(move || plan(&fits, &text))
             .await
             .map_err(|e| ApiError::Unavailable(format!("planning the text's parts failed: {e}")))?
     };
     if needed > max_parts {
         return Err(ApiError::TooManyParts { needed, max_parts });
     }
-    Ok(())
+    Ok(cost)
 }
 
 /// Texts up to this size are planned on the request's own thread.

@@ -133,6 +133,8 @@ pub struct Application {
     ops_listener: Option<TcpListener>,
     /// The operator console, on the ops listener, when a users file is configured.
     console: Option<Console>,
+    /// The tenants with a budget, for maintenance's budget gauge (with the tokens file).
+    budgets: Option<crate::maintenance::BudgetSource>,
 }
 
 /// The console, when `SUMMARYD_CONSOLE_USERS_FILE` is set and there is an ops listener to
@@ -220,6 +222,15 @@ impl Application {
         };
         // No connection is made here; the handles only carry the metrics the providers use.
         let handles = Handles::with_tokens(settings, auth.clone())?;
+        let budgets = auth.clone().map(|tokens| {
+            Arc::new(move || {
+                tokens
+                    .current()
+                    .tenants()
+                    .filter_map(|(id, policy)| policy.budget.map(|b| (id.to_string(), b)))
+                    .collect()
+            }) as crate::maintenance::BudgetSource
+        });
         let settings = handles.settings.clone();
         let model = if roles.has(Role::Worker) {
             Some(Arc::new(
@@ -264,6 +275,7 @@ impl Application {
         let console = console(&handles, &settings, auth.as_ref())?;
         Ok(Self {
             console,
+            budgets,
             api: handles.api(auth, model.clone()),
             worker: model.map(|model| handles.worker(model)),
             relay: mailer.map(|mailer| handles.relay(mailer)),
@@ -303,6 +315,7 @@ impl Application {
             port,
             ops_listener,
             console,
+            budgets,
         } = self;
         let ops_port = ops_listener
             .as_ref()
@@ -353,7 +366,10 @@ impl Application {
         // Every role: each refreshes the gauges it can measure (an api-only process reports
         // the queue it feeds even with no worker running), and retention goes on wherever
         // the advisory lock lands.
-        let (maintenance, maintenance_shutdown) = (handles.maintenance(roles), shutdown.clone());
+        let (maintenance, maintenance_shutdown) = (
+            handles.maintenance(roles).with_budgets(budgets),
+            shutdown.clone(),
+        );
         supervisor.spawn("maintenance".into(), move || {
             maintenance.clone().run(maintenance_shutdown.clone())
         });

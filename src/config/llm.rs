@@ -63,6 +63,13 @@ pub struct LlmSettings {
     /// each call reserves its estimated prompt plus `max_tokens`; none = no limit.
     #[serde(default)]
     pub tpm: Option<u32>,
+    /// What this provider charges per million prompt tokens (any currency, the same for
+    /// every provider), so `summaryd usage` and the console show money; none = tokens only.
+    #[serde(default)]
+    pub price_per_mtok_input: Option<f64>,
+    /// Per million completion tokens, as `price_per_mtok_input`.
+    #[serde(default)]
+    pub price_per_mtok_output: Option<f64>,
 }
 
 /// One `[[llm.fallback]]` table: a provider tried when the ones before it are unavailable.
@@ -94,6 +101,11 @@ pub struct FallbackSettings {
     /// This provider's tokens per minute, shared by every process; none = no limit.
     #[serde(default)]
     pub tpm: Option<u32>,
+    /// This provider's prices, as `[llm]`'s (not inherited: another provider, another price).
+    #[serde(default)]
+    pub price_per_mtok_input: Option<f64>,
+    #[serde(default)]
+    pub price_per_mtok_output: Option<f64>,
 }
 
 impl Default for LlmSettings {
@@ -126,6 +138,8 @@ impl Default for LlmSettings {
             // The provider's own limits are the operator's to state: unknown, none.
             rpm: None,
             tpm: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: None,
         }
     }
 }
@@ -138,6 +152,43 @@ pub(crate) fn min_context_tokens(max_tokens: u32) -> u32 {
 }
 
 impl LlmSettings {
+    /// The prices of the provider whose configured model is `model`, as summaries store it
+    /// (`builtin` for the built-in summariser): per million prompt and completion tokens,
+    /// a price left out as 0. `None` when that provider has no price, or no provider has
+    /// that model; the first provider with the model decides.
+    pub fn prices_of(&self, model: &str) -> Option<(f64, f64)> {
+        let name = |provider: LlmProvider, model: &str| match provider {
+            LlmProvider::Builtin => "builtin".to_owned(),
+            LlmProvider::Openai => model.to_owned(),
+        };
+        let primary = (
+            name(self.provider, &self.model),
+            self.price_per_mtok_input,
+            self.price_per_mtok_output,
+        );
+        let fallbacks = self.fallback.iter().map(|f| {
+            (
+                name(f.provider, &f.model),
+                f.price_per_mtok_input,
+                f.price_per_mtok_output,
+            )
+        });
+        std::iter::once(primary)
+            .chain(fallbacks)
+            .find(|(name, _, _)| name == model)
+            .and_then(|(_, input, output)| match (input, output) {
+                (None, None) => None,
+                (i, o) => Some((i.unwrap_or(0.0), o.unwrap_or(0.0))),
+            })
+    }
+
+    /// What `prompt` and `completion` tokens of `model` cost at its provider's prices.
+    pub fn cost_of(&self, model: &str, prompt: i64, completion: i64) -> Option<f64> {
+        self.prices_of(model).map(|(input, output)| {
+            (prompt.max(0) as f64 * input + completion.max(0) as f64 * output) / 1e6
+        })
+    }
+
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         if self.max_attempts == 0 {
             return Err(invalid("SUMMARYD_LLM_MAX_ATTEMPTS", "must be at least 1"));
@@ -210,6 +261,31 @@ impl LlmSettings {
                     "must be positive (leave it out for no limit)",
                 ));
             }
+        }
+        let price = |setting: &str, value: Option<f64>| match value {
+            Some(p) if !p.is_finite() || p < 0.0 => Err(invalid(
+                setting,
+                "must be a non-negative finite number (remove it for no price)",
+            )),
+            _ => Ok(()),
+        };
+        price(
+            "SUMMARYD_LLM_PRICE_PER_MTOK_INPUT",
+            self.price_per_mtok_input,
+        )?;
+        price(
+            "SUMMARYD_LLM_PRICE_PER_MTOK_OUTPUT",
+            self.price_per_mtok_output,
+        )?;
+        for (i, fallback) in self.fallback.iter().enumerate() {
+            price(
+                &format!("[[llm.fallback]] #{} price_per_mtok_input", i + 1),
+                fallback.price_per_mtok_input,
+            )?;
+            price(
+                &format!("[[llm.fallback]] #{} price_per_mtok_output", i + 1),
+                fallback.price_per_mtok_output,
+            )?;
         }
         if self.backoff > self.max_backoff {
             return Err(invalid(
@@ -333,5 +409,88 @@ mod tests {
         assert!(llm.check().is_ok(), "a backoff at its cap");
         llm.backoff = llm.max_backoff + Duration::from_millis(1);
         assert!(refusal(&llm).contains("SUMMARYD_LLM_BACKOFF_MS"));
+    }
+
+    #[test]
+    fn prices_are_optional_non_negative_finite_numbers_from_the_file_or_the_environment() {
+        let s = load(
+            "[llm]\nprice_per_mtok_input = 0.4\n\n[[llm.fallback]]\nprovider = \"builtin\"\nprice_per_mtok_output = 0\n",
+            &[("SUMMARYD_LLM_PRICE_PER_MTOK_OUTPUT", "1.6")],
+        )
+        .unwrap();
+        assert_eq!(s.llm.price_per_mtok_input, Some(0.4));
+        assert_eq!(s.llm.price_per_mtok_output, Some(1.6));
+        assert_eq!(s.llm.fallback[0].price_per_mtok_output, Some(0.0));
+        assert_eq!(s.llm.fallback[0].price_per_mtok_input, None);
+        assert_eq!(LlmSettings::default().price_per_mtok_input, None);
+        let rows: [(&str, Adjust); 4] = [
+            ("SUMMARYD_LLM_PRICE_PER_MTOK_INPUT", |s| {
+                s.price_per_mtok_input = Some(-0.1)
+            }),
+            ("SUMMARYD_LLM_PRICE_PER_MTOK_OUTPUT", |s| {
+                s.price_per_mtok_output = Some(f64::NAN)
+            }),
+            ("SUMMARYD_LLM_PRICE_PER_MTOK_INPUT", |s| {
+                s.price_per_mtok_input = Some(f64::INFINITY)
+            }),
+            ("[[llm.fallback]] #1 price_per_mtok_output", |s| {
+                s.fallback.push(FallbackSettings {
+                    provider: LlmProvider::Builtin,
+                    base_url: String::new().into(),
+                    model: String::new(),
+                    api_key_env: None,
+                    call_timeout: None,
+                    context_tokens: None,
+                    price_per_mtok_input: None,
+                    price_per_mtok_output: Some(-1.0),
+                })
+            }),
+        ];
+        for (setting, adjust) in rows {
+            let mut llm = LlmSettings::default();
+            adjust(&mut llm);
+            assert!(
+                refusal(&llm).contains(setting),
+                "{setting}: {}",
+                refusal(&llm)
+            );
+        }
+    }
+
+    #[test]
+    fn money_is_matched_by_the_model_summaries_store() {
+        let mut llm = LlmSettings {
+            provider: LlmProvider::Openai,
+            model: "gpt-4.1-mini".into(),
+            price_per_mtok_input: Some(0.4),
+            price_per_mtok_output: Some(1.6),
+            ..LlmSettings::default()
+        };
+        llm.fallback.push(FallbackSettings {
+            provider: LlmProvider::Builtin,
+            base_url: String::new().into(),
+            model: String::new(),
+            api_key_env: None,
+            call_timeout: None,
+            context_tokens: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: Some(0.0),
+        });
+        let rows = [
+            // (model, prompt, completion, cost)
+            ("gpt-4.1-mini", 1_000_000, 500_000, Some(0.4 + 0.8)),
+            ("gpt-4.1-mini", 0, 0, Some(0.0)),
+            ("builtin", 5_000, 5_000, Some(0.0)),
+            ("llama", 1_000, 1_000, None),
+            ("unknown", 1_000, 1_000, None),
+        ];
+        for (model, prompt, completion, cost) in rows {
+            let got = llm.cost_of(model, prompt, completion);
+            match (got, cost) {
+                (Some(g), Some(c)) => assert!((g - c).abs() < 1e-9, "{model}: {g} vs {c}"),
+                (g, c) => assert_eq!(g, c, "{model}"),
+            }
+        }
+        assert_eq!(LlmSettings::default().prices_of("builtin"), None);
     }
 }

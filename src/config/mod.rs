@@ -529,6 +529,8 @@ mod tests {
             "llm.max_parts",
             "llm.rpm",
             "llm.tpm",
+            "llm.price_per_mtok_input",
+            "llm.price_per_mtok_output",
             "api.max_text_chars",
             "api.inline_text_bytes",
             "mail.smtp_url",
@@ -601,6 +603,8 @@ mod tests {
             context_tokens: None,
             rpm: None,
             tpm: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: None,
         }];
         s.redis_url = "rediss://default:redis-pass@cache:6380".into();
         s.database_url = "postgres://app:pg-pass@db/summaryd?sslmode=verify-full".into();

@@ -57,6 +57,8 @@ pub struct Console {
     pub(crate) tokens: Option<Arc<Tokens>>,
     /// A session unused this long is signed out.
     pub(crate) idle: Duration,
+    /// The providers' prices, for the money the tenants page shows.
+    pub(crate) llm: crate::config::LlmSettings,
 }
 
 /// What operators can change; the label of `summaryd_console_actions_total`.
@@ -113,6 +115,7 @@ impl Console {
             users,
             tokens,
             idle,
+            llm: settings.llm.clone(),
         }
     }
 

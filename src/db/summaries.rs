@@ -91,6 +91,24 @@ pub(crate) async fn probe(pool: &Pool) -> Result<(), DbError> {
     Ok(())
 }
 
+/// Tokens the provider reported for the whole job whose summary is committed (its parts and
+/// combinations included: `ModelSummary::usage`), for settling its budget reservation.
+/// `None` without a summary row or when no call of it reported usage.
+pub(crate) async fn spent_tokens(pool: &Pool, job_id: JobId) -> Result<Option<u64>, DbError> {
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "SELECT prompt_tokens::bigint, completion_tokens::bigint FROM summaries WHERE job_id = $1",
+        )
+        .await?;
+    let row = client.query_opt(&stmt, &[&job_id.as_uuid()]).await?;
+    Ok(row.and_then(|row| {
+        let (prompt, completion): (Option<i64>, Option<i64>) = (row.get(0), row.get(1));
+        let tokens = |n: Option<i64>| n.and_then(|n| u64::try_from(n).ok()).unwrap_or(0);
+        (prompt.is_some() || completion.is_some()).then(|| tokens(prompt) + tokens(completion))
+    }))
+}
+
 pub(crate) async fn find(pool: &Pool, job_id: JobId) -> Result<Option<SummaryRow>, DbError> {
     let client = pool.get().await?;
     let stmt = client

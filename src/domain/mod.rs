@@ -5,6 +5,7 @@
 //! (an operator → every worker). Every module may import these; they import nothing of
 //! the service.
 
+mod budget;
 mod duration;
 mod email;
 mod idempotency_key;
@@ -21,6 +22,7 @@ mod tenant;
 mod webhook;
 mod webhook_event;
 
+pub use budget::{Budget, BudgetPeriod, BudgetUse, DEFAULT_SOFT_RATIO};
 pub use duration::parse_duration;
 pub use email::Email;
 pub use idempotency_key::IdempotencyKey;

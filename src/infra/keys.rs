@@ -98,6 +98,14 @@ impl RedisKeys {
         format!("{}tenant:{tenant}:notify:{recipient_id}", self.prefix)
     }
 
+    /// One tenant's token budget for one period (`domain::BudgetPeriod::id`): a hash with
+    /// `reserved` (held by accepted jobs not yet finished) and `used` (charged by finished
+    /// ones), owned by `stream/budget.rs`. One per period, so a new period starts from
+    /// nothing without a reset step; each expires a while after its period ended.
+    pub fn budget(&self, tenant: &str, period_id: &str) -> String {
+        format!("{}tenant:{tenant}:budget:{period_id}", self.prefix)
+    }
+
     /// An operator's bulk action on dead letters (`stream/bulk.rs`): its record, a JSON
     /// string with a TTL. The run id is a hash tag, so the record and its lease share a
     /// slot and one script may touch both.

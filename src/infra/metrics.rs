@@ -47,6 +47,11 @@ pub struct Metrics {
     /// `summaryd_outbox_unsent` per topic (`email.summary_ready`, `webhook`): every known
     /// topic is set, 0 included, once measured.
     pub outbox_unsent_by_topic: MeasuredGauge<AtomicI64>,
+    /// Reserved and used over `budget_tokens` in the current period, per tenant with a
+    /// budget (a bounded label set: the tokens file's tenants that have one).
+    pub tenant_budget_used_ratio: MeasuredGauge<AtomicF64>,
+    /// Each such tenant's `budget_soft_ratio`, for the alert to compare with.
+    pub tenant_budget_soft_ratio: MeasuredGauge<AtomicF64>,
     /// `summaryd_webhook_deliveries_total{result}`: delivered, retrying, stuck, skipped.
     pub webhook_deliveries: IntCounterVec,
     pub(crate) gauges_refreshed: MeasuredGauge<AtomicF64>,
@@ -209,6 +214,18 @@ impl Metrics {
             "Outbox rows not yet sent (stuck ones included, skipped webhooks not), per topic",
             &["topic"],
         )?;
+        let tenant_budget_used_ratio = MeasuredGauge::register_with(
+            &registry,
+            "summaryd_tenant_budget_used_ratio",
+            "Tokens reserved (accepted jobs not yet finished) and used (finished jobs, as the provider reported) over budget_tokens in the current period, per tenant with a budget (from processes with the tokens file and Redis; absent while the read fails)",
+            &["tenant"],
+        )?;
+        let tenant_budget_soft_ratio = MeasuredGauge::register_with(
+            &registry,
+            "summaryd_tenant_budget_soft_ratio",
+            "The tokens file's budget_soft_ratio per tenant with a budget: summaryd_tenant_budget_used_ratio at or above it warns",
+            &["tenant"],
+        )?;
         let webhook_deliveries = counter_vec(
             "summaryd_webhook_deliveries_total",
             "Webhook attempts by result: delivered, retrying (will be sent again), stuck (needs a person: past the give-up horizon, or refused), skipped (endpoint disabled, 410 Gone included)",
@@ -288,6 +305,8 @@ impl Metrics {
             consumption_paused,
             outbox_unsent,
             outbox_unsent_by_topic,
+            tenant_budget_used_ratio,
+            tenant_budget_soft_ratio,
             webhook_deliveries,
             gauges_refreshed,
             outbox_sent,

@@ -83,6 +83,34 @@ impl Fit {
         let parts = split::split_text(text, self.room(PromptKind::Part), &self.counter).len();
         split::calls_for(parts, self.room(PromptKind::Combine), self.summary_tokens())
     }
+
+    /// The most tokens `text` may cost on this provider (what a budget reserves): every
+    /// call's prompt (its instructions and its data, counted as the chain counts them) and
+    /// `max_tokens` of answer per call. One call when the text fits; otherwise each part,
+    /// then the combinations level by level as [`split::calls_for`] plans them, with every
+    /// summary as long as it may be.
+    pub fn worst_case_tokens(&self, text: &str) -> u64 {
+        let answer = self.max_tokens as u64;
+        let call = |kind: PromptKind, data: usize| (kind.overhead() + data) as u64 + answer;
+        if self.counter.at_most(text, self.room(PromptKind::Document)) {
+            return call(PromptKind::Document, self.counter.count(text));
+        }
+        let parts = split::split_text(text, self.room(PromptKind::Part), &self.counter);
+        let mut total: u64 = parts
+            .iter()
+            .map(|part| call(PromptKind::Part, self.counter.count(part)))
+            .sum();
+        let summary = self.summary_tokens();
+        let per = (self.room(PromptKind::Combine) / summary.max(1)).max(2);
+        let mut level = parts.len();
+        while level > 1 {
+            let groups = level.div_ceil(per);
+            total += (groups * PromptKind::Combine.overhead() + level * summary) as u64
+                + groups as u64 * answer;
+            level = groups;
+        }
+        total
+    }
 }
 
 #[cfg(test)]
@@ -124,5 +152,36 @@ mod tests {
             split::calls_for(parts, fit.room(PromptKind::Combine), fit.summary_tokens())
         );
         assert!(calls > parts);
+    }
+
+    #[test]
+    fn the_worst_case_is_every_call_s_prompt_and_answer() {
+        let fit = Fit::new(TokenCounter::Estimate, 4_096, 512);
+        // One call: the instructions, the text, and a whole answer.
+        let short = "Revenue grew eleven percent.";
+        assert_eq!(
+            fit.worst_case_tokens(short),
+            (PromptKind::Document.overhead() + TokenCounter::Estimate.count(short) + 512) as u64
+        );
+        // In parts: each part's call, then the combinations, each summary as long as it may be.
+        let text = "Revenue grew eleven percent in the third quarter. ".repeat(1_200);
+        let parts = split::split_text(&text, fit.room(PromptKind::Part), fit.counter());
+        let calls = fit.calls_for(&text);
+        let combines = calls - parts.len();
+        let part_tokens: usize = parts
+            .iter()
+            .map(|p| PromptKind::Part.overhead() + fit.counter().count(p) + 512)
+            .sum();
+        let worst = fit.worst_case_tokens(&text);
+        assert!(worst > part_tokens as u64, "{worst}");
+        let combine_tokens = worst - part_tokens as u64;
+        // Every combination carries at most a context's worth, and at least its answer.
+        assert!(combine_tokens >= (combines * (512 + PromptKind::Combine.overhead())) as u64);
+        assert!(
+            combine_tokens <= (combines * 4_096) as u64,
+            "{combine_tokens}"
+        );
+        // Never less than what the text alone is.
+        assert!(worst > TokenCounter::Estimate.count(&text) as u64);
     }
 }

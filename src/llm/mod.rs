@@ -467,6 +467,8 @@ mod tests {
             context_tokens: None,
             rpm: None,
             tpm: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: None,
         }
     }
 

@@ -18,9 +18,36 @@ use chrono::Utc;
 use super::{Maintenance, MaintenanceError, Report, clamp};
 use crate::db;
 use crate::domain::{SummaryReady, WebhookEvent};
-use crate::stream::{dead_letters, pause};
+use crate::stream::{budget, dead_letters, pause};
 
 impl Maintenance {
+    /// The budget gauge: for each tenant with a budget in the tokens file as loaded now,
+    /// reserved and used over its budget in the current period (`domain::Budget::used_ratio`).
+    /// Only with the tokens file and Redis; tenants that lost their budget lose their series.
+    async fn refresh_budgets(&self) -> Result<(), MaintenanceError> {
+        let (Some(budgets), Some(redis)) = (&self.budgets, &self.redis) else {
+            return Ok(());
+        };
+        let now = Utc::now();
+        let mut conn = redis.get().await?;
+        let mut ratios = Vec::new();
+        for (tenant, b) in budgets() {
+            let taken = budget::current(&mut conn, &self.keys, &tenant, &b, now).await?;
+            ratios.push((tenant, b.used_ratio(taken), b.soft_ratio));
+        }
+        let (used, soft) = (
+            &self.metrics.tenant_budget_used_ratio,
+            &self.metrics.tenant_budget_soft_ratio,
+        );
+        used.clear_all();
+        soft.clear_all();
+        for (tenant, ratio, soft_ratio) in ratios {
+            used.set_for(&[&tenant], ratio);
+            soft.set_for(&[&tenant], soft_ratio);
+        }
+        Ok(())
+    }
+
     /// Read the cluster-wide values into the gauges. Each source is read separately, so
     /// Redis being down does not stop the outbox gauge and vice versa; the gauges of a
     /// source that fails are removed (and the refresh timestamp says when all were last
@@ -59,6 +86,11 @@ impl Maintenance {
                     result = Err(e);
                 }
             }
+        }
+        if let Err(e) = self.refresh_budgets().await {
+            m.tenant_budget_used_ratio.clear_all();
+            m.tenant_budget_soft_ratio.clear_all();
+            result = result.and(Err(e));
         }
         match db::outbox::count_unsent(&self.pg).await {
             Ok(by_topic) => {

@@ -117,7 +117,14 @@ pub struct Maintenance {
     /// Where the in-flight sweep's SCAN of the keyspace goes on at the next pass: one pass
     /// scans a bounded part of it (`in_flight.rs`).
     sweep_cursor: Arc<AtomicU64>,
+    /// The tenants with a budget, as the tokens file holds them now, for the budget gauge
+    /// (`gauges.rs`); a process without the tokens file does not export that gauge.
+    budgets: Option<BudgetSource>,
 }
+
+/// Reads the tenants that have a budget (with their budgets) from the tokens file as it
+/// is loaded now; given by `app/`, which holds the file (roles do not import each other).
+pub type BudgetSource = Arc<dyn Fn() -> Vec<(String, crate::domain::Budget)> + Send + Sync>;
 
 impl Maintenance {
     /// `redis` only when the process has Redis (the api or worker role).
@@ -137,7 +144,15 @@ impl Maintenance {
             consumer_gc: settings.worker.consumer_gc,
             interval: settings.maintenance.interval,
             sweep_cursor: Arc::new(AtomicU64::new(0)),
+            budgets: None,
         }
+    }
+
+    /// Refresh `summaryd_tenant_budget_used_ratio` for the tenants `budgets` names (a
+    /// process with the tokens file and Redis).
+    pub fn with_budgets(mut self, budgets: Option<BudgetSource>) -> Self {
+        self.budgets = budgets;
+        self
     }
 
     /// One pass at the current time.

@@ -3,6 +3,7 @@
 //! opens only the connection it needs: `dlq`, `pause` and `resume` Redis, `outbox`, `webhook`
 //! and `usage` Postgres.
 
+pub mod budget;
 pub mod dlq;
 pub mod healthcheck;
 pub mod outbox;
@@ -18,6 +19,7 @@ use crate::config::Settings;
 use crate::db::webhooks::Selection;
 use crate::infra::connections::{self, ConnectError};
 use crate::infra::keys::RedisKeys;
+use budget::BudgetCommand;
 use dlq::DlqCommand;
 use outbox::OutboxCommand;
 use pause::PauseArgs;
@@ -45,6 +47,11 @@ pub enum AdminError {
     /// `pause` found the pause lifted again each time it looked who held it.
     #[error("consumption was paused and resumed by others {0} times while pausing; run it again")]
     PauseContended(usize),
+    /// Budgets live in the tokens file; without one there are none to show.
+    #[error("no tokens file (SUMMARYD_AUTH_TOKENS_FILE): budgets are set per tenant there")]
+    NoTokensFile,
+    #[error(transparent)]
+    TokensFile(#[from] crate::api::auth::AuthFileError),
 }
 
 /// An operator command, as the command line names it.
@@ -55,6 +62,7 @@ pub enum AdminCommand {
     Webhook(WebhookCommand),
     Pause(PauseArgs),
     Resume,
+    Budget(BudgetCommand),
 }
 
 /// Run `command`, writing its output to `out` (a table or JSON lines).
@@ -68,7 +76,7 @@ pub async fn run(
         AdminCommand::Outbox(command) => run_outbox(settings, command, out).await,
         AdminCommand::Usage(args) => {
             let pg = connections::pg_pool(settings)?;
-            usage::report(&pg, &args, out).await
+            usage::report_priced(&pg, &settings.llm, &args, out).await
         }
         AdminCommand::Webhook(command) => run_webhook(settings, command, out).await,
         AdminCommand::Pause(args) => {
@@ -83,6 +91,17 @@ pub async fn run(
             let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
             let keys = RedisKeys::new(settings.key_prefix.clone());
             pause::resume(&redis, &keys, out).await.map(|_| ())
+        }
+        AdminCommand::Budget(BudgetCommand::Show(args)) => {
+            let path = settings
+                .auth
+                .tokens_file
+                .as_ref()
+                .ok_or(AdminError::NoTokensFile)?;
+            let store = crate::api::auth::TokenStore::load(path)?;
+            let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
+            let keys = RedisKeys::new(settings.key_prefix.clone());
+            budget::show(&redis, &keys, &store, &args, out).await
         }
     }
 }

@@ -16,6 +16,7 @@ use redis::streams::{
     StreamPendingCountReply, StreamReadOptions, StreamReadReply,
 };
 
+use super::budget::{self, Settle};
 use super::{job_entry, job_state, tenant_limits};
 use crate::domain::{Job, JobId};
 use crate::infra::keys::{GROUP, RedisKeys};
@@ -261,9 +262,26 @@ pub async fn ack_done<C: ConnectionLike + Send + Sync>(
     msg_id: &str,
     job: &Job,
 ) -> redis::RedisResult<()> {
+    ack_settling(conn, keys, msg_id, job, None).await
+}
+
+/// [`ack_done`], settling the job's budget reservation (`settle`, from the reservation
+/// the job state held when read) in the same MULTI/EXEC, before the state goes: the
+/// settle removes the reservation from the state as it settles, so a repeated ack, or a
+/// dead letter after it, settles nothing again (`stream/budget.rs`).
+pub async fn ack_settling<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    msg_id: &str,
+    job: &Job,
+    settle: Option<&Settle>,
+) -> redis::RedisResult<()> {
     let mut pipe = redis::pipe();
     pipe.atomic().xack(keys.stream(), GROUP, &[msg_id]).ignore();
     pipe.xdel(keys.stream(), &[msg_id]).ignore();
+    if let Some(settle) = settle {
+        budget::add_settle(&mut pipe, keys, job.tenant.as_str(), job.job_id, settle);
+    }
     job_state::add_forget(&mut pipe, &keys.job(job.job_id));
     tenant_limits::add_finished(&mut pipe, keys, job.tenant.as_str(), job.job_id);
     pipe.query_async(conn).await

@@ -14,6 +14,7 @@ use redis::aio::ConnectionLike;
 use redis::streams::{StreamId, StreamRangeReply};
 use redis::{AsyncCommands, Script, Value};
 
+use super::budget::{self, Settle};
 use super::consumer_group::entry_millis;
 use super::job_entry::{self, field_bytes};
 use super::job_state::{self, Queued};
@@ -26,6 +27,10 @@ const REASON: &str = "reason";
 const CLASS: &str = "class";
 const ORIGINAL_ID: &str = "original_id";
 const FAILED_AT: &str = "failed_at";
+/// The budget reservation the job held when it was dead-lettered (its period id and
+/// tokens); absent for a job without one.
+const BUDGET_PERIOD: &str = "budget_period";
+const BUDGET_TOKENS: &str = "budget_tokens";
 
 /// One dead-lettered job as operators see it (`summaryd dlq list`).
 ///
@@ -127,6 +132,22 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     fields: &HashMap<String, Value>,
     why: Why<'_>,
 ) -> redis::RedisResult<bool> {
+    add_settling(conn, keys, consumer, msg_id, fields, why, None).await
+}
+
+/// [`add`], releasing the job's budget reservation (`settle`: what the job's reported calls
+/// spent is charged, the rest of the reservation given back) inside the same
+/// owner-checked script, so a dead letter that does not happen releases nothing and a job
+/// acknowledged meanwhile is not settled twice (`stream/budget.rs`).
+pub async fn add_settling<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    consumer: &str,
+    msg_id: &str,
+    fields: &HashMap<String, Value>,
+    why: Why<'_>,
+    settle: Option<&Settle>,
+) -> redis::RedisResult<bool> {
     let Why {
         reason,
         class,
@@ -136,7 +157,17 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     // Keep every original field a replay needs; ours go last and win on a name clash.
     let mut entry: Vec<(String, Vec<u8>)> = fields
         .keys()
-        .filter(|name| ![REASON, CLASS, ORIGINAL_ID, FAILED_AT].contains(&name.as_str()))
+        .filter(|name| {
+            ![
+                REASON,
+                CLASS,
+                ORIGINAL_ID,
+                FAILED_AT,
+                BUDGET_PERIOD,
+                BUDGET_TOKENS,
+            ]
+            .contains(&name.as_str())
+        })
         .filter_map(|name| field_bytes(fields, name).map(|v| (name.clone(), v)))
         .collect();
     // HashMap order is random; a stable order makes entries easy to compare by eye.
@@ -145,6 +176,17 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     entry.push((CLASS.into(), class.as_str().as_bytes().to_vec()));
     entry.push((ORIGINAL_ID.into(), msg_id.as_bytes().to_vec()));
     entry.push((FAILED_AT.into(), failed_at.into_bytes()));
+    // The reservation the job held, so `dlq replay` can reserve as much again.
+    if let Some(s) = settle {
+        entry.push((
+            BUDGET_PERIOD.into(),
+            s.reservation.period_id.as_bytes().to_vec(),
+        ));
+        entry.push((
+            BUDGET_TOKENS.into(),
+            s.reservation.tokens.to_string().into_bytes(),
+        ));
+    }
 
     let mut invocation = DEAD_LETTER.prepare_invoke();
     invocation.key(keys.stream()).key(keys.dead_letters());
@@ -176,6 +218,10 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
     for (name, value) in &entry {
         invocation.arg(name).arg(value);
     }
+    // Last, after the entry's fields (the script finds those before these by their count).
+    let tenant = text(fields, job_entry::TENANT);
+    let settle = settle.filter(|_| job_entry::job_id(fields).is_some());
+    Settle::pass_to(settle, keys, &tenant, &mut invocation);
     let dead_id: Option<String> = invocation.invoke_async(conn).await?;
     Ok(dead_id.is_some())
 }
@@ -194,16 +240,20 @@ pub async fn add<C: ConnectionLike + Send + Sync>(
 /// same step: never gone while still pending, never left behind once dead.
 ///
 /// KEYS[1] job stream   KEYS[2] dead-letter stream   KEYS[3] job state hash
-/// KEYS[4] the tenant's in-flight set
+/// KEYS[4] the tenant's in-flight set   KEYS[5] the budget hash of the job's reservation
 /// ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id   ARGV[4] job id ('' when none)
 /// ARGV[5] n, ARGV[6 .. 5+n] job-state fields and values (`job_state::pass_failed`)
-/// ARGV[6+n ..] the dead entry's fields and values
-static DEAD_LETTER: LazyLock<Script> = LazyLock::new(|| Script::new(DEAD_LETTER_LUA));
+/// ARGV[6+n .. #ARGV-4] the dead entry's fields and values
+/// ARGV[#ARGV-3 ..] the budget settle's arguments (`budget::Settle::pass_to`; its period id
+/// is '' when there is nothing to settle)
+static DEAD_LETTER: LazyLock<Script> =
+    LazyLock::new(|| Script::new(&format!("{}{DEAD_LETTER_LUA}", budget::SETTLE_LUA)));
 const DEAD_LETTER_LUA: &str = r"
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[3], ARGV[3], 1, ARGV[2])
 if #pending == 0 then return false end
 local n = tonumber(ARGV[5])
-local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 6 + n))
+local s = #ARGV - 4
+local dead_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 6 + n, s))
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[3])
 redis.call('XDEL', KEYS[1], ARGV[3])
 if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
@@ -211,6 +261,7 @@ if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 if ARGV[4] ~= '' then
   redis.call('SREM', KEYS[4], ARGV[4])
+  settle_budget(KEYS[3], KEYS[5], ARGV[s + 1], ARGV[s + 2], ARGV[s + 3], ARGV[s + 4])
 end
 return dead_id
 ";
@@ -226,14 +277,23 @@ return dead_id
 /// ARGV[1] dead entry id      ARGV[2] job id
 /// ARGV[3] n, ARGV[4 .. 3+n] job-state fields and values, ARGV[4+n] the job-state field
 ///         to clear (`job_state::Queued::pass_to`)
-/// ARGV[5+n ..] the job's stream fields and values
+/// ARGV[5+n .. #ARGV-5] the job's stream fields and values
+/// KEYS[5] the tenant's budget hash of this period   ARGV[#ARGV-4 ..] the reservation the
+/// job makes again (`budget::Rereserve::pass_to`: tokens, 0 for none, TTL ms, the job-state
+/// field of the period, the period id, the job-state field of the tokens); never refused
 static REPLAY: LazyLock<Script> = LazyLock::new(|| Script::new(REPLAY_LUA));
 const REPLAY_LUA: &str = r"
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return false end
 local n = tonumber(ARGV[3])
-local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n))
+local b = #ARGV - 5
+local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n, b))
 redis.call('HSET', KEYS[3], unpack(ARGV, 4, 3 + n))
 redis.call('HDEL', KEYS[3], ARGV[4 + n])
+if tonumber(ARGV[b + 1]) > 0 then
+  redis.call('HINCRBY', KEYS[5], 'reserved', ARGV[b + 1])
+  redis.call('PEXPIRE', KEYS[5], ARGV[b + 2])
+  redis.call('HSET', KEYS[3], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 1])
+end
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[2])
 return new_id
@@ -548,6 +608,19 @@ pub async fn replay<C: ConnectionLike + Send + Sync>(
             invocation.arg(name).arg(value);
         }
     }
+    // It will spend again: it reserves again what it held, in today's period.
+    let rereserve = text(&entry.map, BUDGET_TOKENS)
+        .parse::<u64>()
+        .ok()
+        .and_then(|tokens| {
+            budget::Rereserve::at(&text(&entry.map, BUDGET_PERIOD), tokens, Utc::now())
+        });
+    budget::Rereserve::pass_to(
+        rereserve.as_ref(),
+        keys,
+        &text(&entry.map, job_entry::TENANT),
+        &mut invocation,
+    );
     let new_id: Option<String> = invocation.invoke_async(conn).await?;
     Ok(match new_id {
         Some(stream_id) => ReplayOutcome::Replayed {

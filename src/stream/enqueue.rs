@@ -3,6 +3,7 @@ use std::sync::LazyLock;
 use redis::Script;
 use redis::aio::ConnectionLike;
 
+use super::budget::Admission;
 use super::job_entry;
 use super::job_state::Queued;
 use super::tenant_limits::{self, OverLimit, TenantLimits};
@@ -49,9 +50,18 @@ pub enum EnqueueOnce {
     Refused(OverLimit),
 }
 
+/// What a new job is admitted under: its tenant's limits and, for a tenant with a budget,
+/// the job's worst case to reserve.
+#[derive(Debug, Clone, Copy)]
+pub struct Admit<'a> {
+    pub limits: &'a TenantLimits,
+    pub budget: Option<&'a Admission>,
+}
+
 /// Unless `record_key` exists: enqueue `job` like [`enqueue`] and store `record` under
 /// `record_key` for `record_ttl_s`, all in one atomic script, if the tenant is within
-/// `limits`. If it exists, return its content and write nothing (never charged).
+/// `limits` and its budget holds the job's worst case (`budget`: reserved in the same step).
+/// If it exists, return its content and write nothing (never charged).
 pub async fn enqueue_once<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &RedisKeys,
@@ -59,8 +69,9 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     record_key: &str,
     record: &str,
     record_ttl_s: u64,
-    limits: &TenantLimits,
+    admit: Admit<'_>,
 ) -> redis::RedisResult<EnqueueOnce> {
+    let Admit { limits, budget } = admit;
     let tenant = job.tenant.as_str();
     let limits = &limits.for_recipient(job.notify.as_ref());
     // Without a recipient the window is never read (no notify_per_hour); any address names it.
@@ -76,6 +87,11 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
         .key(keys.in_flight(tenant))
         .key(keys.rate(tenant))
         .key(window)
+        .key(match budget {
+            Some(b) => b.key(keys, tenant),
+            // Never read without a cost; any name of the tenant's stands in.
+            None => keys.budget(tenant, "none"),
+        })
         .arg(record)
         .arg(record_ttl_s)
         .arg(job.job_id.to_string());
@@ -84,6 +100,7 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     for (name, value) in job_entry::to_fields(job) {
         invocation.arg(name).arg(value);
     }
+    Admission::pass_to(budget, &mut invocation);
     let (outcome, text, retry_ms): (i64, String, i64) = invocation.invoke_async(conn).await?;
     Ok(match outcome {
         1 => EnqueueOnce::Enqueued { entry_id: text },

@@ -11,10 +11,14 @@
 -- ARGV[9] now, ms since the epoch (0 without that limit)   (src/stream/tenant_limits.rs)
 -- ARGV[10] n, then ARGV[11 .. 10+n] job-state fields and values to set, ARGV[11+n] the
 --         job-state field to clear (names and values come from src/stream/job_state.rs)
--- ARGV[12+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
+-- ARGV[12+n .. #ARGV-7] the stream entry's fields and values (src/stream/job_entry.rs)
+-- KEYS[7] the tenant's budget hash for the period (src/stream/budget.rs)
+-- ARGV[#ARGV-6 .. #ARGV] the job's worst-case tokens (0: no budget), the budget, ms until
+--         the period resets, the hash's TTL in ms, the job-state field of the period, the
+--         period id, the job-state field of the tokens (src/stream/budget.rs, last)
 --
 -- Replies {0, record, 0} (the key had one), {1, entry id, 0} (enqueued) or {2, limit, retry ms}
--- (refused by 'rate', 'in_flight' or 'notify'; nothing written).
+-- (refused by 'rate', 'in_flight', 'notify' or 'budget'; nothing written).
 --
 -- A key that already has a record is answered from it before any limit: a replay is never
 -- charged or refused. Otherwise the limits are checked, then the job goes on the stream with
@@ -53,8 +57,18 @@ if per_hour > 0 then
     return {2, 'notify', math.max(1, tonumber(oldest[2]) - window_start)}
   end
 end
+-- The budget: the job's worst case must fit beside what is reserved and used in the
+-- period, and is reserved in this same step, so no two requests can both take the last of it.
+local b = #ARGV - 7
+local cost = tonumber(ARGV[b + 1])
+if cost > 0 then
+  local taken = redis.call('HMGET', KEYS[7], 'reserved', 'used')
+  if (tonumber(taken[1]) or 0) + (tonumber(taken[2]) or 0) + cost > tonumber(ARGV[b + 2]) then
+    return {2, 'budget', tonumber(ARGV[b + 3])}
+  end
+end
 local n = tonumber(ARGV[10])
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 12 + n))
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 12 + n, b))
 redis.call('HSET', KEYS[3], unpack(ARGV, 11, 10 + n))
 redis.call('HDEL', KEYS[3], ARGV[11 + n])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
@@ -70,5 +84,10 @@ if window_start then
 end
 if tat then
   redis.call('SET', KEYS[5], string.format('%.0f', tat), 'PX', math.max(1, math.ceil((tat - now) / 1000)))
+end
+if cost > 0 then
+  redis.call('HINCRBY', KEYS[7], 'reserved', ARGV[b + 1])
+  redis.call('PEXPIRE', KEYS[7], ARGV[b + 4])
+  redis.call('HSET', KEYS[3], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 1])
 end
 return {1, id, 0}

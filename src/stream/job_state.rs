@@ -32,6 +32,12 @@ const LAST_FAILURE: &str = "last_failure";
 const PARTS_DONE: &str = "parts_done";
 const PARTS_TOTAL: &str = "parts_total";
 
+/// The job's reservation against its tenant's budget (`stream/budget.rs`): the period id it
+/// was made in and the tokens held. Written in the accepting step, removed by the one step
+/// that settles it (ack or dead letter), so a reservation is settled at most once.
+const BUDGET_PERIOD: &str = "budget_period";
+const BUDGET_RESERVED: &str = "budget_reserved";
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
     /// On the stream, waiting or being processed.
@@ -214,4 +220,35 @@ pub(crate) fn pass_failed_marker(script: &mut ScriptInvocation) {
 /// Drop the state: once Postgres has the summary, it is the truth.
 pub(crate) fn add_forget(pipe: &mut Pipeline, key: &str) {
     pipe.del(key).ignore();
+}
+
+/// A job's reservation against its tenant's budget, as the job state holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reservation {
+    /// `domain::BudgetPeriod::id` of the period it was made in.
+    pub period_id: String,
+    pub tokens: u64,
+}
+
+/// The two field names of the reservation (period, then tokens), which the budget scripts
+/// receive as arguments rather than spelling them.
+pub(crate) fn reservation_fields() -> [&'static str; 2] {
+    [BUDGET_PERIOD, BUDGET_RESERVED]
+}
+
+/// The job's reservation, while it holds one (`None`: no budget, or already settled).
+pub async fn reservation<C: redis::aio::ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    job_id: JobId,
+) -> redis::RedisResult<Option<Reservation>> {
+    let (period, tokens): (Option<String>, Option<u64>) = redis::cmd("HMGET")
+        .arg(keys.job(job_id))
+        .arg(BUDGET_PERIOD)
+        .arg(BUDGET_RESERVED)
+        .query_async(conn)
+        .await?;
+    Ok(period
+        .zip(tokens)
+        .map(|(period_id, tokens)| Reservation { period_id, tokens }))
 }

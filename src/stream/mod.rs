@@ -9,7 +9,10 @@
 //! - `bulk`: an operator's replay or purge of many dead letters, resumable by any process.
 //! - `pause`: the fleet-wide pause of consumption (who, why, since when).
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
+//! - `budget`: per-tenant token budgets, reserved in the enqueue script, settled when the
+//!   job finishes.
 
+pub mod budget;
 pub mod bulk;
 pub mod consumer_group;
 pub mod dead_letters;
@@ -20,6 +23,6 @@ pub mod pause;
 pub mod tenant_limits;
 
 pub use consumer_group::Delivery;
-pub use enqueue::{ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
+pub use enqueue::{Admit, ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
 pub use job_entry::MalformedMessage;
 pub use tenant_limits::{Limit, OverLimit, TenantLimits};

@@ -45,6 +45,9 @@ pub enum Limit {
     InFlight,
     /// `notify_per_hour`: the recipient had that many emails from this tenant this hour.
     NotifyRate,
+    /// `budget_tokens`: the job's worst case does not fit the period's budget
+    /// (`stream/budget.rs`); retry when the period resets.
+    Budget,
 }
 
 /// A refusal: which limit, and when a request could pass.
@@ -132,6 +135,16 @@ impl TenantLimits {
 }
 
 impl OverLimit {
+    /// Which limit refused.
+    pub fn limit(&self) -> Limit {
+        self.limit
+    }
+
+    /// When the request could pass.
+    pub fn retry_after(&self) -> Duration {
+        self.retry_after
+    }
+
     /// From the script's refusal: the limit's name and, for the rate, when the next job fits.
     pub(crate) fn from_script(limit: &str, retry_after_ms: i64) -> Self {
         let retry_after = Duration::from_millis(u64::try_from(retry_after_ms).unwrap_or(0));
@@ -142,6 +155,10 @@ impl OverLimit {
             },
             "notify" => Self {
                 limit: Limit::NotifyRate,
+                retry_after,
+            },
+            "budget" => Self {
+                limit: Limit::Budget,
                 retry_after,
             },
             _ => Self {

@@ -7,10 +7,17 @@ use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
 use super::gate::POSTGRES;
 use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
-use crate::db::{model_calls, outbox};
+use crate::db::{model_calls, outbox, summaries};
 use crate::domain::{Job, ModelCall, ModelSummary, WebhookEvent};
 use crate::stream::consumer_group::{self as group, Delivery};
-use crate::stream::{dead_letters, job_state};
+use crate::stream::{budget, dead_letters, job_state};
+
+/// Where a finished job's spend is read from (`Consumer::settle_of`).
+#[derive(Debug, Clone, Copy)]
+enum Spent {
+    Summary,
+    Calls,
+}
 
 impl Consumer {
     /// `Err` when Redis failed: the entry is still this consumer's then.
@@ -23,7 +30,15 @@ impl Consumer {
     ) -> Result<(), WorkerError> {
         match settlement {
             Settlement::Ack(finish) => {
-                group::ack_done(conn, &self.services.keys, &delivery.id, job).await?;
+                let settle = self.settle_of(conn, job, Spent::Summary).await?;
+                group::ack_settling(
+                    conn,
+                    &self.services.keys,
+                    &delivery.id,
+                    job,
+                    settle.as_ref(),
+                )
+                .await?;
                 match finish {
                     Finish::Summarised => {
                         self.services
@@ -158,7 +173,11 @@ impl Consumer {
                     reason: format!("recording the job's summary.failed webhook: {e}"),
                 })?;
         }
-        let moved = dead_letters::add(
+        let settle = match job {
+            Some(job) => self.settle_of(conn, job, Spent::Calls).await?,
+            None => None,
+        };
+        let moved = dead_letters::add_settling(
             conn,
             &self.services.keys,
             &self.name,
@@ -169,6 +188,7 @@ impl Consumer {
                 class: reason.class,
                 tenant_error: &reason.tenant,
             },
+            settle.as_ref(),
         )
         .await?;
         if moved {
@@ -226,6 +246,44 @@ impl Consumer {
                     .inc_by(calls.len() as u64);
             }
         }
+    }
+
+    /// How the job's budget reservation is settled when it finishes, if it holds one:
+    /// `Spent::Summary`, the usage its committed summary reports (the whole job, parts
+    /// included, whichever delivery committed it); `Spent::Calls`, what its recorded model
+    /// calls reported (a dead letter). When Postgres cannot say, the reservation is charged
+    /// in full: a budget is never under-charged, and the job is not held up for it.
+    async fn settle_of(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        job: &Job,
+        spent: Spent,
+    ) -> Result<Option<budget::Settle>, WorkerError> {
+        let Some(reservation) =
+            job_state::reservation(conn, &self.services.keys, job.job_id).await?
+        else {
+            return Ok(None);
+        };
+        let pg = &self.services.pg;
+        let reported = match spent {
+            Spent::Summary => summaries::spent_tokens(pg, job.job_id).await,
+            Spent::Calls => model_calls::for_job(pg, &job.job_id).await.map(|calls| {
+                Some(
+                    calls
+                        .iter()
+                        .map(|c| {
+                            u64::from(c.prompt_tokens.unwrap_or(0))
+                                + u64::from(c.completion_tokens.unwrap_or(0))
+                        })
+                        .sum(),
+                )
+            }),
+        };
+        let spent = reported.unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "could not read what the job spent; its budget is charged the whole reservation");
+            None
+        });
+        Ok(Some(budget::Settle { reservation, spent }))
     }
 
     /// Keep why a counted delivery failed for the dead letter's reason. Best effort: a

@@ -556,6 +556,8 @@ async fn with_the_primary_down_a_4096_token_fallback_finishes_a_long_text() {
         context_tokens: Some(4_096),
         rpm: None,
         tpm: None,
+        price_per_mtok_input: None,
+        price_per_mtok_output: None,
     }];
     let text = long_text(60_000, "fallback");
     let (services, mut consumer) = world(settings, &env, vec![job(0, text.clone())]).await;

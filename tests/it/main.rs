@@ -9,6 +9,7 @@ mod app;
 mod auth;
 mod backends;
 mod browser_smoke;
+mod budgets;
 mod bulk;
 mod console;
 mod console_browser;

@@ -65,6 +65,8 @@ fn settings(env: &TestEnv, primary: &HttpStub, fallback: Option<&HttpStub>) -> S
             context_tokens: None,
             rpm: None,
             tpm: None,
+            price_per_mtok_input: None,
+            price_per_mtok_output: None,
         })
         .into_iter()
         .collect();

@@ -28,6 +28,20 @@ pub(crate) struct TenantRow {
     pub(crate) in_flight: u64,
     /// From the tokens file; `None` in header mode or for a tenant not in the file.
     pub(crate) limits: Option<Limits>,
+    /// What the window's tokens cost at the providers' prices; `None` without prices.
+    pub(crate) cost: Option<f64>,
+    /// The tenant's budget in the current period; `None` for a tenant without one.
+    pub(crate) budget: Option<BudgetRow>,
+}
+
+#[derive(Debug, Serialize, PartialEq)]
+pub(crate) struct BudgetRow {
+    /// `2026-12-02` (day) or `2026-12` (month), UTC.
+    pub(crate) period: String,
+    pub(crate) budget_tokens: u64,
+    pub(crate) reserved: u64,
+    pub(crate) used: u64,
+    pub(crate) left: u64,
 }
 
 #[derive(Debug, Serialize, PartialEq)]
@@ -65,7 +79,13 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
         })
     }
     for u in usage {
+        let cost = console
+            .llm
+            .cost_of(&u.model, u.prompt_tokens, u.completion_tokens);
         let r = row(&mut rows, &u.tenant);
+        if let Some(cost) = cost {
+            r.cost = Some(r.cost.unwrap_or(0.0) + cost);
+        }
         r.jobs += u.jobs;
         r.prompt_tokens += u.prompt_tokens;
         r.completion_tokens += u.completion_tokens;
@@ -83,6 +103,19 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
                 max_in_flight: l.max_in_flight,
                 notify_per_hour: l.notify_per_hour,
             });
+            if let Some(budget) = policy.budget {
+                let period = budget.period.id(chrono::Utc::now());
+                let taken =
+                    crate::stream::budget::read(&mut conn, &console.keys, tenant.as_str(), &period)
+                        .await?;
+                row(&mut rows, tenant.as_str()).budget = Some(BudgetRow {
+                    period,
+                    budget_tokens: budget.tokens,
+                    reserved: taken.reserved,
+                    used: taken.used,
+                    left: budget.left(taken),
+                });
+            }
         }
     }
     Ok(Tenants {
@@ -120,8 +153,10 @@ pub(crate) fn render(t: &Tenants, token_mode: bool) -> Markup {
                     th.num scope="col" { "Jobs finished" }
                     th.num scope="col" { "Prompt tokens" }
                     th.num scope="col" { "Completion tokens" }
+                    th.num scope="col" { "Cost" }
                     th.num scope="col" { "In flight" }
                     th scope="col" { "Limits" }
+                    th scope="col" { "Budget (this period)" }
                 } }
                 tbody {
                     @for r in &t.tenants {
@@ -130,6 +165,12 @@ pub(crate) fn render(t: &Tenants, token_mode: bool) -> Markup {
                             td.num { (r.jobs) }
                             td.num { (r.prompt_tokens) }
                             td.num { (r.completion_tokens) }
+                            td.num {
+                                @match r.cost {
+                                    Some(cost) => { (format!("{cost:.4}")) }
+                                    None => span.muted { "-" }
+                                }
+                            }
                             td.num { (r.in_flight) }
                             td {
                                 @match &r.limits {
@@ -138,6 +179,15 @@ pub(crate) fn render(t: &Tenants, token_mode: bool) -> Markup {
                                         ", in flight " (limit(l.max_in_flight)) ", per recipient " (limit(l.notify_per_hour)) "/h"
                                     }
                                     None => span.muted { "not in the tokens file" }
+                                }
+                            }
+                            td {
+                                @match &r.budget {
+                                    Some(b) => {
+                                        (b.period) ": " (b.used) " used, " (b.reserved) " reserved, "
+                                        (b.left) " left of " (b.budget_tokens)
+                                    }
+                                    None => span.muted { "none" }
                                 }
                             }
                         }

@@ -1,7 +1,7 @@
 -- Accept a job exactly once per idempotency key, within the tenant's limits, in one atomic
 -- step (one round trip).
 --
--- KEYS[1] idempotency record   KEYS[2] job stream   KEYS[3] job state hash
+-- KEYS[1] idempotency record   KEYS[2] the tenant's lane   KEYS[3] job state hash
 -- KEYS[4] the tenant's in-flight set   KEYS[5] the tenant's rate state (GCRA)
 -- KEYS[6] the emails this tenant sent the job's recipient in the last hour (sorted set)
 -- ARGV[1] final record (JSON)  ARGV[2] record TTL in seconds   ARGV[3] job id
@@ -11,13 +11,18 @@
 -- ARGV[9] now, ms since the epoch (0 without that limit)   (src/stream/tenant_limits.rs)
 -- ARGV[10] n, then ARGV[11 .. 10+n] job-state fields and values to set, ARGV[11+n] the
 --         job-state field to clear (names and values come from src/stream/job_state.rs)
--- ARGV[12+n ..] the stream entry's fields and values (src/stream/job_entry.rs)
+-- KEYS[7] active lanes (sorted set)   KEYS[8] the scheduler's virtual time
+-- KEYS[9] the doorbell list   KEYS[10] the lanes' policies (hash)   (src/stream/lanes.rs)
+-- ARGV[12+n .. #ARGV-3] the stream entry's fields and values (src/stream/job_entry.rs)
+-- ARGV[#ARGV-2] the tenant's weight   ARGV[#ARGV-1] its max_concurrent (0: none)
+-- ARGV[#ARGV] the tenant
 --
 -- Replies {0, record, 0} (the key had one), {1, entry id, 0} (enqueued) or {2, limit, retry ms}
 -- (refused by 'rate', 'in_flight' or 'notify'; nothing written).
 --
 -- A key that already has a record is answered from it before any limit: a replay is never
--- charged or refused. Otherwise the limits are checked, then the job goes on the stream with
+-- charged or refused. Otherwise the limits are checked, then the job goes in its tenant's
+-- lane (the workers' dispatch moves it onto the job stream, stream/lanes.rs) with
 -- its state, and the final response is stored, before any other command runs: there is no
 -- in-progress moment another request could observe. The only failing command (XADD on a key
 -- of the wrong type) comes before every write, so a failed run stores and enqueues nothing.
@@ -54,7 +59,7 @@ if per_hour > 0 then
   end
 end
 local n = tonumber(ARGV[10])
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 12 + n))
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 12 + n, #ARGV - 3))
 redis.call('HSET', KEYS[3], unpack(ARGV, 11, 10 + n))
 redis.call('HDEL', KEYS[3], ARGV[11 + n])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
@@ -71,4 +76,16 @@ end
 if tat then
   redis.call('SET', KEYS[5], string.format('%.0f', tat), 'PX', math.max(1, math.ceil((tat - now) / 1000)))
 end
+-- The lane joins the schedule at the current virtual time (NX: a lane already waiting keeps
+-- its place); its policy is what this tenant's jobs are dispatched under; one token wakes
+-- one idle consumer.
+local tenant = ARGV[#ARGV]
+redis.call('ZADD', KEYS[7], 'NX', redis.call('GET', KEYS[8]) or 0, tenant)
+if ARGV[#ARGV - 2] == '1' and ARGV[#ARGV - 1] == '0' then
+  redis.call('HDEL', KEYS[10], tenant)
+else
+  redis.call('HSET', KEYS[10], tenant, ARGV[#ARGV - 2] .. ' ' .. ARGV[#ARGV - 1])
+end
+redis.call('RPUSH', KEYS[9], 1)
+redis.call('LTRIM', KEYS[9], -64, -1)
 return {1, id, 0}

@@ -12,6 +12,7 @@ mod browser_smoke;
 mod bulk;
 mod console;
 mod console_browser;
+mod fairness;
 mod front_door;
 mod healthcheck;
 mod idempotency;

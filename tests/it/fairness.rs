@@ -14,7 +14,7 @@ use redis::AsyncCommands;
 use redis::streams::StreamPendingCountReply;
 use summaryd::api;
 use summaryd::api::auth::token_sha256;
-use summaryd::config::roles::Roles;
+use summaryd::config::roles::{Role, Roles};
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::infra::keys::GROUP;
 use summaryd::llm::{Completion, Llm, LlmError};
@@ -374,4 +374,44 @@ async fn a_job_on_the_job_stream_is_consumed_before_the_lanes() {
     assert_eq!(w.model.order(), ["legacy", "a"]);
     assert_eq!(w.env.count("summaries").await, 2);
     assert!(w.pending().await.is_empty());
+}
+
+/// A running-set member whose entry is no longer pending (an operator acknowledged it by
+/// hand) would hold one of the tenant's max_concurrent slots for ever; maintenance removes
+/// it, and the tenant's next job is dispatched.
+#[actix_web::test]
+async fn maintenance_frees_a_running_slot_whose_entry_is_no_longer_pending() {
+    let w = World::new(&[("a", "max_concurrent = 1")], TenantModel::default()).await;
+    w.post("a", 0, 2).await;
+    let mut redis = w.env.redis().await;
+    let keys = &w.services.keys;
+    let taken = read_new(&mut redis, keys, "fair-by-hand", 1, Duration::ZERO)
+        .await
+        .unwrap();
+    let [entry] = taken.as_slice() else {
+        panic!("{taken:?}")
+    };
+    let _: i64 = redis
+        .xack(keys.stream(), GROUP, &[&entry.id])
+        .await
+        .unwrap();
+    assert_eq!(w.running("a").await, std::slice::from_ref(&entry.id));
+    let none = read_new(&mut redis, keys, "fair-next", 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert!(none.is_empty(), "the leaked member fills the cap: {none:?}");
+
+    let report = w
+        .services
+        .maintenance(Roles::of(&[Role::Worker]))
+        .run_once()
+        .await
+        .unwrap();
+    assert_eq!(report.running, 1, "{report:?}");
+    assert!(w.running("a").await.is_empty());
+    let next = read_new(&mut redis, keys, "fair-next", 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(next.len(), 1, "the slot is free again");
+    assert_eq!(w.running("a").await, [next[0].id.clone()]);
 }

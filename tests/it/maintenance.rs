@@ -339,11 +339,14 @@ async fn the_sweep_removes_members_of_finished_and_gone_jobs_and_frees_their_slo
         ),
         Some(3.0)
     );
-    // The live job's state and entry are untouched.
+    // The live job's state and entry are untouched: the legacy entry on the job stream, the
+    // live job in its tenant's lane.
     let state: bool = redis.exists(keys.job(live.parse().unwrap())).await.unwrap();
     assert!(state);
     let len: u64 = redis.xlen(keys.stream()).await.unwrap();
-    assert_eq!(len, 2);
+    assert_eq!(len, 1);
+    let lane: u64 = redis.xlen(keys.lane("acme")).await.unwrap();
+    assert_eq!(lane, 1);
 
     // Three slots are free again, and only three: the fourth new job is refused.
     for n in 1..=3 {

@@ -193,9 +193,10 @@ redis_reference() {
     rcli -n "$REF_DB" FLUSHDB >/dev/null
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
         -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 \
-        EVALSHA "$lua_sha" 7 "$2" ref:stream 'ref:job:__rand_int__' ref:in_flight ref:rate ref:notify \
-        ref:budget "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}" \
-        job_id "$job" tenant bench payload "$payload" created_at "$stamp" "${budget_args[@]}" >"$3" 2>&1
+        EVALSHA "$lua_sha" 11 "$2" ref:lane 'ref:job:__rand_int__' ref:in_flight ref:rate ref:notify \
+        ref:budget ref:lanes ref:lanes:clock ref:doorbell ref:lanes:policy \
+        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}" \
+        job_id "$job" tenant bench payload "$payload" created_at "$stamp" 1 0 bench "${budget_args[@]}" >"$3" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
 }
 # "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
@@ -284,9 +285,10 @@ for c in $CONNECTIONS; do
     # Same arguments as the new-key call; the first call stores the record, so every call
     # redis-benchmark makes only reads it. A failed store would make this a new-key run:
     # the reply is checked.
-    replay_call=(EVALSHA "$lua_sha" 7 ref:idem:fixed ref:stream ref:job:fixed ref:in_flight ref:rate ref:notify
-        ref:budget "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}"
-        job_id "$job" tenant bench payload "$payload" created_at "$stamp" "${budget_args[@]}")
+    replay_call=(EVALSHA "$lua_sha" 11 ref:idem:fixed ref:lane ref:job:fixed ref:in_flight ref:rate ref:notify
+        ref:budget ref:lanes ref:lanes:clock ref:doorbell ref:lanes:policy
+        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}"
+        job_id "$job" tenant bench payload "$payload" created_at "$stamp" 1 0 bench "${budget_args[@]}")
     [[ "$(rcli -n "$REF_DB" "${replay_call[@]}" | head -n 1)" == 1 ]] ||
         die "the replay reference could not store its record"
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \

@@ -63,6 +63,10 @@ struct TenantEntry {
     budget_period: Option<String>,
     /// Share of the budget at which operators are warned; in (0, 1], default 0.8.
     budget_soft_ratio: Option<f64>,
+    /// Share of dispatch against other tenants with jobs queued (default 1).
+    weight: Option<f64>,
+    /// Jobs of this tenant dispatched and not yet finished at once, fleet-wide.
+    max_concurrent: Option<u32>,
 }
 
 struct Entry {
@@ -207,6 +211,16 @@ impl TokenStore {
             if entry.max_in_flight == Some(0) {
                 return Err(format!("tenants.{name}.max_in_flight must be at least 1"));
             }
+            if entry.weight.is_some_and(|w| !w.is_finite() || w <= 0.0) {
+                return Err(format!(
+                    "tenants.{name}.weight must be a positive finite number (remove it for 1)"
+                ));
+            }
+            if entry.max_concurrent == Some(0) {
+                return Err(format!(
+                    "tenants.{name}.max_concurrent must be at least 1 (remove it for no cap)"
+                ));
+            }
             if entry.notify_per_hour == Some(0) {
                 return Err(format!(
                     "tenants.{name}.notify_per_hour must be at least 1 (remove it for the default)"
@@ -241,6 +255,8 @@ impl TokenStore {
                         burst: entry.burst,
                         max_in_flight: entry.max_in_flight,
                         notify_per_hour: entry.notify_per_hour,
+                        weight: entry.weight,
+                        max_concurrent: entry.max_concurrent,
                     },
                     notify_domains,
                     webhook_url,
@@ -615,6 +631,17 @@ mod tests {
     }
 
     #[test]
+    fn weight_and_max_concurrent_are_read_per_tenant() {
+        let s = store("weight = 2.5\nmax_concurrent = 4");
+        let (_, acme) = s.authenticate("acme-token").unwrap();
+        assert_eq!(acme.limits.weight, Some(2.5));
+        assert_eq!(acme.limits.max_concurrent, Some(4));
+        let (_, globex) = s.authenticate("globex-token").unwrap();
+        assert_eq!(globex.limits.weight, None);
+        assert_eq!(globex.limits.max_concurrent, None);
+    }
+
+    #[test]
     fn limits_are_read_per_tenant_and_validated() {
         let s = store(
             "rate_per_s = 50.0\nburst = 100\nmax_in_flight = 1000\nnotify_per_hour = 7\nnotify_domains = [\"acme.com\", \"*.acme.com\"]",
@@ -627,6 +654,8 @@ mod tests {
                 burst: Some(100),
                 max_in_flight: Some(1000),
                 notify_per_hour: Some(7),
+                weight: None,
+                max_concurrent: None,
             }
         );
         assert_eq!(
@@ -644,6 +673,11 @@ mod tests {
             ("burst = 0", "burst"),
             ("max_in_flight = 0", "max_in_flight"),
             ("notify_per_hour = 0", "notify_per_hour"),
+            ("weight = 0.0", "weight"),
+            ("weight = -1.0", "weight"),
+            ("weight = inf", "weight"),
+            ("weight = nan", "weight"),
+            ("max_concurrent = 0", "max_concurrent"),
             ("notify_domains = []", "notify_domains"),
             ("notify_domains = [\"localhost\"]", "notify_domains"),
             ("notify_domains = [\"*.10.0.0.5\"]", "notify_domains"),

@@ -41,6 +41,49 @@ impl RedisKeys {
         format!("{}jobs:summaries:dead", self.prefix)
     }
 
+    /// A tenant's lane: a stream (no consumer group) of its accepted jobs waiting to be
+    /// dispatched onto the job stream (`stream/lanes.rs`). Deleted when it empties.
+    pub fn lane(&self, tenant: &str) -> String {
+        format!("{}{tenant}", self.lane_prefix())
+    }
+
+    /// What every lane's name starts with: the dispatch script builds a lane's name from the
+    /// tenant it picks, so it gets this part as an argument.
+    pub(crate) fn lane_prefix(&self) -> String {
+        format!("{}jobs:summaries:lane:", self.prefix)
+    }
+
+    /// The active lanes: a sorted set of tenants whose lane holds jobs, scored by the
+    /// virtual time their next job may start at. The scheduler reads only its lowest
+    /// members, and the gauges walk it instead of scanning the keyspace for lanes.
+    pub fn lanes(&self) -> String {
+        format!("{}jobs:summaries:lanes", self.prefix)
+    }
+
+    /// The scheduler's virtual time (a number): the score a newly active lane starts at.
+    pub fn lanes_clock(&self) -> String {
+        format!("{}jobs:summaries:lanes:clock", self.prefix)
+    }
+
+    /// Each tenant's weight and max_concurrent as the last accepted job carried them (a hash,
+    /// tenant → "weight max_concurrent"; tenants with the defaults have no field), so workers
+    /// schedule without the tokens file.
+    pub fn lane_policies(&self) -> String {
+        format!("{}jobs:summaries:lanes:policy", self.prefix)
+    }
+
+    /// A short list of tokens, one pushed per job put in a lane (capped): idle consumers
+    /// wait on it (BLPOP) instead of on the job stream, which only dispatch writes.
+    pub fn doorbell(&self) -> String {
+        format!("{}jobs:summaries:doorbell", self.prefix)
+    }
+
+    /// The job-stream entry ids of a tenant's jobs dispatched and not yet finished (acked
+    /// or dead-lettered): what `max_concurrent` limits. Kept only for tenants with one.
+    pub fn running(&self, tenant: &str) -> String {
+        format!("{}tenant:{tenant}:running", self.prefix)
+    }
+
     /// A consumer's liveness mark: set with a TTL and refreshed by the live process that
     /// runs the consumer, so consumer cleanup can tell a gone consumer from a quiet one.
     pub fn consumer_alive(&self, consumer: &str) -> String {
@@ -83,6 +126,12 @@ impl RedisKeys {
         key.strip_prefix(self.prefix.as_str())?
             .strip_prefix("tenant:")?
             .strip_suffix(":in_flight")
+    }
+
+    /// What comes before and after the tenant in [`Self::running`], for the dispatch script
+    /// that names the set of the tenant it picks.
+    pub(crate) fn running_affixes(&self) -> (String, &'static str) {
+        (format!("{}tenant:", self.prefix), ":running")
     }
 
     /// A tenant's rate-limit state (GCRA: the theoretical arrival time, in µs).

@@ -1,4 +1,5 @@
-//! The cluster-wide gauges `/metrics` serves: the stream's backlog, dead letters and
+//! The cluster-wide gauges `/metrics` serves: the stream's backlog (the tenants' lanes
+//! included), dead letters and
 //! whether consumption is paused (from Redis) and the unsent outbox rows (from Postgres).
 //! Every process that can read a source refreshes its gauges itself (the api and worker
 //! have Redis and Postgres, a relay-only process only Postgres), so every process exports
@@ -18,6 +19,8 @@ use chrono::Utc;
 use super::{Maintenance, MaintenanceError, Report, clamp};
 use crate::db;
 use crate::domain::{SummaryReady, WebhookEvent};
+use crate::stream::consumer_group::{Backlog, entry_millis};
+use crate::stream::lanes::{self, LaneBacklog};
 use crate::stream::{budget, dead_letters, pause};
 
 impl Maintenance {
@@ -59,9 +62,10 @@ impl Maintenance {
             let redis_part = async {
                 let mut conn = redis.get().await?;
                 let backlog = self.trim_finished(&mut conn).await?;
+                let queued = lanes::backlog(&mut conn, &self.keys).await?;
                 let dead = dead_letters::count(&mut conn, &self.keys).await?;
                 let paused = pause::current(&mut conn, &self.keys).await?;
-                Ok::<_, MaintenanceError>((backlog, dead, paused.is_some()))
+                Ok::<_, MaintenanceError>((with_lanes(backlog, &queued), dead, paused.is_some()))
             };
             match redis_part.await {
                 Ok((backlog, dead, paused)) => {
@@ -115,5 +119,20 @@ impl Maintenance {
                 .set(now.timestamp_millis() as f64 / 1000.0);
         }
         result
+    }
+}
+
+/// The stream's backlog with the jobs waiting in the tenants' lanes: they are not yet
+/// delivered either, and the oldest of them may be older than anything on the stream.
+fn with_lanes(stream: Backlog, lanes: &LaneBacklog) -> Backlog {
+    let lane_age = lanes
+        .oldest_id
+        .as_deref()
+        .and_then(entry_millis)
+        .map_or(0, |ms| dead_letters::now_millis().saturating_sub(ms));
+    Backlog {
+        lag: stream.lag.map(|lag| lag + lanes.total()),
+        oldest_age_ms: stream.oldest_age_ms.max(lane_age),
+        ..stream
     }
 }

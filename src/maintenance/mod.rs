@@ -28,6 +28,7 @@ use crate::db::DbError;
 use crate::infra::keys::RedisKeys;
 use crate::infra::metrics::Metrics;
 use crate::shutdown::Shutdown;
+use crate::stream::lanes;
 
 /// Advisory lock key of the retention pass ("summaryd" in ASCII). Advisory locks are per
 /// database, so deployments on separate databases never contend.
@@ -76,6 +77,8 @@ pub struct Report {
     pub consumers: u64,
     /// Members of tenants' in-flight sets whose job had finished or was gone.
     pub in_flight: u64,
+    /// Members of tenants' running sets (`max_concurrent`) no longer pending.
+    pub running: u64,
     /// Texts stored at intake of jobs that never finished (`what="job_texts"`).
     pub job_texts: u64,
     /// Stored parts of long texts whose summary text is gone, or whose job never finished
@@ -87,7 +90,7 @@ pub struct Report {
 }
 
 impl Report {
-    fn removed(&self) -> [(&'static str, u64); 9] {
+    fn removed(&self) -> [(&'static str, u64); 10] {
         [
             ("stream_entries", self.stream_entries),
             ("dead_letters", self.dead_letters),
@@ -95,6 +98,7 @@ impl Report {
             ("summaries", self.summaries),
             ("consumers", self.consumers),
             ("in_flight", self.in_flight),
+            ("running", self.running),
             ("job_texts", self.job_texts),
             ("summary_parts", self.summary_parts),
             ("model_calls", self.model_calls),
@@ -194,6 +198,7 @@ impl Maintenance {
                 summaries = report.summaries,
                 consumers = report.consumers,
                 in_flight = report.in_flight,
+                running = report.running,
                 job_texts = report.job_texts,
                 summary_parts = report.summary_parts,
                 model_calls = report.model_calls,
@@ -250,6 +255,7 @@ impl Maintenance {
         report.consumers = self.remove_gone_consumers(&mut conn).await?;
         report.dead_letters = self.purge_dead_letters(&mut conn, now).await?;
         report.in_flight = self.sweep_in_flight(&mut conn).await?;
+        report.running = lanes::sweep_running(&mut conn, &self.keys).await?;
         Ok(())
     }
 

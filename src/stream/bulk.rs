@@ -52,7 +52,7 @@ pub const DEFAULT_PAGE: usize = 100;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum BulkAction {
-    /// Back onto the job stream with the same job id (`dead_letters::replay`).
+    /// Back in the tenant's lane with the same job id (`dead_letters::replay`).
     Replay,
     /// Removed with its job state (`dead_letters::purge_entries`).
     Purge,

@@ -13,11 +13,11 @@ use redis::AsyncCommands;
 use redis::aio::ConnectionLike;
 use redis::streams::{
     StreamAutoClaimOptions, StreamAutoClaimReply, StreamId, StreamInfoConsumersReply,
-    StreamPendingCountReply, StreamReadOptions, StreamReadReply,
+    StreamPendingCountReply,
 };
 
 use super::budget::{self, Settle};
-use super::{job_entry, job_state, tenant_limits};
+use super::{job_entry, job_state, lanes, tenant_limits};
 use crate::domain::{Job, JobId};
 use crate::infra::keys::{GROUP, RedisKeys};
 
@@ -82,7 +82,10 @@ pub(crate) async fn autoclaim<C: ConnectionLike + Send + Sync>(
     ))
 }
 
-/// XREADGROUP … `>`: entries never delivered to any consumer, waiting up to `block`.
+/// New work for `consumer`, at most `count` entries: dispatched by [`lanes::dispatch`] (an
+/// entry already on the job stream, else the next one of the lane whose turn it is, read
+/// with XREADGROUP `>` in the same step). When there is none, waits up to `block` for the
+/// doorbell a new job rings, then tries once more.
 pub async fn read_new<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
@@ -90,24 +93,21 @@ pub async fn read_new<C: ConnectionLike + Send + Sync>(
     count: usize,
     block: Duration,
 ) -> redis::RedisResult<Vec<Delivery>> {
-    let options = StreamReadOptions::default()
-        .group(GROUP, consumer)
-        .count(count);
-    // BLOCK 0 would wait forever: a zero `block` reads what is there and returns.
-    let options = if block.is_zero() {
-        options
-    } else {
-        options.block(usize::try_from(millis(block)).unwrap_or(usize::MAX))
-    };
-    let reply: Option<StreamReadReply> = conn
-        .xread_options(&[keys.stream()], &[">"], &options)
-        .await?;
-    Ok(reply
-        .into_iter()
-        .flat_map(|r| r.keys)
-        .flat_map(|k| k.ids)
-        .map(Delivery::from)
-        .collect())
+    let mut taken = Vec::new();
+    while taken.len() < count.max(1) {
+        match lanes::dispatch(conn, keys, consumer).await? {
+            Some(entry) => taken.push(Delivery::from(entry)),
+            None => break,
+        }
+    }
+    if taken.is_empty() && lanes::wait_for_work(conn, keys, block).await? {
+        taken.extend(
+            lanes::dispatch(conn, keys, consumer)
+                .await?
+                .map(Delivery::from),
+        );
+    }
+    Ok(taken)
 }
 
 /// How often `msg_id` has been delivered (XREADGROUP sets 1, each claim adds one), from the
@@ -253,7 +253,7 @@ pub(crate) async fn clear_alive<C: ConnectionLike + Send + Sync>(
 /// Acknowledge a finished job, delete its stream entry, drop its Redis job state and stop
 /// counting it in flight for its tenant, in one MULTI/EXEC: once Postgres has the summary it
 /// is the truth, and neither the entry (the job's full text), the state nor the tenant's
-/// in-flight count may outlive the ack. Deleting in the same step as the ack means an entry
+/// in-flight and running counts may outlive the ack. Deleting in the same step as the ack means an entry
 /// is never gone while still pending, and never left behind finished (the dead-letter step,
 /// `dead_letters::add`, deletes the same way).
 pub async fn ack_done<C: ConnectionLike + Send + Sync>(
@@ -284,6 +284,7 @@ pub async fn ack_settling<C: ConnectionLike + Send + Sync>(
     }
     job_state::add_forget(&mut pipe, &keys.job(job.job_id));
     tenant_limits::add_finished(&mut pipe, keys, job.tenant.as_str(), job.job_id);
+    lanes::add_finished(&mut pipe, keys, job.tenant.as_str(), msg_id);
     pipe.query_async(conn).await
 }
 

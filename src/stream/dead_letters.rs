@@ -1,7 +1,7 @@
 //! The dead-letter stream: jobs that will never succeed wait here for a person
 //! (`summaryd dlq list` / `dlq replay`). This module owns the stream's field names and
-//! every write to it: moving a job here, and replaying it onto the job stream with the
-//! SAME job id (so a replay can never make a second summary or email). Operators find
+//! every write to it: moving a job here, and replaying it into its tenant's lane (ahead of
+//! the job stream, `stream/lanes.rs`) with the SAME job id (so a replay can never make a second summary or email). Operators find
 //! dead letters by [`DeadLetterFilter`] (`list_matching`, `count_matching`); bulk actions
 //! over them are `stream/bulk.rs`.
 
@@ -197,7 +197,8 @@ pub async fn add_settling<C: ConnectionLike + Send + Sync>(
             let tenant = text(fields, job_entry::TENANT);
             invocation
                 .key(keys.job(job_id))
-                .key(keys.in_flight(&tenant));
+                .key(keys.in_flight(&tenant))
+                .key(keys.running(&tenant));
             invocation
                 .arg(GROUP)
                 .arg(consumer)
@@ -207,6 +208,9 @@ pub async fn add_settling<C: ConnectionLike + Send + Sync>(
         }
         None => {
             invocation.key(keys.dead_letters()).key(keys.dead_letters());
+            // The running set is a set whatever the entry holds: SREM on another type
+            // would fail after the writes before it.
+            invocation.key(keys.running(&text(fields, job_entry::TENANT)));
             invocation
                 .arg(GROUP)
                 .arg(consumer)
@@ -240,7 +244,8 @@ pub async fn add_settling<C: ConnectionLike + Send + Sync>(
 /// same step: never gone while still pending, never left behind once dead.
 ///
 /// KEYS[1] job stream   KEYS[2] dead-letter stream   KEYS[3] job state hash
-/// KEYS[4] the tenant's in-flight set   KEYS[5] the budget hash of the job's reservation
+/// KEYS[4] the tenant's in-flight set   KEYS[5] the tenant's running set (`stream::lanes`)
+/// KEYS[6] the budget hash of the job's reservation
 /// ARGV[1] group   ARGV[2] consumer   ARGV[3] entry id   ARGV[4] job id ('' when none)
 /// ARGV[5] n, ARGV[6 .. 5+n] job-state fields and values (`job_state::pass_failed`)
 /// ARGV[6+n .. #ARGV-4] the dead entry's fields and values
@@ -261,24 +266,26 @@ if n > 0 and redis.call('EXISTS', KEYS[3]) == 1 then
 end
 if ARGV[4] ~= '' then
   redis.call('SREM', KEYS[4], ARGV[4])
-  settle_budget(KEYS[3], KEYS[5], ARGV[s + 1], ARGV[s + 2], ARGV[s + 3], ARGV[s + 4])
+  settle_budget(KEYS[3], KEYS[6], ARGV[s + 1], ARGV[s + 2], ARGV[s + 3], ARGV[s + 4])
 end
+redis.call('SREM', KEYS[5], ARGV[3])
 return dead_id
 ";
 
 /// Re-enqueue one dead entry and delete it, atomically: the entry is either still in the
-/// dead-letter stream or back on the job stream with its state `queued`, never both or
-/// neither. Re-checks that the entry still exists, so a concurrent or repeated replay is a
+/// dead-letter stream or back in its tenant's lane (`stream::lanes`, scheduled like a new
+/// job of the tenant) with its state `queued`, never both or neither. Re-checks that the entry still exists, so a concurrent or repeated replay is a
 /// no-op. The job's fields come from the caller, who read the entry: an entry never
 /// changes, so they are what it holds if it still exists.
 ///
-/// KEYS[1] dead-letter stream   KEYS[2] job stream   KEYS[3] job state hash
+/// KEYS[1] dead-letter stream   KEYS[2] the tenant's lane   KEYS[3] job state hash
 /// KEYS[4] the tenant's in-flight set (the job counts again, never refused by the limit)
+/// KEYS[5] active lanes   KEYS[6] the scheduler's virtual time   KEYS[7] the doorbell
 /// ARGV[1] dead entry id      ARGV[2] job id
 /// ARGV[3] n, ARGV[4 .. 3+n] job-state fields and values, ARGV[4+n] the job-state field
 ///         to clear (`job_state::Queued::pass_to`)
-/// ARGV[5+n .. #ARGV-5] the job's stream fields and values
-/// KEYS[5] the tenant's budget hash of this period   ARGV[#ARGV-4 ..] the reservation the
+/// ARGV[5+n .. #ARGV-6] the job's stream fields and values   ARGV[#ARGV-5] the tenant
+/// KEYS[8] the tenant's budget hash of this period   ARGV[#ARGV-4 ..] the reservation the
 /// job makes again (`budget::Rereserve::pass_to`: tokens, 0 for none, TTL ms, the job-state
 /// field of the period, the period id, the job-state field of the tokens); never refused
 static REPLAY: LazyLock<Script> = LazyLock::new(|| Script::new(REPLAY_LUA));
@@ -286,16 +293,19 @@ const REPLAY_LUA: &str = r"
 if #redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1]) == 0 then return false end
 local n = tonumber(ARGV[3])
 local b = #ARGV - 5
-local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n, b))
+local new_id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 5 + n, b - 1))
 redis.call('HSET', KEYS[3], unpack(ARGV, 4, 3 + n))
 redis.call('HDEL', KEYS[3], ARGV[4 + n])
 if tonumber(ARGV[b + 1]) > 0 then
-  redis.call('HINCRBY', KEYS[5], 'reserved', ARGV[b + 1])
-  redis.call('PEXPIRE', KEYS[5], ARGV[b + 2])
+  redis.call('HINCRBY', KEYS[8], 'reserved', ARGV[b + 1])
+  redis.call('PEXPIRE', KEYS[8], ARGV[b + 2])
   redis.call('HSET', KEYS[3], ARGV[b + 3], ARGV[b + 4], ARGV[b + 5], ARGV[b + 1])
 end
 redis.call('XDEL', KEYS[1], ARGV[1])
 redis.call('SADD', KEYS[4], ARGV[2])
+redis.call('ZADD', KEYS[5], 'NX', redis.call('GET', KEYS[6]) or 0, ARGV[b])
+redis.call('RPUSH', KEYS[7], 1)
+redis.call('LTRIM', KEYS[7], -64, -1)
 return new_id
 ";
 
@@ -561,7 +571,7 @@ pub(crate) async fn count<C: ConnectionLike + Send + Sync>(
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ReplayOutcome {
-    /// Back on the job stream under this new entry id.
+    /// Back in its tenant's lane under this new entry id.
     Replayed { job_id: String, stream_id: String },
     /// No such dead entry (already replayed, or a wrong id).
     NotFound,
@@ -589,12 +599,16 @@ pub async fn replay<C: ConnectionLike + Send + Sync>(
     if !entry.map.contains_key(job_entry::PAYLOAD) {
         return Err(not_a_job());
     }
+    let tenant = text(&entry.map, job_entry::TENANT);
     let mut invocation = REPLAY.prepare_invoke();
     invocation
         .key(keys.dead_letters())
-        .key(keys.stream())
+        .key(keys.lane(&tenant))
         .key(keys.job(job_id))
-        .key(keys.in_flight(&text(&entry.map, job_entry::TENANT)))
+        .key(keys.in_flight(&tenant))
+        .key(keys.lanes())
+        .key(keys.lanes_clock())
+        .key(keys.doorbell())
         .arg(dead_id)
         .arg(job_id.to_string());
     Queued::restored(
@@ -608,6 +622,7 @@ pub async fn replay<C: ConnectionLike + Send + Sync>(
             invocation.arg(name).arg(value);
         }
     }
+    invocation.arg(&tenant);
     // It will spend again: it reserves again what it held, in today's period.
     let rereserve = text(&entry.map, BUDGET_TOKENS)
         .parse::<u64>()
@@ -615,12 +630,7 @@ pub async fn replay<C: ConnectionLike + Send + Sync>(
         .and_then(|tokens| {
             budget::Rereserve::at(&text(&entry.map, BUDGET_PERIOD), tokens, Utc::now())
         });
-    budget::Rereserve::pass_to(
-        rereserve.as_ref(),
-        keys,
-        &text(&entry.map, job_entry::TENANT),
-        &mut invocation,
-    );
+    budget::Rereserve::pass_to(rereserve.as_ref(), keys, &tenant, &mut invocation);
     let new_id: Option<String> = invocation.invoke_async(conn).await?;
     Ok(match new_id {
         Some(stream_id) => ReplayOutcome::Replayed {

@@ -6,6 +6,7 @@ use redis::aio::ConnectionLike;
 use super::budget::Admission;
 use super::job_entry;
 use super::job_state::Queued;
+use super::lanes::LanePolicy;
 use super::tenant_limits::{self, OverLimit, TenantLimits};
 use crate::domain::Job;
 use crate::infra::keys::RedisKeys;
@@ -41,7 +42,7 @@ static ENQUEUE_ONCE: LazyLock<Script> = LazyLock::new(|| Script::new(ENQUEUE_ONC
 /// What [`enqueue_once`] did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EnqueueOnce {
-    /// The key was new: the job is on the stream (this entry id), its state is `queued`,
+    /// The key was new: the job is in its tenant's lane (this entry id), its state is `queued`,
     /// and `record` is stored under the key.
     Enqueued { entry_id: String },
     /// The key already had a record (returned as stored); nothing was written.
@@ -58,7 +59,8 @@ pub struct Admit<'a> {
     pub budget: Option<&'a Admission>,
 }
 
-/// Unless `record_key` exists: enqueue `job` like [`enqueue`] and store `record` under
+/// Unless `record_key` exists: put `job` in its tenant's lane (`stream::lanes`; the
+/// workers' dispatch moves it onto the stream) with its state, and store `record` under
 /// `record_key` for `record_ttl_s`, all in one atomic script, if the tenant is within
 /// `limits` and its budget holds the job's worst case (`budget`: reserved in the same step).
 /// If it exists, return its content and write nothing (never charged).
@@ -82,7 +84,7 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     let mut invocation = ENQUEUE_ONCE.prepare_invoke();
     invocation
         .key(record_key)
-        .key(keys.stream())
+        .key(keys.lane(tenant))
         .key(keys.job(job.job_id))
         .key(keys.in_flight(tenant))
         .key(keys.rate(tenant))
@@ -92,6 +94,10 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
             // Never read without a cost; any name of the tenant's stands in.
             None => keys.budget(tenant, "none"),
         })
+        .key(keys.lanes())
+        .key(keys.lanes_clock())
+        .key(keys.doorbell())
+        .key(keys.lane_policies())
         .arg(record)
         .arg(record_ttl_s)
         .arg(job.job_id.to_string());
@@ -100,6 +106,7 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     for (name, value) in job_entry::to_fields(job) {
         invocation.arg(name).arg(value);
     }
+    LanePolicy::of(limits).pass_to(&mut invocation, tenant);
     Admission::pass_to(budget, &mut invocation);
     let (outcome, text, retry_ms): (i64, String, i64) = invocation.invoke_async(conn).await?;
     Ok(match outcome {

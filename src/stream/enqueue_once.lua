@@ -1,7 +1,7 @@
 -- Accept a job exactly once per idempotency key, within the tenant's limits, in one atomic
 -- step (one round trip).
 --
--- KEYS[1] idempotency record   KEYS[2] job stream   KEYS[3] job state hash
+-- KEYS[1] idempotency record   KEYS[2] the tenant's lane   KEYS[3] job state hash
 -- KEYS[4] the tenant's in-flight set   KEYS[5] the tenant's rate state (GCRA)
 -- KEYS[6] the emails this tenant sent the job's recipient in the last hour (sorted set)
 -- ARGV[1] final record (JSON)  ARGV[2] record TTL in seconds   ARGV[3] job id
@@ -11,8 +11,12 @@
 -- ARGV[9] now, ms since the epoch (0 without that limit)   (src/stream/tenant_limits.rs)
 -- ARGV[10] n, then ARGV[11 .. 10+n] job-state fields and values to set, ARGV[11+n] the
 --         job-state field to clear (names and values come from src/stream/job_state.rs)
--- ARGV[12+n .. #ARGV-7] the stream entry's fields and values (src/stream/job_entry.rs)
 -- KEYS[7] the tenant's budget hash for the period (src/stream/budget.rs)
+-- KEYS[8] active lanes (sorted set)   KEYS[9] the scheduler's virtual time
+-- KEYS[10] the doorbell list   KEYS[11] the lanes' policies (hash)   (src/stream/lanes.rs)
+-- ARGV[12+n .. #ARGV-10] the stream entry's fields and values (src/stream/job_entry.rs)
+-- ARGV[#ARGV-9] the tenant's weight   ARGV[#ARGV-8] its max_concurrent (0: none)
+-- ARGV[#ARGV-7] the tenant   (src/stream/lanes.rs)
 -- ARGV[#ARGV-6 .. #ARGV] the job's worst-case tokens (0: no budget), the budget, ms until
 --         the period resets, the hash's TTL in ms, the job-state field of the period, the
 --         period id, the job-state field of the tokens (src/stream/budget.rs, last)
@@ -21,7 +25,8 @@
 -- (refused by 'rate', 'in_flight', 'notify' or 'budget'; nothing written).
 --
 -- A key that already has a record is answered from it before any limit: a replay is never
--- charged or refused. Otherwise the limits are checked, then the job goes on the stream with
+-- charged or refused. Otherwise the limits are checked, then the job goes in its tenant's
+-- lane (the workers' dispatch moves it onto the job stream, stream/lanes.rs) with
 -- its state, and the final response is stored, before any other command runs: there is no
 -- in-progress moment another request could observe. The only failing command (XADD on a key
 -- of the wrong type) comes before every write, so a failed run stores and enqueues nothing.
@@ -68,7 +73,7 @@ if cost > 0 then
   end
 end
 local n = tonumber(ARGV[10])
-local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 12 + n, b))
+local id = redis.call('XADD', KEYS[2], '*', unpack(ARGV, 12 + n, b - 3))
 redis.call('HSET', KEYS[3], unpack(ARGV, 11, 10 + n))
 redis.call('HDEL', KEYS[3], ARGV[11 + n])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
@@ -90,4 +95,16 @@ if cost > 0 then
   redis.call('PEXPIRE', KEYS[7], ARGV[b + 4])
   redis.call('HSET', KEYS[3], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 1])
 end
+-- The lane joins the schedule at the current virtual time (NX: a lane already waiting keeps
+-- its place); its policy is what this tenant's jobs are dispatched under; one token wakes
+-- one idle consumer.
+local tenant = ARGV[b]
+redis.call('ZADD', KEYS[8], 'NX', redis.call('GET', KEYS[9]) or 0, tenant)
+if ARGV[b - 2] == '1' and ARGV[b - 1] == '0' then
+  redis.call('HDEL', KEYS[11], tenant)
+else
+  redis.call('HSET', KEYS[11], tenant, ARGV[b - 2] .. ' ' .. ARGV[b - 1])
+end
+redis.call('RPUSH', KEYS[10], 1)
+redis.call('LTRIM', KEYS[10], -64, -1)
 return {1, id, 0}

@@ -8,6 +8,8 @@
 //! - `dead_letters`: the dead-letter stream: move a job there, list, filter, replay, count.
 //! - `bulk`: an operator's replay or purge of many dead letters, resumable by any process.
 //! - `pause`: the fleet-wide pause of consumption (who, why, since when).
+//! - `lanes`: per-tenant lanes in front of the stream and the dispatch that schedules them
+//!   fairly (weights, `max_concurrent`).
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
 //! - `budget`: per-tenant token budgets, reserved in the enqueue script, settled when the
 //!   job finishes.
@@ -19,6 +21,7 @@ pub mod dead_letters;
 mod enqueue;
 pub mod job_entry;
 pub mod job_state;
+pub mod lanes;
 pub mod pause;
 pub mod tenant_limits;
 

@@ -36,6 +36,11 @@ pub struct TenantLimits {
     pub(crate) max_in_flight: Option<u32>,
     /// Jobs accepted in any rolling hour that notify one recipient.
     pub(crate) notify_per_hour: Option<u32>,
+    /// The tenant's share of dispatch against other tenants with work queued (`stream::lanes`);
+    /// `None` is 1. Not a limit on accepting, but it travels with the accepted job.
+    pub(crate) weight: Option<f64>,
+    /// Jobs of the tenant dispatched and not yet finished, fleet-wide (`stream::lanes`).
+    pub(crate) max_concurrent: Option<u32>,
 }
 
 /// Which limit refused a request.

@@ -247,12 +247,7 @@ async fn slow_bodies_from_1000_connections_neither_exhaust_memory_nor_block_ordi
         "peak RSS {hwm} KiB over the limit {limit} KiB (idle {idle_kib} KiB)"
     );
     // Not one attacker's job exists: every accepted job is an ordinary one.
-    let mut redis = world.redis_conn().await;
-    let stream: u64 = redis::cmd("XLEN")
-        .arg(format!("{}jobs:summaries", world.key_prefix))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let stream = world.queued_entries().await.len() as u64;
     assert_eq!(
         stream as usize,
         results.len(),
@@ -443,12 +438,7 @@ async fn sighup_reloads_rotated_tokens_without_dropping_a_request_and_keeps_them
 
     // Every 202 is one job on the stream; no 401 enqueued anything.
     let accepted = (statuses.len() + PROBES_ACCEPTED.load(Ordering::SeqCst)) as u64;
-    let mut redis = world.redis_conn().await;
-    let stream: u64 = redis::cmd("XLEN")
-        .arg(format!("{}jobs:summaries", world.key_prefix))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let stream = world.queued_entries().await.len() as u64;
     assert_eq!(stream, accepted);
     drop(api);
 }
@@ -487,17 +477,11 @@ async fn schemathesis_finds_no_5xx_and_no_undocumented_response() {
 
 /// Jobs of `tenant` on `world`'s stream (an api-only world: nothing consumes them).
 async fn stream_jobs_of(world: &World, tenant: &str) -> usize {
-    let mut redis = world.redis_conn().await;
-    let entries: Vec<(String, Vec<(String, String)>)> = redis::cmd("XRANGE")
-        .arg(format!("{}jobs:summaries", world.key_prefix))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut redis)
+    world
+        .queued_entries()
         .await
-        .unwrap();
-    entries
         .iter()
-        .filter(|(_, fields)| fields.iter().any(|(k, v)| k == "tenant" && v == tenant))
+        .filter(|e| e.get::<String>("tenant").as_deref() == Some(tenant))
         .count()
 }
 

@@ -1,4 +1,5 @@
-//! kill -9 a worker process while it holds messages.
+//! kill -9 a worker process while it holds messages, with three tenants of different sizes
+//! queued in their lanes (fair scheduling moves each job onto the stream when dispatched).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -32,11 +33,15 @@ async fn killed_worker_jobs_are_reclaimed_by_another_process_and_done_once() {
 
     let run = crate::run_id();
     let mut accepted = Vec::new();
-    for i in 0..6 {
-        let key = format!("kill-{run}-{i:03}");
-        accepted.push(client.submit(&key, &key).await);
+    // Three tenants of different sizes: 6, 3 and 1 jobs.
+    for (tenant, jobs) in [("chaos", 6), ("chaos-mid", 3), ("chaos-small", 1)] {
+        let as_tenant = client.as_tenant(tenant);
+        for i in 0..jobs {
+            let key = format!("kill-{run}-{tenant}-{i:03}");
+            accepted.push(as_tenant.submit(&key, &key).await);
+        }
     }
-    // Worker A's three consumers each hold one job in a model call; three are unread.
+    // Worker A's three consumers each hold one job in a model call; seven wait in lanes.
     assert!(
         eventually(Duration::from_secs(15), || async {
             world.model.in_flight() == 3
@@ -64,11 +69,11 @@ async fn killed_worker_jobs_are_reclaimed_by_another_process_and_done_once() {
     // The held jobs were paid for twice (A's lost call, then B's after XAUTOCLAIM); the
     // others once. Nothing else called the model.
     let calls = world.model.calls();
-    assert_eq!(calls.len(), 6);
+    assert_eq!(calls.len(), 10);
     for (marker, n) in &calls {
         let expected = if held.contains(marker) { 2 } else { 1 };
         assert_eq!(*n, expected, "model calls for {marker}");
     }
-    assert_eq!(report.distinct_sends, 6);
+    assert_eq!(report.distinct_sends, 10);
     println!("kill -9 worker: {report}");
 }

@@ -289,16 +289,8 @@ async fn slow_second_heads_from_twice_the_cap_neither_hold_connections_nor_block
         .filter_map(|(_, _, j)| j.clone())
         .collect();
     assert!(!accepted.is_empty(), "some ordinary jobs were posted");
-    let mut redis = world.redis_conn().await;
-    let entries: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-        .arg(format!("{}jobs:summaries", world.key_prefix))
-        .arg("-")
-        .arg("+")
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let entries = world.queued_entries().await;
     let on_stream: std::collections::BTreeSet<String> = entries
-        .ids
         .iter()
         .filter_map(|e| e.get::<String>("job_id"))
         .collect();

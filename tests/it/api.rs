@@ -8,7 +8,6 @@ use serde_json::json;
 use summaryd::api;
 use summaryd::config::roles::{Role, Roles};
 use summaryd::db;
-use summaryd::infra::keys::GROUP;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::job_state::Status;
 
@@ -384,16 +383,20 @@ async fn metrics_expose_contract_names_serve_cached_gauges_and_count_route_templ
 
     // Gauge sources: one pending delivery, one dead letter, one unsent outbox row.
     let mut r = env.redis().await;
-    let stream = services.keys.stream();
-    let _: () = r.xgroup_create(&stream, GROUP, "0").await.unwrap();
-    let _: redis::streams::StreamReadReply = r
-        .xread_options(
-            &[&stream],
-            &[">"],
-            &redis::streams::StreamReadOptions::default().group(GROUP, "c1"),
-        )
+    summaryd::stream::consumer_group::ensure_group(&mut r, &services.keys)
         .await
         .unwrap();
+    // A consumer's read dispatches the job from its tenant's lane and leaves it pending.
+    let taken = summaryd::stream::consumer_group::read_new(
+        &mut r,
+        &services.keys,
+        "c1",
+        1,
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    assert_eq!(taken.len(), 1);
     let _: String = r
         .xadd(
             services.keys.dead_letters(),

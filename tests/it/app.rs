@@ -236,12 +236,7 @@ async fn a_worker_only_process_serves_health_but_not_the_api() {
         .unwrap();
     assert_eq!(res.status(), 404);
     app.stop().await;
-    let mut redis = env.redis().await;
-    let len: u64 = redis::cmd("XLEN")
-        .arg(format!("{}jobs:summaries", env.settings.key_prefix))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let len = crate::shared::api_requests::stream_len(&env).await;
     assert_eq!(len, 0, "nothing enqueued");
 }
 

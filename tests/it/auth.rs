@@ -39,12 +39,9 @@ fn post(token: Option<&str>, key: &str) -> TestRequest {
     req
 }
 
+/// Jobs queued, on the job stream or in a tenant's lane.
 async fn stream_len(env: &TestEnv) -> u64 {
-    redis::cmd("XLEN")
-        .arg(format!("{}jobs:summaries", env.settings.key_prefix))
-        .query_async(&mut env.redis().await)
-        .await
-        .unwrap()
+    crate::shared::api_requests::stream_len(env).await as u64
 }
 
 fn settings_with(env: &TestEnv, file: &tempfile::NamedTempFile) -> Settings {

@@ -68,11 +68,17 @@ async fn dead(
     .await
 }
 
-/// The job ids on the job stream, one per entry, in order.
+/// The job ids queued (a replay goes in its tenant's lane, ahead of the job stream), one per
+/// entry: the job stream's, then each active lane's, in order.
 async fn queued_job_ids(redis: &mut MultiplexedConnection, keys: &RedisKeys) -> Vec<String> {
     let reply: StreamRangeReply = redis.xrange_all(keys.stream()).await.unwrap();
-    reply
-        .ids
+    let mut entries = reply.ids;
+    let tenants: Vec<String> = redis.zrange(keys.lanes(), 0, -1).await.unwrap();
+    for tenant in tenants {
+        let lane: StreamRangeReply = redis.xrange_all(keys.lane(&tenant)).await.unwrap();
+        entries.extend(lane.ids);
+    }
+    entries
         .iter()
         .map(|e| e.get::<String>("job_id").unwrap())
         .collect()

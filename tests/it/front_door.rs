@@ -9,7 +9,6 @@ use serde_json::Value;
 use summaryd::api;
 use summaryd::api::auth::token_sha256;
 use summaryd::config::roles::Roles;
-use summaryd::infra::keys::RedisKeys;
 use summaryd::shutdown::Shutdown;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -19,13 +18,9 @@ use crate::shared::http_request::read_response;
 
 const BODY: &str = r#"{"text":"Renewal agreed.","notify":"am@example.com"}"#;
 
+/// Jobs queued, on the job stream or in a tenant's lane.
 async fn stream_len(env: &TestEnv) -> u64 {
-    let keys = RedisKeys::new(env.settings.key_prefix.clone());
-    redis::cmd("XLEN")
-        .arg(keys.stream())
-        .query_async(&mut env.redis().await)
-        .await
-        .unwrap()
+    crate::shared::api_requests::stream_len(env).await as u64
 }
 
 /// Idempotency records under this test's prefix (none may exist for a refused request).

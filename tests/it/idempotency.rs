@@ -336,7 +336,7 @@ async fn keys_are_scoped_per_tenant() {
     );
 }
 
-/// A script that fails in Redis (here: the stream key holds a string, so XADD fails) leaves
+/// A script that fails in Redis (here: the tenant's lane holds a string, so XADD fails) leaves
 /// nothing behind: no record, no job state, no entry. The client's retry then enqueues.
 #[actix_web::test]
 async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
@@ -344,7 +344,7 @@ async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
     let services = env.services().build();
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "failed-enqueue-key-1";
-    let stream_key = format!("{}jobs:summaries", env.settings.key_prefix);
+    let stream_key = services.keys.lane("acme");
     let mut r = env.redis().await;
     let () = r.set(&stream_key, "not a stream").await.unwrap();
 

@@ -831,12 +831,22 @@ async fn a_long_text_is_stored_in_postgres_and_redis_holds_only_a_reference() {
         "stored {stored_data} B, inline {inline_data} B: the inline text is in Redis, the stored one is not"
     );
 
-    // The entries: the long ones carry a reference, the short ones their text.
-    let stream = summaryd::infra::keys::RedisKeys::new(settings.key_prefix.clone()).stream();
-    let entries: redis::streams::StreamRangeReply = redis.xrange_all(&stream).await.unwrap();
-    assert_eq!(entries.ids.len(), 2 * N + 4);
+    // The entries (in their tenants' lanes): the long ones carry a reference, the short
+    // ones their text.
+    let keys = summaryd::infra::keys::RedisKeys::new(settings.key_prefix.clone());
+    let mut entries: Vec<redis::streams::StreamId> = Vec::new();
+    let tenants: Vec<String> = redis.zrange(keys.lanes(), 0, -1).await.unwrap();
+    for tenant in tenants {
+        let lane: redis::streams::StreamRangeReply =
+            redis.xrange_all(keys.lane(&tenant)).await.unwrap();
+        entries.extend(lane.ids);
+    }
+    let on_stream: redis::streams::StreamRangeReply =
+        redis.xrange_all(keys.stream()).await.unwrap();
+    entries.extend(on_stream.ids);
+    assert_eq!(entries.len(), 2 * N + 4);
     let (mut stored, mut inline) = (0, 0);
-    for entry in &entries.ids {
+    for entry in &entries {
         let payload: String = entry.get("payload").expect("payload field");
         let payload: Value = serde_json::from_str(&payload).unwrap();
         if payload["text_stored"] == true {
@@ -888,8 +898,10 @@ async fn a_long_text_is_stored_in_postgres_and_redis_holds_only_a_reference() {
         (N + 2) as i64,
         "the long texts were done in parts"
     );
-    let len: i64 = redis.xlen(&stream).await.unwrap();
+    let len: i64 = redis.xlen(keys.stream()).await.unwrap();
     assert_eq!(len, 0, "every entry acknowledged");
+    let lanes: i64 = redis.zcard(keys.lanes()).await.unwrap();
+    assert_eq!(lanes, 0, "every lane drained");
     drop(redis_server);
 }
 

@@ -13,6 +13,7 @@ mod budgets;
 mod bulk;
 mod console;
 mod console_browser;
+mod fairness;
 mod front_door;
 mod healthcheck;
 mod idempotency;

@@ -83,19 +83,22 @@ async fn without_a_worker_the_api_measures_the_queue_and_the_relay_exports_no_st
     let mut redis = env.redis().await;
     let keys = summaryd::infra::keys::RedisKeys::new(env.settings.key_prefix.clone());
     ensure_group(&mut redis, &keys).await.unwrap();
-    let taken: redis::streams::StreamReadReply = redis
-        .xread_options(
-            &[keys.stream()],
-            &[">"],
-            &redis::streams::StreamReadOptions::default()
-                .group(GROUP, "a-worker-that-died")
-                .count(2),
-        )
-        .await
-        .unwrap();
-    assert_eq!(taken.keys[0].ids.len(), 2);
-    let len: u64 = redis.xlen(keys.stream()).await.unwrap();
-    assert_eq!(len, 5, "every accepted job is on the stream");
+    // A worker dispatches two (from the tenant's lane onto the stream) and dies.
+    let taken = summaryd::stream::consumer_group::read_new(
+        &mut redis,
+        &keys,
+        "a-worker-that-died",
+        2,
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    assert_eq!(taken.len(), 2);
+    assert_eq!(
+        crate::shared::api_requests::stream_len(&env).await,
+        5,
+        "every accepted job is queued: on the stream or in its lane"
+    );
 
     let last = std::cell::RefCell::new(String::new());
     let measured = eventually(Duration::from_secs(10), || async {
@@ -140,8 +143,7 @@ async fn without_a_worker_the_api_measures_the_queue_and_the_relay_exports_no_st
         assert!(result.is_ok(), "{result:?}");
     }
     // Nothing consumed the jobs: the numbers above were the queue, not a worker's doing.
-    let len: u64 = env.redis().await.xlen(keys.stream()).await.unwrap();
-    assert_eq!(len, 5);
+    assert_eq!(crate::shared::api_requests::stream_len(&env).await, 5);
 }
 
 /// A read that fails removes the gauges of its source instead of keeping a value that looks
@@ -337,11 +339,14 @@ async fn the_sweep_removes_members_of_finished_and_gone_jobs_and_frees_their_slo
         ),
         Some(3.0)
     );
-    // The live job's state and entry are untouched.
+    // The live job's state and entry are untouched: the legacy entry on the job stream, the
+    // live job in its tenant's lane.
     let state: bool = redis.exists(keys.job(live.parse().unwrap())).await.unwrap();
     assert!(state);
     let len: u64 = redis.xlen(keys.stream()).await.unwrap();
-    assert_eq!(len, 2);
+    assert_eq!(len, 1);
+    let lane: u64 = redis.xlen(keys.lane("acme")).await.unwrap();
+    assert_eq!(lane, 1);
 
     // Three slots are free again, and only three: the fourth new job is refused.
     for n in 1..=3 {

@@ -55,12 +55,9 @@ fn post_header_mode(tenant: &str, key: &str, notify: &str) -> TestRequest {
         .set_payload(body(key, notify))
 }
 
+/// Jobs queued, on the job stream or in a tenant's lane.
 async fn stream_len(env: &TestEnv) -> u64 {
-    env.redis()
-        .await
-        .xlen(format!("{}jobs:summaries", env.settings.key_prefix))
-        .await
-        .unwrap()
+    crate::shared::api_requests::stream_len(env).await as u64
 }
 
 async fn has_record(env: &TestEnv, services: &Services, tenant: &str, key: &str) -> bool {

@@ -51,12 +51,9 @@ fn replica(env: &TestEnv, file: &tempfile::NamedTempFile, llm: FakeLlm) -> Servi
     env.services().settings(settings).llm(Arc::new(llm)).build()
 }
 
+/// Jobs queued, on the job stream or in a tenant's lane.
 async fn stream_len(env: &TestEnv) -> u64 {
-    env.redis()
-        .await
-        .xlen(format!("{}jobs:summaries", env.settings.key_prefix))
-        .await
-        .unwrap()
+    crate::shared::api_requests::stream_len(env).await as u64
 }
 
 async fn in_flight(env: &TestEnv, services: &Services) -> Vec<String> {

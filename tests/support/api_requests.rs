@@ -5,7 +5,7 @@ use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
 use serde_json::Value;
 use summaryd::domain::{IdempotencyKey, Job, TenantId};
-use summaryd::infra::keys::ScopedKey;
+use summaryd::infra::keys::{RedisKeys, ScopedKey};
 use summaryd::stream::job_entry;
 
 use crate::shared::TestEnv;
@@ -45,26 +45,36 @@ pub async fn json_body<B: actix_web::body::MessageBody>(
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}", String::from_utf8_lossy(&bytes)))
 }
 
-/// Entries on the job stream (XLEN).
+/// Jobs queued: entries on the job stream and in every tenant's lane (the API puts a job
+/// in its tenant's lane; dispatch moves it onto the stream).
 pub async fn stream_len(env: &TestEnv) -> usize {
-    let mut r = env.redis().await;
-    r.xlen(format!("{}jobs:summaries", env.settings.key_prefix))
-        .await
-        .unwrap()
+    queued_entries(env).await.len()
 }
 
-/// Every job message on the stream, oldest first.
+/// Every job message queued (the job stream's entries, then each active lane's, oldest
+/// first within each).
 pub async fn stream_messages(env: &TestEnv) -> Vec<Job> {
-    let mut r = env.redis().await;
-    let reply: redis::streams::StreamRangeReply = r
-        .xrange_all(format!("{}jobs:summaries", env.settings.key_prefix))
+    queued_entries(env)
         .await
-        .unwrap();
-    reply
-        .ids
         .iter()
         .map(|e| job_entry::from_fields(&e.map).unwrap())
         .collect()
+}
+
+/// The raw entries of the job stream and of every active lane (found through the active
+/// lanes set, as the service finds them).
+pub async fn queued_entries(env: &TestEnv) -> Vec<redis::streams::StreamId> {
+    let keys = RedisKeys::new(env.settings.key_prefix.clone());
+    let mut r = env.redis().await;
+    let reply: redis::streams::StreamRangeReply = r.xrange_all(keys.stream()).await.unwrap();
+    let mut entries = reply.ids;
+    let tenants: Vec<String> = r.zrange(keys.lanes(), 0, -1).await.unwrap();
+    for tenant in tenants {
+        let lane: redis::streams::StreamRangeReply =
+            r.xrange_all(keys.lane(&tenant)).await.unwrap();
+        entries.extend(lane.ids);
+    }
+    entries
 }
 
 /// Redis key of the idempotency record for (tenant, key).

@@ -1,4 +1,5 @@
-//! Tenants: jobs finished and tokens used over a chosen window, jobs in flight now, and
+//! Tenants: jobs finished and tokens used over a chosen window, jobs in flight and queued
+//! in their lanes now, and
 //! the limits the tokens file gives them.
 
 use std::collections::BTreeMap;
@@ -28,6 +29,8 @@ pub(crate) struct TenantRow {
     pub(crate) in_flight: u64,
     /// From the tokens file; `None` in header mode or for a tenant not in the file.
     pub(crate) limits: Option<Limits>,
+    /// Accepted and waiting in the tenant's lane for dispatch, now.
+    pub(crate) queued: u64,
     /// What the window's tokens cost at the providers' prices; `None` without prices.
     pub(crate) cost: Option<f64>,
     /// The tenant's budget in the current period; `None` for a tenant without one.
@@ -50,6 +53,8 @@ pub(crate) struct Limits {
     pub(crate) burst: Option<u32>,
     pub(crate) max_in_flight: Option<u32>,
     pub(crate) notify_per_hour: Option<u32>,
+    pub(crate) weight: Option<f64>,
+    pub(crate) max_concurrent: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -71,6 +76,7 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
     let mut conn = console.redis.get().await?;
     let in_flight =
         crate::stream::tenant_limits::in_flight_by_tenant(&mut conn, &console.keys).await?;
+    let queued = crate::stream::lanes::backlog(&mut conn, &console.keys).await?;
     let mut rows: BTreeMap<String, TenantRow> = BTreeMap::new();
     fn row<'a>(rows: &'a mut BTreeMap<String, TenantRow>, tenant: &str) -> &'a mut TenantRow {
         rows.entry(tenant.to_owned()).or_insert_with(|| TenantRow {
@@ -93,6 +99,9 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
     for (tenant, n) in in_flight {
         row(&mut rows, &tenant).in_flight = n;
     }
+    for (tenant, n) in queued.per_tenant {
+        row(&mut rows, &tenant).queued = n;
+    }
     if let Some(tokens) = &console.tokens {
         let store = tokens.current();
         for (tenant, policy) in store.tenants() {
@@ -102,6 +111,8 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
                 burst: l.burst,
                 max_in_flight: l.max_in_flight,
                 notify_per_hour: l.notify_per_hour,
+                weight: l.weight,
+                max_concurrent: l.max_concurrent,
             });
             if let Some(budget) = policy.budget {
                 let period = budget.period.id(chrono::Utc::now());
@@ -155,6 +166,7 @@ pub(crate) fn render(t: &Tenants, token_mode: bool) -> Markup {
                     th.num scope="col" { "Completion tokens" }
                     th.num scope="col" { "Cost" }
                     th.num scope="col" { "In flight" }
+                    th.num scope="col" { "Queued" }
                     th scope="col" { "Limits" }
                     th scope="col" { "Budget (this period)" }
                 } }
@@ -172,11 +184,13 @@ pub(crate) fn render(t: &Tenants, token_mode: bool) -> Markup {
                                 }
                             }
                             td.num { (r.in_flight) }
+                            td.num { (r.queued) }
                             td {
                                 @match &r.limits {
                                     Some(l) => {
                                         "rate " (limit(l.rate_per_s)) "/s, burst " (limit(l.burst))
                                         ", in flight " (limit(l.max_in_flight)) ", per recipient " (limit(l.notify_per_hour)) "/h"
+                                        ", weight " (limit(l.weight)) ", concurrent " (limit(l.max_concurrent))
                                     }
                                     None => span.muted { "not in the tokens file" }
                                 }

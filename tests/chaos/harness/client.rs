@@ -2,7 +2,7 @@
 //! Idempotency-Key on timeouts, connection errors, 409 and 503, the way docs/reference.md tells
 //! clients to; anything else (a 500 above all) fails the test.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -29,6 +29,11 @@ pub struct ApiClient {
     webhook: Option<String>,
     /// Answers seen, by status ("timeout"/"error" for transport failures), for the report.
     outcomes: Arc<Mutex<BTreeMap<String, usize>>>,
+    /// The tenant this client posts as ([`TENANT`] unless [`Self::as_tenant`] says otherwise).
+    tenant: String,
+    /// The tenant of every job accepted through this client or one made from it with
+    /// [`Self::as_tenant`], so a GET asks as the job's own tenant.
+    tenants_of: Arc<Mutex<HashMap<String, String>>>,
 }
 
 /// A job the API accepted.
@@ -52,7 +57,17 @@ impl ApiClient {
             base,
             webhook: None,
             outcomes: Arc::default(),
+            tenant: TENANT.to_owned(),
+            tenants_of: Arc::default(),
         }
+    }
+
+    /// The same client posting as `tenant`; answers and the jobs' tenants are shared with
+    /// this one, so either can check every job.
+    pub fn as_tenant(&self, tenant: &str) -> Self {
+        let mut other = self.clone();
+        other.tenant = tenant.to_owned();
+        other
     }
 
     /// A client whose jobs ([`Self::body_for`], [`Self::submit`]) ask for a webhook to `url`
@@ -111,7 +126,7 @@ impl ApiClient {
             .http
             .post(format!("{}/v1/summaries", self.base))
             .header("Idempotency-Key", key)
-            .header("X-Tenant-Id", TENANT)
+            .header("X-Tenant-Id", &self.tenant)
             .json(body)
             .send()
             .await?;
@@ -151,6 +166,10 @@ impl ApiClient {
                                 .as_str()
                                 .unwrap_or_else(|| panic!("202 without job_id: {answer}"))
                                 .to_owned();
+                            self.tenants_of
+                                .lock()
+                                .unwrap()
+                                .insert(job_id.clone(), self.tenant.clone());
                             return Accepted {
                                 key: key.to_owned(),
                                 job_id,
@@ -180,10 +199,17 @@ impl ApiClient {
 
     /// GET the job; (status, body). Transport errors count as `0`.
     pub async fn get(&self, job_id: &str) -> (u16, Value) {
+        let tenant = self
+            .tenants_of
+            .lock()
+            .unwrap()
+            .get(job_id)
+            .cloned()
+            .unwrap_or_else(|| self.tenant.clone());
         match self
             .http
             .get(format!("{}/v1/summaries/{job_id}", self.base))
-            .header("X-Tenant-Id", TENANT)
+            .header("X-Tenant-Id", tenant)
             .send()
             .await
         {

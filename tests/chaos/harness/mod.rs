@@ -298,6 +298,39 @@ impl World {
         reply.map_or(0, |r| r.count() as u64)
     }
 
+    /// Every job queued or pending: the job stream's entries, then each tenant's lane's (an
+    /// api-only world's jobs all wait in lanes; nothing dispatches them).
+    pub async fn queued_entries(&self) -> Vec<redis::streams::StreamId> {
+        let keys = self.keys();
+        let mut conn = self.redis_conn().await;
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(keys.stream())
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("XRANGE");
+        let mut entries = reply.ids;
+        let tenants: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.lanes())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("ZRANGE");
+        for tenant in tenants {
+            let lane: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(keys.lane(&tenant))
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .expect("XRANGE");
+            entries.extend(lane.ids);
+        }
+        entries
+    }
+
     /// Entries on the job stream (0 if it does not exist).
     pub async fn stream_length(&self) -> u64 {
         let mut conn = self.redis_conn().await;

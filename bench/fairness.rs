@@ -30,7 +30,7 @@ use summaryd::infra::log_key::{DeploymentKey, LogKey};
 use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{TenantLimits, enqueue, enqueue_once};
+use summaryd::stream::{Admit, TenantLimits, enqueue, enqueue_once};
 use support::{cpu_seconds, env_or};
 
 struct DelayedModel {
@@ -142,7 +142,10 @@ impl World {
                         &record_key,
                         "{}",
                         600,
-                        &TenantLimits::default(),
+                        Admit {
+                            limits: &TenantLimits::default(),
+                            budget: None,
+                        },
                     )
                     .await?;
                 }

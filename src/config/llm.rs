@@ -443,6 +443,8 @@ mod tests {
                     context_tokens: None,
                     price_per_mtok_input: None,
                     price_per_mtok_output: Some(-1.0),
+                    rpm: None,
+                    tpm: None,
                 })
             }),
         ];
@@ -475,6 +477,8 @@ mod tests {
             context_tokens: None,
             price_per_mtok_input: None,
             price_per_mtok_output: Some(0.0),
+            rpm: None,
+            tpm: None,
         });
         let rows = [
             // (model, prompt, completion, cost)

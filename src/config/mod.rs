@@ -569,7 +569,7 @@ mod tests {
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 75, "{known:?}");
+        assert_eq!(known.len(), 77, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.

@@ -84,8 +84,9 @@ async fn budget_hash(
         .unwrap()
 }
 
-async fn stream_len(env: &TestEnv, keys: &RedisKeys) -> u64 {
-    env.redis().await.xlen(keys.stream()).await.unwrap()
+/// Jobs queued: on the job stream or in a tenant's lane.
+async fn stream_len(env: &TestEnv) -> u64 {
+    crate::shared::api_requests::stream_len(env).await as u64
 }
 
 async fn job_state(env: &TestEnv, keys: &RedisKeys, job_id: &str) -> HashMap<String, String> {
@@ -163,7 +164,7 @@ async fn fifty_concurrent_posts_on_two_api_processes_admit_exactly_the_ten_that_
 
     // The effects: ten entries, ten reservations, each noted in its job's state; nothing of
     // the refused forty.
-    assert_eq!(stream_len(&env, &a.keys).await, 10);
+    assert_eq!(stream_len(&env).await, 10);
     let hash = budget_hash(&env, &a.keys, BudgetPeriod::Day).await;
     assert_eq!(hash.get("reserved"), Some(&(10 * cost)), "{hash:?}");
     assert_eq!(hash.get("used").copied().unwrap_or(0), 0);
@@ -190,7 +191,7 @@ async fn fifty_concurrent_posts_on_two_api_processes_admit_exactly_the_ten_that_
         assert_eq!(res.headers().get("idempotent-replayed").unwrap(), "true");
     }
     assert_eq!(budget_hash(&env, &a.keys, BudgetPeriod::Day).await, hash);
-    assert_eq!(stream_len(&env, &a.keys).await, 10);
+    assert_eq!(stream_len(&env).await, 10);
 }
 
 #[actix_web::test]
@@ -442,7 +443,7 @@ async fn a_new_period_admits_again() {
     // Kept a while past the period, then gone on its own.
     let ttl: i64 = r.pttl(day("2026-12-02")).await.unwrap();
     assert!(ttl > 86_400_000 && ttl <= 2 * 86_400_000, "{ttl}");
-    assert_eq!(r.xlen::<_, u64>(keys.stream()).await.unwrap(), 2);
+    assert_eq!(stream_len(&env).await, 2);
 }
 
 /// One sample of `name{labels}` in the rendered metrics.

@@ -331,14 +331,10 @@ impl World {
         entries
     }
 
-    /// Entries on the job stream (0 if it does not exist).
+    /// Jobs queued: entries on the job stream and in the tenants' lanes.
     pub async fn stream_length(&self) -> u64 {
-        let mut conn = self.redis_conn().await;
-        redis::cmd("XLEN")
-            .arg(self.keys().stream())
-            .query_async(&mut conn)
-            .await
-            .expect("XLEN")
+        // An accepted job waits in its tenant's lane until a worker dispatches it.
+        self.queued_entries().await.len() as u64
     }
 
     /// The delivery count of every pending entry, oldest first.

@@ -1,5 +1,5 @@
 //! One api, three worker and two relay processes; a client submits hundreds of
-//! jobs while a random worker or relay is SIGKILLed and restarted every 1–2 s. Every job
+//! jobs, as three tenants of different sizes (so through three lanes), while a random worker or relay is SIGKILLed and restarted every 1–2 s. Every job
 //! asks for a webhook as well as its email: each is accepted under its one webhook-id and
 //! verifies with the Standard Webhooks reference library.
 //!
@@ -46,6 +46,16 @@ const INLINE_TEXT_BYTES: usize = 65_536;
 fn long_text(i: usize) -> Option<usize> {
     let nth = i / LONG_EVERY;
     (i.is_multiple_of(LONG_EVERY) && nth < LONG_TEXTS).then_some(20_000 + 2_500 * nth)
+}
+
+/// Three tenants of different sizes (six, three and one jobs in ten), so the kills meet
+/// jobs in several lanes and in the job stream at once.
+fn tenant_of(i: usize) -> Option<&'static str> {
+    Some(match i % 10 {
+        0..=5 => "chaos-large",
+        6..=8 => "chaos-medium",
+        _ => "chaos-small",
+    })
 }
 
 fn kill_phase() -> Duration {
@@ -118,13 +128,14 @@ async fn random_sigkills_of_workers_and_relays_lose_nothing_and_duplicate_nothin
         .map(|i| format!("{prefix}-{i:05}"))
         .collect();
     assert_eq!(long_keys.len(), LONG_TEXTS);
-    let load = Load::start_with_long(
+    let load = Load::start_shaped(
         &client,
         &prefix,
         jobs,
         phase.mul_f64(0.9),
         10,
         Arc::new(long_text),
+        Arc::new(tenant_of),
     );
 
     let phase_end = Instant::now() + phase;

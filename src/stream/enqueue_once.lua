@@ -91,8 +91,12 @@ if tat then
   redis.call('SET', KEYS[5], string.format('%.0f', tat), 'PX', math.max(1, math.ceil((tat - now) / 1000)))
 end
 if cost > 0 then
-  redis.call('HINCRBY', KEYS[7], 'reserved', ARGV[b + 1])
-  redis.call('PEXPIRE', KEYS[7], ARGV[b + 4])
+  -- Reserved back at exactly the cost: the hash is new (or held no reservation, and then
+  -- the TTL it was made with is renewed to the same horizon), so it is given its TTL here
+  -- and not on every acceptance. Nothing else creates the hash (a settle never does).
+  if redis.call('HINCRBY', KEYS[7], 'reserved', ARGV[b + 1]) == cost then
+    redis.call('PEXPIRE', KEYS[7], ARGV[b + 4])
+  end
   redis.call('HSET', KEYS[3], ARGV[b + 5], ARGV[b + 6], ARGV[b + 7], ARGV[b + 1])
 end
 -- The lane joins the schedule at the current virtual time (NX: a lane already waiting keeps
@@ -105,6 +109,8 @@ if ARGV[b - 2] == '1' and ARGV[b - 1] == '0' then
 else
   redis.call('HSET', KEYS[11], tenant, ARGV[b - 2] .. ' ' .. ARGV[b - 1])
 end
-redis.call('RPUSH', KEYS[10], 1)
-redis.call('LTRIM', KEYS[10], -64, -1)
+-- Trimmed only when past its cap: a token per job, as many as a burst can wake.
+if redis.call('RPUSH', KEYS[10], 1) > 64 then
+  redis.call('LTRIM', KEYS[10], -64, -1)
+end
 return {1, id, 0}

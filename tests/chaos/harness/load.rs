@@ -47,7 +47,15 @@ impl Load {
         replay_every: usize,
         long: LongTexts,
     ) -> Load {
-        Self::start_shaped(client, prefix, jobs, over, replay_every, long, Arc::new(|_| None))
+        Self::start_shaped(
+            client,
+            prefix,
+            jobs,
+            over,
+            replay_every,
+            long,
+            Arc::new(|_| None),
+        )
     }
 
     /// [`Self::start_with_long`] where job `i` is posted as tenant `tenant(i)` when that is

@@ -443,7 +443,7 @@ async fn a_new_period_admits_again() {
     // Kept a while past the period, then gone on its own.
     let ttl: i64 = r.pttl(day("2026-12-02")).await.unwrap();
     assert!(ttl > 86_400_000 && ttl <= 2 * 86_400_000, "{ttl}");
-    assert_eq!(stream_len(&env).await, 2);
+    assert_eq!(stream_len(env).await, 2);
 }
 
 /// One sample of `name{labels}` in the rendered metrics.

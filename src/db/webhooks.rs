@@ -115,13 +115,20 @@ pub async fn note_failure(
         disable_after.as_secs()
     );
     // On the right of SET, `failing_since` is the value before this update: the first
-    // failure of a run never disables. RETURNING sees only the new row, so "this statement
-    // disabled it" is "disabled at this statement's own now()": failures of one pass are
-    // noted concurrently, and a statement that started earlier but waited for the row lock
-    // of the one that disabled it must not report the disabling as well.
+    // failure of a run never disables. Failures of one pass are noted concurrently, so
+    // "this statement disabled it" is read from the row as it was just before this
+    // statement changed it: `before` locks it (a statement that waited for the lock of the
+    // one that disabled it sees that version; the INSERT reads it, so it runs first, not
+    // when RETURNING asks, by which time the row is this statement's own) and RETURNING
+    // compares. Comparing
+    // `disabled_at` with this statement's own now() was not enough: two statements can
+    // start in the same microsecond.
     let stmt = client
         .prepare_cached(
-            "INSERT INTO webhook_endpoints (tenant, url, failing_since) VALUES ($1, $2, now()) \
+            "WITH before AS (SELECT disabled_at FROM webhook_endpoints \
+                              WHERE tenant = $1 AND url = $2 FOR UPDATE) \
+             INSERT INTO webhook_endpoints (tenant, url, failing_since) \
+             SELECT $1, $2, now() FROM (SELECT 1) AS one LEFT JOIN before ON true \
              ON CONFLICT (tenant, url) DO UPDATE \
                 SET failing_since = coalesce(webhook_endpoints.failing_since, now()), \
                     disabled_at = CASE WHEN webhook_endpoints.disabled_at IS NULL \
@@ -132,7 +139,9 @@ pub async fn note_failure(
                                         AND webhook_endpoints.failing_since \
                                             <= now() - $3::bigint * interval '1 second' \
                                        THEN $4 ELSE webhook_endpoints.disabled_reason END \
-             RETURNING coalesce(disabled_at = now() AND disabled_reason = $4, false)",
+             RETURNING coalesce(disabled_at IS NOT NULL \
+                                AND (SELECT disabled_at FROM before) IS NULL \
+                                AND disabled_reason = $4, false)",
         )
         .await?;
     let row = client

@@ -11,7 +11,6 @@ use actix_web::test::{self, TestRequest};
 use chrono::{DateTime, Utc};
 use redis::AsyncCommands;
 use summaryd::api;
-use summaryd::api::auth::token_sha256;
 use summaryd::config::roles::Roles;
 use summaryd::domain::{Budget, BudgetPeriod, Email, Job, JobId, TenantId};
 use summaryd::infra::keys::RedisKeys;
@@ -28,13 +27,7 @@ use crate::shared::{FakeLlm, TestEnv};
 const TOKEN: &str = "acme-budget-token";
 
 fn tokens_file(budget: &str) -> tempfile::NamedTempFile {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    let text = format!(
-        "[tenants.acme]\ntoken_sha256 = \"{}\"\n{budget}\n",
-        token_sha256(TOKEN)
-    );
-    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
-    file
+    crate::shared::api_requests::tokens_file(&[("acme", TOKEN, budget)])
 }
 
 /// Every key is 20 characters, so every text is as long and costs as much.

@@ -13,7 +13,6 @@ use chrono::Utc;
 use redis::AsyncCommands;
 use redis::streams::StreamPendingCountReply;
 use summaryd::api;
-use summaryd::api::auth::token_sha256;
 use summaryd::config::roles::{Role, Roles};
 use summaryd::domain::{Email, Job, JobId, TenantId};
 use summaryd::infra::keys::GROUP;
@@ -102,16 +101,16 @@ impl Llm for TenantModel {
 }
 
 fn tokens_file(tenants: &[(&str, &str)]) -> tempfile::NamedTempFile {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    let mut text = String::new();
-    for (tenant, extra) in tenants {
-        text.push_str(&format!(
-            "[tenants.{tenant}]\ntoken_sha256 = \"{}\"\n{extra}\n",
-            token_sha256(&format!("{tenant}-fair-token"))
-        ));
-    }
-    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
-    file
+    let tokens: Vec<String> = tenants
+        .iter()
+        .map(|(t, _)| format!("{t}-fair-token"))
+        .collect();
+    let tables: Vec<(&str, &str, &str)> = tenants
+        .iter()
+        .zip(&tokens)
+        .map(|((tenant, extra), token)| (*tenant, token.as_str(), *extra))
+        .collect();
+    crate::shared::api_requests::tokens_file(&tables)
 }
 
 struct World {

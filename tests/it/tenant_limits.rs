@@ -9,7 +9,6 @@ use std::time::Duration;
 use actix_web::test::{self, TestRequest};
 use redis::AsyncCommands;
 use summaryd::api;
-use summaryd::api::auth::token_sha256;
 use summaryd::config::roles::Roles;
 use summaryd::llm::LlmError;
 use summaryd::shutdown::Shutdown;
@@ -24,13 +23,7 @@ use crate::shared::{FakeLlm, TestEnv};
 const TOKEN: &str = "acme-limits-token";
 
 fn tokens_file(limits: &str) -> tempfile::NamedTempFile {
-    let mut file = tempfile::NamedTempFile::new().unwrap();
-    let text = format!(
-        "[tenants.acme]\ntoken_sha256 = \"{}\"\n{limits}\n",
-        token_sha256(TOKEN)
-    );
-    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
-    file
+    crate::shared::api_requests::tokens_file(&[("acme", TOKEN, limits)])
 }
 
 fn post(key: &str) -> TestRequest {

@@ -126,3 +126,18 @@ pub async fn assert_problem<B: actix_web::body::MessageBody>(
     assert!(p["type"].as_str().is_some(), "{p}");
     p
 }
+
+/// A tokens file with one table per `(tenant, token, extra lines)`: the token's SHA-256
+/// and the tenant's other fields (limits, budget, weight, …) as TOML lines.
+pub fn tokens_file(tenants: &[(&str, &str, &str)]) -> tempfile::NamedTempFile {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    let mut text = String::new();
+    for (tenant, token, extra) in tenants {
+        text.push_str(&format!(
+            "[tenants.{tenant}]\ntoken_sha256 = \"{}\"\n{extra}\n",
+            summaryd::api::auth::token_sha256(token)
+        ));
+    }
+    std::io::Write::write_all(&mut file, text.as_bytes()).unwrap();
+    file
+}

@@ -11,9 +11,12 @@ use super::problem::{ApiError, Problem};
 use super::state::{ApiServices, ApiState};
 use crate::config::roles::Role;
 
-/// Kubelet's default probe timeout is 1 s; each check must answer well inside it, and the
-/// checks run concurrently, so a dead dependency cannot make the probe itself time out.
-const CHECK_TIMEOUT: Duration = Duration::from_millis(800);
+/// Our manifests give the probe 2 s (`timeoutSeconds: 2`); each check must answer inside
+/// it, and the checks run concurrently, so a dead dependency cannot make the probe itself
+/// time out and the body can say which one it was. 800 ms turned out too tight: on a
+/// loaded two-core machine a healthy Redis and Postgres were both seen to take longer, and
+/// the pod would leave the load balancer for nothing.
+const CHECK_TIMEOUT: Duration = Duration::from_millis(1500);
 
 #[derive(Debug, Serialize, ToSchema)]
 pub(crate) struct Health {

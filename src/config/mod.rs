@@ -27,6 +27,7 @@ mod retention;
 pub mod roles;
 mod secret;
 mod shutdown;
+mod stream;
 mod webhook;
 mod worker;
 
@@ -45,6 +46,7 @@ pub use redis::RedisTlsSettings;
 pub use relay::RelaySettings;
 pub use retention::RetentionSettings;
 pub use shutdown::ShutdownSettings;
+pub use stream::StreamSettings;
 pub use webhook::WebhookSettings;
 pub use worker::WorkerSettings;
 
@@ -117,6 +119,8 @@ pub struct Settings {
     pub job_budget: Duration,
     /// TLS material for `rediss://` URLs (`SUMMARYD_REDIS_*_FILE`).
     pub redis: RedisTlsSettings,
+    /// The job stream's layout: its shards (`SUMMARYD_STREAM_SHARDS`).
+    pub stream: StreamSettings,
     pub database: DatabaseSettings,
     pub ops: OpsSettings,
     pub api: ApiSettings,
@@ -148,6 +152,7 @@ impl Default for Settings {
             key_prefix: String::new(),
             job_budget: Duration::from_secs(60),
             redis: RedisTlsSettings::default(),
+            stream: StreamSettings::default(),
             database: DatabaseSettings::default(),
             ops: OpsSettings::default(),
             api: ApiSettings::default(),
@@ -289,6 +294,8 @@ impl Settings {
     /// Range checks serde cannot express: each section's own, then those across sections.
     /// Pure: the TLS files are checked by `infra::check_tls_files`.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.redis.check()?;
+        self.stream.check()?;
         self.api.check()?;
         self.llm.check()?;
         self.mail.check()?;
@@ -550,6 +557,10 @@ mod tests {
             "maintenance.interval_ms",
             "shutdown.grace_ms",
             "redis.ca_file",
+            "redis.cluster",
+            "redis.min_replicas_ack",
+            "redis.ack_timeout_ms",
+            "stream.shards",
             "database.ca_file",
             "ops.listen",
             "auth.tokens_file",
@@ -569,7 +580,7 @@ mod tests {
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 77, "{known:?}");
+        assert_eq!(known.len(), 81, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.

@@ -9,28 +9,55 @@ pub const GROUP: &str = "summarizers";
 /// Method and path that idempotency keys are scoped to.
 const SUMMARIES_SCOPE: &str = "POST:/v1/summaries";
 
+/// The key names of one shard (`SUMMARYD_STREAM_SHARDS`), and of the keys that belong to
+/// no shard. A shard's keys all start with the deployment's prefix and the shard's hash
+/// tag, so a Redis Cluster keeps every key one script or MULTI touches in one slot; with
+/// one shard on a single node there is no tag, and the names are those of a deployment
+/// that predates shards.
 #[derive(Debug, Clone)]
 pub struct RedisKeys {
+    /// What this shard's keys start with: the prefix, then `{s<n>}` when tagged.
     prefix: String,
+    /// The deployment's prefix alone, for keys of no shard (sessions, the pause, the model
+    /// providers' shared state, consumers' liveness marks).
+    global: String,
+    shard: u16,
 }
 
 impl RedisKeys {
+    /// The one untagged shard of a single-node deployment.
     pub fn new(prefix: impl Into<String>) -> Self {
+        let prefix = prefix.into();
         Self {
-            prefix: prefix.into(),
+            global: prefix.clone(),
+            prefix,
+            shard: 0,
         }
+    }
+
+    fn tagged(prefix: &str, shard: u16) -> Self {
+        Self {
+            prefix: format!("{prefix}{{s{shard}}}"),
+            global: prefix.to_owned(),
+            shard,
+        }
+    }
+
+    /// Which shard these keys are (0 on an unsharded deployment).
+    pub fn shard(&self) -> u16 {
+        self.shard
     }
 
     /// A console session, by the SHA-256 of its cookie value: a copy of Redis shows no
     /// usable session id. Expires after the idle timeout, renewed by each request.
     pub(crate) fn console_session(&self, id_sha256: &str) -> String {
-        format!("{}console:session:{id_sha256}", self.prefix)
+        format!("{}console:session:{id_sha256}", self.global)
     }
 
     /// Failed console sign-ins of one user name or one client address in the current
     /// window (`console::signin`).
     pub(crate) fn console_signin_failures(&self, who: &str) -> String {
-        format!("{}console:signin_failures:{who}", self.prefix)
+        format!("{}console:signin_failures:{who}", self.global)
     }
 
     pub fn stream(&self) -> String {
@@ -93,7 +120,7 @@ impl RedisKeys {
     /// Whether consumption is paused fleet-wide: one JSON string, present while paused
     /// (`stream/pause.rs` owns its format).
     pub fn paused(&self) -> String {
-        format!("{}paused", self.prefix)
+        format!("{}paused", self.global)
     }
 
     /// Per-job state the API and the dead-letter path keep until Postgres has the summary.
@@ -159,42 +186,118 @@ impl RedisKeys {
     /// string with a TTL. The run id is a hash tag, so the record and its lease share a
     /// slot and one script may touch both.
     pub fn bulk_run(&self, run_id: &str) -> String {
-        format!("{}console:bulk:{{{run_id}}}", self.prefix)
+        format!("{}console:bulk:{{{run_id}}}", self.global)
     }
 
     /// The lease of the one process working a bulk run (a token, with a TTL).
     pub fn bulk_lease(&self, run_id: &str) -> String {
-        format!("{}console:bulk:{{{run_id}}}:lease", self.prefix)
+        format!("{}console:bulk:{{{run_id}}}:lease", self.global)
     }
 
     /// A model provider's shared limiter (`llm/shared.rs`): a hash of the theoretical
     /// arrival times (ms) of its requests and of its tokens. Every key of one provider
     /// shares the hash tag of its label, so one script may touch them all on a cluster.
     pub fn llm_limit(&self, provider: &str) -> String {
-        format!("{}llm:{{{provider}}}:limit", self.prefix)
+        format!("{}llm:{{{provider}}}:limit", self.global)
     }
 
     /// Until when (Unix ms) no process calls the provider: set from a 429's `Retry-After`,
     /// only ever moved later.
     pub fn llm_cool_until(&self, provider: &str) -> String {
-        format!("{}llm:{{{provider}}}:cool_until", self.prefix)
+        format!("{}llm:{{{provider}}}:cool_until", self.global)
     }
 
     /// The provider's open circuit breaker as every process sees it (JSON: since, next
     /// probe, probes failed, reason); absent while it is closed.
     pub fn llm_breaker(&self, provider: &str) -> String {
-        format!("{}llm:{{{provider}}}:breaker", self.prefix)
+        format!("{}llm:{{{provider}}}:breaker", self.global)
     }
 
     /// The fleet's one probe of the provider's open breaker: held by whoever probes, and
     /// after a failed probe for the cooldown, so no other process probes meanwhile.
     pub fn llm_probe(&self, provider: &str) -> String {
-        format!("{}llm:{{{provider}}}:probe", self.prefix)
+        format!("{}llm:{{{provider}}}:probe", self.global)
     }
 
     /// Redis key of one idempotency record.
     pub fn idempotency(&self, scope: &ScopedKey) -> String {
         format!("{}{}", self.prefix, scope.0)
+    }
+}
+
+/// Every shard's keys (`SUMMARYD_STREAM_SHARDS`), and which shard a tenant belongs to.
+///
+/// A tenant's jobs, limits, budget, lane and idempotency records all live in one shard, so
+/// the accept script, the dispatch script and every finishing step touch one hash slot and
+/// a tenant's limits stay exact; tenants spread over the shards.
+#[derive(Debug, Clone)]
+pub struct Shards {
+    shards: std::sync::Arc<[RedisKeys]>,
+}
+
+impl Shards {
+    /// `count` shards under `prefix`; `tagged` (a cluster, or more than one shard) puts each
+    /// shard's hash tag in its keys. One untagged shard keeps the unsharded names.
+    pub fn new(prefix: &str, count: u16, tagged: bool) -> Self {
+        let shards: Vec<RedisKeys> = if tagged || count > 1 {
+            (0..count.max(1))
+                .map(|shard| RedisKeys::tagged(prefix, shard))
+                .collect()
+        } else {
+            vec![RedisKeys::new(prefix)]
+        };
+        Self {
+            shards: shards.into(),
+        }
+    }
+
+    /// The layout `settings` ask for: `SUMMARYD_STREAM_SHARDS`, tagged on a cluster.
+    pub fn from_settings(settings: &crate::config::Settings) -> Self {
+        Self::new(
+            &settings.key_prefix,
+            settings.stream.shards,
+            settings.redis_is_cluster(),
+        )
+    }
+
+    /// The layout of one unsharded single-node deployment.
+    pub fn single(prefix: impl Into<String>) -> Self {
+        Self {
+            shards: vec![RedisKeys::new(prefix)].into(),
+        }
+    }
+
+    /// How many shards there are.
+    pub fn count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Every shard, in order.
+    pub fn all(&self) -> &[RedisKeys] {
+        &self.shards
+    }
+
+    /// Shard `index` (taken modulo the count, so a stale index never panics).
+    pub fn get(&self, index: u16) -> &RedisKeys {
+        &self.shards[usize::from(index) % self.shards.len()]
+    }
+
+    /// The shard holding everything of `tenant`: the first 8 bytes of the SHA-256 of its
+    /// id, modulo the count. Stable across versions and processes (a test pins it): moving
+    /// a tenant would strand its queued jobs and its records.
+    pub fn of_tenant(&self, tenant: &str) -> &RedisKeys {
+        use sha2::{Digest, Sha256};
+        let digest = Sha256::digest(tenant.as_bytes());
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        let n = self.shards.len() as u64;
+        &self.shards[(u64::from_be_bytes(first) % n) as usize]
+    }
+
+    /// Keys of no shard (the pause, console sessions, bulk runs, the model providers'
+    /// shared state) are named the same from every shard: shard 0 names them.
+    pub fn global(&self) -> &RedisKeys {
+        &self.shards[0]
     }
 }
 

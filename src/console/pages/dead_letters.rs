@@ -108,15 +108,15 @@ fn describe(fields: &Fields) -> String {
 
 pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<DeadLetters, ConsoleError> {
     let filter = filter(fields)?;
+    let keys = console.keys.get(super::shard(console, fields)?);
     let mut conn = console.redis.get().await?;
-    let upto = dead_letters::newest_id(&mut conn, &console.keys).await?;
+    let upto = dead_letters::newest_id(&mut conn, keys).await?;
     let matching = match &upto {
-        Some(upto) => dead_letters::count_matching(&mut conn, &console.keys, &filter, upto).await?,
+        Some(upto) => dead_letters::count_matching(&mut conn, keys, &filter, upto).await?,
         None => 0,
     };
     let (page, next) =
-        dead_letters::list_matching(&mut conn, &console.keys, &filter, fields.get("after"), PAGE)
-            .await?;
+        dead_letters::list_matching(&mut conn, keys, &filter, fields.get("after"), PAGE).await?;
     Ok(DeadLetters {
         matching,
         upto,
@@ -260,8 +260,9 @@ pub(crate) async fn confirm(
     let count = if all {
         let filter = filter(&fields)?;
         let upto = fields.require("upto")?;
+        let keys = console.keys.get(super::shard(&console, &fields)?);
         let mut conn = console.redis.get().await?;
-        dead_letters::count_matching(&mut conn, &console.keys, &filter, upto).await?
+        dead_letters::count_matching(&mut conn, keys, &filter, upto).await?
     } else {
         if ids.is_empty() {
             return Err(ConsoleError::BadInput(

@@ -27,7 +27,7 @@ mod retention;
 pub mod roles;
 mod secret;
 mod shutdown;
-mod stream;
+pub mod stream;
 mod webhook;
 mod worker;
 

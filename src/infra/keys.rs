@@ -320,3 +320,126 @@ impl ScopedKey {
         &self.0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One shard on a single node keeps the names of a deployment that predates shards,
+    /// byte for byte: an upgrade must find its stream, records and lanes where they were.
+    #[test]
+    fn one_untagged_shard_keeps_the_unsharded_names() {
+        let shards = Shards::new("p:", 1, false);
+        assert_eq!(shards.count(), 1);
+        let k = shards.of_tenant("acme");
+        let job: JobId = "0191e7a0-0000-7000-8000-000000000001".parse().unwrap();
+        let scope = ScopedKey(format!("idem:acme:{SUMMARIES_SCOPE}:k-0123456789abcdef"));
+        let names = [
+            (k.stream(), "p:jobs:summaries"),
+            (k.dead_letters(), "p:jobs:summaries:dead"),
+            (k.lane("acme"), "p:jobs:summaries:lane:acme"),
+            (k.lanes(), "p:jobs:summaries:lanes"),
+            (k.lanes_clock(), "p:jobs:summaries:lanes:clock"),
+            (k.lane_policies(), "p:jobs:summaries:lanes:policy"),
+            (k.doorbell(), "p:jobs:summaries:doorbell"),
+            (k.running("acme"), "p:tenant:acme:running"),
+            (k.consumer_alive("h-1-0"), "p:jobs:summaries:alive:h-1-0"),
+            (k.paused(), "p:paused"),
+            (k.job(job), "p:job:0191e7a0-0000-7000-8000-000000000001"),
+            (k.in_flight("acme"), "p:tenant:acme:in_flight"),
+            (k.rate("acme"), "p:tenant:acme:rate"),
+            (k.notify_window("acme", "r1"), "p:tenant:acme:notify:r1"),
+            (
+                k.budget("acme", "d2026-12-03"),
+                "p:tenant:acme:budget:d2026-12-03",
+            ),
+            (
+                k.idempotency(&scope),
+                "p:idem:acme:POST:/v1/summaries:k-0123456789abcdef",
+            ),
+            (k.console_session("h"), "p:console:session:h"),
+            (k.bulk_run("r"), "p:console:bulk:{r}"),
+            (k.llm_limit("openai"), "p:llm:{openai}:limit"),
+        ];
+        for (got, want) in names {
+            assert_eq!(got, want);
+        }
+        assert_eq!(k.lane_prefix(), "p:jobs:summaries:lane:");
+        assert_eq!(k.running_affixes(), ("p:tenant:".to_owned(), ":running"));
+        assert_eq!(k.in_flight_pattern(), "p:tenant:*:in_flight");
+        assert_eq!(Shards::single("p:").global().stream(), "p:jobs:summaries");
+    }
+
+    /// Every key a script or MULTI touches with a shard's stream carries the shard's tag;
+    /// keys of no shard carry none of it.
+    #[test]
+    fn a_tagged_shard_puts_its_tag_on_every_key_of_the_shard_and_none_on_the_others() {
+        let shards = Shards::new("p:", 3, false);
+        assert_eq!(shards.count(), 3);
+        let k = shards.get(2);
+        assert_eq!(k.shard(), 2);
+        for key in [
+            k.stream(),
+            k.dead_letters(),
+            k.lane("acme"),
+            k.lanes(),
+            k.lanes_clock(),
+            k.lane_policies(),
+            k.doorbell(),
+            k.running("acme"),
+            k.consumer_alive("c"),
+            k.in_flight("acme"),
+            k.rate("acme"),
+            k.notify_window("acme", "r"),
+            k.budget("acme", "d"),
+            k.lane_prefix(),
+            k.running_affixes().0,
+        ] {
+            assert!(key.starts_with("p:{s2}"), "{key}");
+        }
+        assert_eq!(k.stream(), "p:{s2}jobs:summaries");
+        for key in [
+            k.paused(),
+            k.console_session("h"),
+            k.console_signin_failures("w"),
+            k.bulk_run("r"),
+            k.bulk_lease("r"),
+            k.llm_limit("x"),
+            k.llm_cool_until("x"),
+            k.llm_breaker("x"),
+            k.llm_probe("x"),
+        ] {
+            assert!(key.starts_with("p:") && !key.contains("{s"), "{key}");
+        }
+        assert_eq!(k.paused(), shards.global().paused());
+        // A cluster tags even a single shard.
+        assert_eq!(
+            Shards::new("p:", 1, true).get(0).stream(),
+            "p:{s0}jobs:summaries"
+        );
+        // A stale index wraps instead of panicking.
+        assert_eq!(shards.get(5).shard(), 2);
+    }
+
+    /// The tenant → shard map is part of the stored layout: a change would strand every
+    /// tenant's queued jobs and records. These values pin it.
+    #[test]
+    fn tenants_map_to_shards_by_a_pinned_hash() {
+        let shards = Shards::new("", 3, false);
+        let of = |t: &str| shards.of_tenant(t).shard();
+        let seen: Vec<u16> = ["acme", "globex", "initech", "umbrella", "hooli", "default"]
+            .iter()
+            .map(|t| of(t))
+            .collect();
+        assert_eq!(seen, PINNED);
+        // Every shard gets tenants.
+        let mut hit = [false; 3];
+        for i in 0..60 {
+            hit[usize::from(of(&format!("tenant-{i}")))] = true;
+        }
+        assert_eq!(hit, [true; 3]);
+        assert_eq!(Shards::new("", 1, true).of_tenant("acme").shard(), 0);
+    }
+
+    const PINNED: [u16; 6] = [0, 1, 1, 2, 2, 1];
+}

@@ -13,6 +13,7 @@
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
 //! - `budget`: per-tenant token budgets, reserved in the enqueue script, settled when the
 //!   job finishes.
+//! - `replicas`: confirming that writes reached the primary's replicas (WAIT).
 
 pub mod budget;
 pub mod bulk;
@@ -23,6 +24,7 @@ pub mod job_entry;
 pub mod job_state;
 pub mod lanes;
 pub mod pause;
+pub mod replicas;
 pub mod tenant_limits;
 
 pub use consumer_group::Delivery;

@@ -194,13 +194,17 @@ impl IdempotencyStore {
     /// [`Self::existing`], and for a replay with replica acks required, confirmed first.
     ///
     /// The record may be one whose first answer was a 503 because the replicas had not
-    /// confirmed it, and this request wrote nothing that a WAIT would cover. Two ways to
-    /// make the WAIT cover the record: a write by this connection after it (the record
-    /// rewritten with the value and TTL it has, `replicas::rewrite_unchanged`), or a WAIT
-    /// on a replication offset read from the primary (Redis offers WAIT only for the
-    /// connection's own writes). The rewrite costs one round trip, only for replays and only
-    /// when acks are required, and lands on the primary that owns the record's key, so it
-    /// stays right on a cluster where every shard has its own primary and offsets.
+    /// confirmed it, and this request wrote nothing: WAIT is defined over the writes of
+    /// the connection it is sent on, so on a connection that wrote nothing (another
+    /// process's, a new one) it may answer at once with whatever replicas are connected.
+    /// (Redis 7.0 also moves a connection's offset forward on reads, but that is not part
+    /// of WAIT's contract.) WAIT cannot be given an offset, so the way to make it cover the
+    /// record is a write on this connection after it: the record rewritten with the value
+    /// and TTL it has (`replicas::rewrite_unchanged`). Replication is ordered, so a
+    /// replica that has that write has the record. It costs one round trip, only for
+    /// replays and only when acks are required, and lands on the primary that owns the
+    /// record's key, so it stays right on a cluster, where every shard has its own
+    /// primary and offsets.
     async fn replayed<C: redis::aio::ConnectionLike + Send>(
         &self,
         conn: &mut C,

@@ -292,3 +292,58 @@ async fn pending_on(conn: &mut MultiplexedConnection, stream: String) -> usize {
     let reply: redis::streams::StreamPendingReply = conn.xpending(stream, GROUP).await.unwrap();
     reply.count()
 }
+
+#[tokio::test]
+async fn a_record_rewritten_unchanged_keeps_its_value_and_ttl_and_is_waited_for() {
+    use summaryd::stream::replicas::{self, NotReplicated, ReplicaAcks};
+    let pair = ReplicaPair::start("replica-rewrite").await;
+    let mut writer = pair.primary.connection().await;
+    let _: () = writer.set_ex("record", "v1", 600).await.unwrap();
+    let ttl_before: i64 = writer.pttl("record").await.unwrap();
+
+    pair.freeze_replica();
+    // A connection that has not written the record: after the rewrite its WAIT covers it.
+    let mut reader = pair.primary.connection().await;
+    assert!(
+        replicas::rewrite_unchanged(&mut reader, "record", "v1")
+            .await
+            .unwrap()
+    );
+    assert!(
+        !replicas::rewrite_unchanged(&mut reader, "record", "v0")
+            .await
+            .unwrap(),
+        "a value that changed is left alone"
+    );
+    let value: String = reader.get("record").await.unwrap();
+    assert_eq!(value, "v1");
+    let ttl_after: i64 = reader.pttl("record").await.unwrap();
+    assert!(ttl_after > 0 && ttl_after <= ttl_before, "{ttl_after}");
+    let acks = ReplicaAcks {
+        replicas: 1,
+        timeout: Duration::from_millis(100),
+    };
+    let refused = replicas::confirm(&mut reader, "record", acks).await;
+    assert!(
+        matches!(
+            refused,
+            Err(NotReplicated::TimedOut {
+                acked: 0,
+                wanted: 1,
+                ..
+            })
+        ),
+        "{refused:?}"
+    );
+
+    pair.thaw_replica();
+    let confirmed = eventually(Duration::from_secs(5), || {
+        let mut reader = reader.clone();
+        async move { replicas::confirm(&mut reader, "record", acks).await.is_ok() }
+    })
+    .await;
+    assert!(confirmed, "confirmed once the replica runs");
+    let mut replica = pair.replica.connection().await;
+    let on_replica: Option<String> = replica.get("record").await.unwrap();
+    assert_eq!(on_replica.as_deref(), Some("v1"));
+}

@@ -178,9 +178,9 @@ impl IdempotencyStore {
         match reply {
             EnqueueOnce::Enqueued { .. } => {
                 self.count("new");
-                // The script's writes were the last on this connection before the WAIT
-                // (the connection is shared, so later ones of other requests may be
-                // covered too, which only makes the wait as long as theirs).
+                // The WAIT follows the script on this connection, and Redis runs one
+                // connection's commands in order, so it covers the script's writes
+                // (and those of other requests sent before it on the shared connection).
                 self.confirmed(&mut conn, key).await?;
                 Ok(Outcome::Fresh(response))
             }

@@ -347,3 +347,45 @@ async fn a_record_rewritten_unchanged_keeps_its_value_and_ttl_and_is_waited_for(
     let on_replica: Option<String> = replica.get("record").await.unwrap();
     assert_eq!(on_replica.as_deref(), Some("v1"));
 }
+
+#[actix_web::test]
+async fn the_replay_of_a_stored_text_is_confirmed_too() {
+    let pair = ReplicaPair::start("replica-stored-text").await;
+    let mut env = TestEnv::new().await;
+    env.settings.redis_url = pair.primary.url().into();
+    env.settings.redis.min_replicas_ack = 1;
+    env.settings.redis.ack_timeout = Duration::from_millis(100);
+    // Every text goes to Postgres first, and its replays answer before storing anything.
+    env.settings.api.inline_text_bytes = 8;
+    let services = env.services().build();
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
+
+    pair.freeze_replica();
+    let res = test::call_service(&app, post("acme", KEY, BODY).to_request()).await;
+    assert_eq!(
+        assert_problem(res, 503).await["type"],
+        "tag:summaryd,2025:problems/not-replicated"
+    );
+    let other = env.services().build();
+    let other_app = test::init_service(api::app(other.api(), Roles::all(), Shutdown::new())).await;
+    let res = test::call_service(&other_app, post("acme", KEY, BODY).to_request()).await;
+    assert_eq!(
+        assert_problem(res, 503).await["type"],
+        "tag:summaryd,2025:problems/not-replicated"
+    );
+
+    pair.thaw_replica();
+    let mut accepted = None;
+    for _ in 0..50 {
+        let res = test::call_service(&other_app, post("acme", KEY, BODY).to_request()).await;
+        if res.status().as_u16() == 202 {
+            accepted = Some(json_body(res).await);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body = accepted.expect("the retry was never accepted");
+    assert_eq!(body["job_id"], job_id_for("acme", KEY, BODY).as_str());
+    assert_eq!(stream_len(&env).await, 1);
+    assert_eq!(env.count("job_texts").await, 1);
+}

@@ -13,7 +13,7 @@ impl Maintenance {
     /// the gauges take their stream values from this one call, on every replica.
     pub(super) async fn trim_finished(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<Backlog, MaintenanceError> {
         Ok(consumer_group::backlog_and_trim(conn, &self.keys).await?)
     }
@@ -32,7 +32,7 @@ impl Maintenance {
     /// Remove the group's consumers whose process is gone; returns how many.
     pub(super) async fn remove_gone_consumers(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<u64, MaintenanceError> {
         // Before the first worker started there is no group (and maybe no stream) yet, and
         // so no consumer to remove: an api replica running alone is not failing.

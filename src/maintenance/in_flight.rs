@@ -30,7 +30,7 @@ impl Maintenance {
     /// members were removed.
     pub(super) async fn sweep_in_flight(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<u64, MaintenanceError> {
         let mut cursor = self.sweep_cursor.load(Ordering::Relaxed);
         let mut removed = 0;
@@ -60,7 +60,7 @@ impl Maintenance {
     /// Sweep one set, a batch of members at a time.
     async fn sweep_set(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         set: &str,
     ) -> Result<u64, MaintenanceError> {
         let mut cursor = 0;
@@ -80,7 +80,7 @@ impl Maintenance {
     /// or gone (no job state, on neither stream).
     async fn leaked_among(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         members: &[String],
     ) -> Result<Vec<Leaked>, MaintenanceError> {
         let mut leaked = Vec::new();

@@ -54,7 +54,7 @@ impl Row for DeadLetter {
 }
 
 pub async fn list(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &RedisKeys,
     limit: usize,
     json: bool,
@@ -80,7 +80,7 @@ pub struct ReplayReport {
 /// Replay the given dead entries (or all). Unknown ids are reported and skipped, so running
 /// the same replay twice is harmless; malformed entries are reported, skipped and counted.
 pub async fn replay(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &RedisKeys,
     ids: &[String],
     all: bool,
@@ -123,7 +123,7 @@ pub async fn replay(
 /// Remove dead letters (and their job state): the given ids, or all of them, that failed
 /// longer than `older_than` ago. Returns how many were removed.
 pub async fn purge(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &RedisKeys,
     ids: &[String],
     older_than: Option<Duration>,

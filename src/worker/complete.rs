@@ -23,7 +23,7 @@ impl Consumer {
     /// `Err` when Redis failed: the entry is still this consumer's then.
     pub(super) async fn carry_out(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: &Job,
         settlement: Settlement,
@@ -134,7 +134,7 @@ impl Consumer {
     /// Refund a delivery (`claim_own`): what became of the refund.
     async fn refund(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         refund: RefundOf,
     ) -> Refund {
@@ -157,7 +157,7 @@ impl Consumer {
     /// would have no event at all. `job` is `None` for an entry that is no job.
     pub(super) async fn dead_letter(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: Option<&Job>,
         reason: &DeadReason,
@@ -255,7 +255,7 @@ impl Consumer {
     /// in full: a budget is never under-charged, and the job is not held up for it.
     async fn settle_of(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         job: &Job,
         spent: Spent,
     ) -> Result<Option<budget::Settle>, WorkerError> {
@@ -288,7 +288,7 @@ impl Consumer {
 
     /// Keep why a counted delivery failed for the dead letter's reason. Best effort: a
     /// Redis that fails here fails the next step too, and the reason only says less.
-    async fn note_failure(&self, conn: &mut deadpool_redis::Connection, job: &Job, reason: &str) {
+    async fn note_failure(&self, conn: &mut crate::infra::redis::Conn, job: &Job, reason: &str) {
         if let Err(e) = job_state::note_failure(conn, &self.services.keys, job.job_id, reason).await
         {
             tracing::debug!(error = %e, "could not note why the delivery failed");

@@ -28,7 +28,7 @@ impl Consumer {
     /// so entries that keep being held cannot starve new ones.
     pub(super) async fn take(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<Vec<Taken>, WorkerError> {
         let now = Instant::now();
         let due = self.held.iter().position(|held| held.due <= now);
@@ -70,7 +70,7 @@ impl Consumer {
     /// longer ours (finished or reclaimed elsewhere meanwhile).
     async fn retake(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         held: Held,
     ) -> Result<Vec<Taken>, WorkerError> {
         if let Work::Settle(_) = held.work {
@@ -130,7 +130,7 @@ impl Consumer {
     /// left waiting for another whole pass.
     async fn claim_idle(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<Vec<Delivery>, WorkerError> {
         loop {
             let started_at_beginning = self.cursor == CURSOR_START;

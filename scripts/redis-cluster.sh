@@ -3,6 +3,7 @@
 #
 #   scripts/redis-cluster.sh start DIR BASE_PORT [REDIS_SERVER_ARG...]
 #   scripts/redis-cluster.sh stop DIR
+#   scripts/redis-cluster.sh restart-node DIR PORT [REDIS_SERVER_ARG...]
 #
 # `start` runs six redis-server processes on 127.0.0.1, ports BASE_PORT..BASE_PORT+5 (their
 # cluster bus on the port + 10000, so both ranges must be free), each with its pidfile, log
@@ -11,6 +12,9 @@
 # master, so a failover right after start finds a replica that has the data. Extra arguments
 # go to every redis-server (later arguments win). It prints nothing unless something fails;
 # on failure it stops what it started and exits non-zero.
+#
+# `restart-node` starts one node of that cluster again (after a kill) with its nodes file,
+# so it rejoins the cluster (as a replica, once another node has taken over its slots).
 #
 # `stop` kills the servers whose pidfiles are in DIR (TERM, then KILL after 10 s). Only
 # processes that are still redis-server are signalled, so a stale pidfile whose pid was
@@ -31,7 +35,7 @@ die() {
 }
 
 usage() {
-    die "usage: $0 start DIR BASE_PORT [REDIS_SERVER_ARG...] | $0 stop DIR"
+    die "usage: $0 start DIR BASE_PORT [REDIS_SERVER_ARG...] | $0 stop DIR | $0 restart-node DIR PORT [REDIS_SERVER_ARG...]"
 }
 
 ensure_tools() {
@@ -130,6 +134,33 @@ fail_start() {
     exit 1
 }
 
+start_node() {
+    local dir=$1 port=$2
+    shift 2
+    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" \
+        --cluster-enabled yes --cluster-config-file "$dir/nodes-$port.conf" \
+        --cluster-node-timeout 1000 \
+        --repl-diskless-sync no --save '' --appendonly no \
+        --daemonize yes --pidfile "$dir/redis-$port.pid" --logfile "$dir/redis-$port.log" \
+        "$@" >/dev/null 2>"$dir/start-$port.err" || return 1
+    rm -f "$dir/start-$port.err"
+}
+
+cmd_restart_node() {
+    local dir=$1 port=$2
+    shift 2
+    [[ -f "$dir/nodes-$port.conf" ]] || die "no node on port $port in $dir"
+    dir=$(cd "$dir" && pwd)
+    if live_redis_pid "$dir/redis-$port.pid" >/dev/null; then
+        die "the node on port $port is still running"
+    fi
+    port_open "$port" && die "port $port is already in use"
+    start_node "$dir" "$port" "$@" || die "redis-server on port $port did not start: $(cat "$dir/start-$port.err")"
+    # shellcheck disable=SC2317 # called through wait_until
+    pong() { [[ "$(cli "$port" PING 2>/dev/null)" == PONG ]]; }
+    wait_until pong "port $port" || die "redis-server on port $port does not answer (log: $dir/redis-$port.log)"
+}
+
 cmd_start() {
     local dir=$1 base=$2 port i
     shift 2
@@ -154,14 +185,8 @@ cmd_start() {
         rm -f "$dir/nodes-$port.conf" "$dir/redis-$port.log"
     done
     for port in "${PORTS[@]}"; do
-        redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" \
-            --cluster-enabled yes --cluster-config-file "$dir/nodes-$port.conf" \
-            --cluster-node-timeout 1000 \
-            --repl-diskless-sync no --save '' --appendonly no \
-            --daemonize yes --pidfile "$dir/redis-$port.pid" --logfile "$dir/redis-$port.log" \
-            "$@" >/dev/null 2>"$dir/start-$port.err" ||
+        start_node "$dir" "$port" "$@" ||
             fail_start "$dir" "redis-server on port $port did not start: $(cat "$dir/start-$port.err")"
-        rm -f "$dir/start-$port.err"
     done
     for port in "${PORTS[@]}"; do
         # shellcheck disable=SC2317 # called through wait_until
@@ -190,6 +215,11 @@ start)
 stop)
     (($# == 2)) || usage
     cmd_stop "$2"
+    ;;
+restart-node)
+    (($# >= 3)) || usage
+    shift
+    cmd_restart_node "$@"
     ;;
 *) usage ;;
 esac

@@ -346,6 +346,58 @@ mod tests {
         ));
     }
 
+    fn with_url(url: &str, cluster: bool) -> Settings {
+        let mut settings = Settings {
+            redis_url: url.into(),
+            ..Settings::default()
+        };
+        settings.redis.cluster = cluster;
+        settings
+    }
+
+    #[test]
+    fn cluster_urls_and_the_cluster_setting_select_a_cluster_client() {
+        let single = client(&with_url("redis://a:1", false));
+        assert!(matches!(single, Ok(RedisClient::Single(_))));
+        for (url, flag, nodes) in [
+            ("redis+cluster://u:pw@a:1,b:2", false, "a:1,b:2"),
+            ("redis://a:1", true, "a:1"),
+            ("rediss+cluster://b:2", false, "b:2"),
+        ] {
+            match client(&with_url(url, flag)) {
+                Ok(c @ RedisClient::Cluster(_)) => assert_eq!(c.address(), nodes),
+                Ok(RedisClient::Single(_)) => panic!("{url}: single"),
+                Err(e) => panic!("{url}: {e}"),
+            }
+        }
+        assert!(url_is_tls(" rediss+cluster://b:2") && url_is_tls("rediss://b:2"));
+        assert!(!url_is_tls("redis+cluster://b:2"));
+
+        // TLS files with a plain cluster URL would be ignored: refused as for one server.
+        let mut plain = with_url("redis+cluster://a:1", false);
+        plain.redis.ca_file = Some(PathBuf::from("/etc/ca.pem"));
+        assert!(matches!(
+            client(&plain),
+            Err(RedisSetupError::TlsWithoutRediss("SUMMARYD_REDIS_CA_FILE"))
+        ));
+    }
+
+    #[test]
+    fn a_bad_cluster_url_is_reported_without_the_password() {
+        for url in [
+            "redis+cluster://user:hunter2@a:1,b:notaport",
+            "redis+cluster://user:hunter2@a:1,,b:2",
+            "redis+cluster://user:hunter2@",
+        ] {
+            let err = client(&with_url(url, false))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("SUMMARYD_REDIS_URL"), "{url}: {err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
+    }
+
     #[test]
     fn a_bad_url_is_reported_without_the_password() {
         let settings = Settings {

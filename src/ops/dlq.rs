@@ -54,7 +54,7 @@ impl Row for DeadLetter {
 }
 
 pub async fn list(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &Shards,
     limit: usize,
     json: bool,
@@ -89,7 +89,7 @@ pub struct ReplayReport {
 /// An id is looked for in each shard in turn (ids are per shard; the first shard holding
 /// it replays it).
 pub async fn replay(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &Shards,
     ids: &[String],
     all: bool,
@@ -147,7 +147,7 @@ pub async fn replay(
 /// Remove dead letters (and their job state): the given ids, or all of them, that failed
 /// longer than `older_than` ago. Returns how many were removed.
 pub async fn purge(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &Shards,
     ids: &[String],
     older_than: Option<Duration>,

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use summaryd::app::{Application, Handles};
-use summaryd::config::Settings;
 use summaryd::config::roles::{Role, Roles};
+use summaryd::config::{FlagOverrides, Settings};
 use summaryd::infra::redis::routed::{scan_keys, wait_replicas};
 
+use crate::shared::certs::TestCa;
 use crate::shared::log_capture::Captured;
 use crate::shared::redis_cluster::RedisCluster;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv};
@@ -359,4 +360,68 @@ async fn after_a_failover_the_pool_writes_to_the_promoted_replica() {
     })
     .await;
     assert!(rejoined, "{old} did not rejoin as a replica of {new}");
+}
+
+#[tokio::test]
+async fn a_tls_cluster_is_reached_with_the_ca_file_on_every_node() {
+    let certs = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(certs.path(), "cluster");
+    let cluster = RedisCluster::start_tls(&ca);
+    assert!(cluster.url().starts_with("rediss+cluster://"));
+    // The CA as an operator gives it: through the configuration file.
+    let config = certs.path().join("summaryd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "redis_url = \"{}\"\n[redis]\nca_file = \"{}\"\n",
+            cluster.url(),
+            ca.ca_file.display()
+        ),
+    )
+    .expect("write config");
+    let settings =
+        Settings::load(Some(&config), &FlagOverrides::default()).expect("load the settings");
+    let h = Handles::new(settings).expect("handles");
+    // Keys on each of the three masters, so every node is reached over TLS.
+    let keys = ["{a}k", "{b}k", "{c}k", "{d}k", "{e}k", "{f}k"];
+    let mut conn = h.redis.get().await.expect("pooled TLS cluster connection");
+    let mut shared = h
+        .redis_shared
+        .get()
+        .await
+        .expect("shared TLS cluster connection");
+    for key in keys {
+        let _: () = conn.set(key, "tls").await.expect("SET over TLS");
+        let got: String = shared.get(key).await.expect("GET over TLS");
+        assert_eq!(got, "tls");
+    }
+    let mut masters: Vec<u16> = Vec::new();
+    for key in keys {
+        let master = cluster.master_of_key(key).await;
+        assert_eq!(get_on(&cluster, master, key).await.as_deref(), Some("tls"));
+        masters.push(master);
+    }
+    masters.sort();
+    masters.dedup();
+    assert!(
+        masters.len() >= 2,
+        "the keys should span masters: {masters:?}"
+    );
+
+    // Without the CA the nodes' certificates are not trusted: startup stops and says so.
+    let env = TestEnv::new().await;
+    let mut untrusted = env.settings.clone();
+    untrusted.redis_url = cluster.url().into();
+    let err = Application::build(
+        untrusted,
+        Roles::of(&[Role::Api]),
+        Arc::new(FakeLlm::ok()),
+        Arc::new(FakeMailer::new()),
+        false,
+    )
+    .await
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(err.contains("TLS to Redis"), "{err}");
 }

@@ -12,7 +12,7 @@ use redis::streams::{StreamReadOptions, StreamReadReply};
 use summaryd::app::{Application, Handles};
 use summaryd::config::roles::{Role, Roles};
 use summaryd::config::{FlagOverrides, Settings};
-use summaryd::infra::redis::routed::{scan_keys, wait_replicas};
+use summaryd::infra::redis::routed::{scan_every_master, scan_keys, wait_replicas};
 
 use crate::shared::certs::TestCa;
 use crate::shared::log_capture::Captured;
@@ -269,6 +269,20 @@ async fn scan_keys_lists_every_key_of_a_hash_tag_from_its_master() {
     expected.sort();
     assert_eq!(keys, expected);
 
+    // Keys under many hash tags, spread over every master, are found by scanning each.
+    let mut everywhere = scan_every_master(&mut conn, "{other*}k", Some("string"), 5)
+        .await
+        .expect("SCAN on every master");
+    everywhere.sort();
+    everywhere.dedup();
+    let mut expected: Vec<String> = (0..60).map(|i| format!("{{other{i}}}k")).collect();
+    expected.sort();
+    assert_eq!(everywhere, expected);
+    let none = scan_every_master(&mut conn, "{other*}k", Some("set"), 5)
+        .await
+        .expect("SCAN TYPE set");
+    assert!(none.is_empty(), "{none:?}");
+
     let mut shared = h.redis_shared.get().await.expect("shared");
     let keys = scan_keys(&mut shared, "{scan}", "{scan}k1*", 100)
         .await
@@ -424,4 +438,38 @@ async fn a_tls_cluster_is_reached_with_the_ca_file_on_every_node() {
     .map(|e| e.to_string())
     .unwrap_or_default();
     assert!(err.contains("TLS to Redis"), "{err}");
+}
+
+#[tokio::test]
+async fn the_routed_commands_work_unchanged_on_a_single_server() {
+    let env = TestEnv::new().await;
+    let h = Handles::new(env.settings.clone()).expect("handles");
+    let prefix = env.settings.key_prefix.clone();
+    let mut conn = h.redis.get().await.expect("pooled");
+    assert!(!conn.is_cluster());
+    for i in 0..25 {
+        let _: () = conn
+            .set(format!("{prefix}routed:{i}"), i)
+            .await
+            .expect("SET");
+    }
+    let pattern = format!("{prefix}routed:*");
+    let mut keys = scan_keys(&mut conn, "ignored on one server", &pattern, 4)
+        .await
+        .expect("SCAN");
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 25);
+    let mut all = scan_every_master(&mut conn, &pattern, Some("string"), 4)
+        .await
+        .expect("SCAN");
+    all.sort();
+    all.dedup();
+    assert_eq!(all, keys);
+    // The shared test server has no replica: WAIT answers 0 at its timeout.
+    let mut shared = h.redis_shared.get().await.expect("shared");
+    let acked = wait_replicas(&mut shared, &keys[0], 1, Duration::from_millis(20))
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 0);
 }

@@ -23,7 +23,15 @@
 # Persistence is off and diskless replica sync is off (it was seen to hang on small CI
 # machines). The node timeout is 1 s so a killed master is noticed quickly.
 #
-# Environment: REDIS_CLUSTER_TIMEOUT_S  how long to wait for the cluster (default 60).
+# Environment:
+#   REDIS_CLUSTER_TIMEOUT_S  how long to wait for the cluster (default 60).
+#   REDIS_CLUSTER_TLS=1      the node ports (and the cluster bus and replication) speak TLS
+#                            only; pass the certificate files as REDIS_SERVER_ARGs
+#                            (--tls-cert-file, --tls-key-file, --tls-ca-cert-file, and
+#                            --tls-client-cert-file/--tls-client-key-file: the bus always
+#                            asks the connecting node for a client certificate)
+#   REDIS_CLUSTER_CLI_ARGS   extra redis-cli arguments for this script's own checks, e.g.
+#                            "--cacert ca.pem" with TLS (word-split; no spaces in paths)
 set -euo pipefail
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -88,10 +96,16 @@ port_open() {
     timeout 2 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$0"' "$1" 2>/dev/null
 }
 
+# shellcheck disable=SC2206 # word splitting of the extra arguments is meant
+CLI_ARGS=(${REDIS_CLUSTER_CLI_ARGS:-})
+if [[ "${REDIS_CLUSTER_TLS:-0}" == 1 ]]; then
+    CLI_ARGS=(--tls "${CLI_ARGS[@]}")
+fi
+
 cli() {
     local port=$1
     shift
-    redis-cli -h 127.0.0.1 -p "$port" "$@"
+    redis-cli "${CLI_ARGS[@]}" -h 127.0.0.1 -p "$port" "$@"
 }
 
 cluster_ok_everywhere() {
@@ -137,7 +151,11 @@ fail_start() {
 start_node() {
     local dir=$1 port=$2
     shift 2
-    redis-server --port "$port" --bind 127.0.0.1 --dir "$dir" \
+    local ports=(--port "$port")
+    if [[ "${REDIS_CLUSTER_TLS:-0}" == 1 ]]; then
+        ports=(--port 0 --tls-port "$port" --tls-cluster yes --tls-replication yes)
+    fi
+    redis-server "${ports[@]}" --bind 127.0.0.1 --dir "$dir" \
         --cluster-enabled yes --cluster-config-file "$dir/nodes-$port.conf" \
         --cluster-node-timeout 1000 \
         --repl-diskless-sync no --save '' --appendonly no \
@@ -197,7 +215,9 @@ cmd_start() {
     for port in "${PORTS[@]}"; do
         addrs+=("127.0.0.1:$port")
     done
-    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
+    # redis-cli waits forever for nodes that cannot meet (e.g. a TLS bus that fails).
+    timeout "${REDIS_CLUSTER_TIMEOUT_S:-60}" \
+        redis-cli "${CLI_ARGS[@]}" --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes \
         >"$dir/create.log" 2>&1 ||
         fail_start "$dir" "redis-cli --cluster create failed: $(tail -n 5 "$dir/create.log")"
     wait_until cluster_ok_everywhere "cluster_state:ok" ||

@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use redis::AsyncCommands;
 use redis::streams::{StreamReadOptions, StreamReadReply};
 use summaryd::app::{Application, Handles};
-use summaryd::config::Settings;
 use summaryd::config::roles::{Role, Roles};
-use summaryd::infra::redis::routed::{scan_keys, wait_replicas};
+use summaryd::config::{FlagOverrides, Settings};
+use summaryd::infra::redis::routed::{scan_every_master, scan_keys, wait_replicas};
 
+use crate::shared::certs::TestCa;
 use crate::shared::log_capture::Captured;
 use crate::shared::redis_cluster::RedisCluster;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv};
@@ -268,6 +269,20 @@ async fn scan_keys_lists_every_key_of_a_hash_tag_from_its_master() {
     expected.sort();
     assert_eq!(keys, expected);
 
+    // Keys under many hash tags, spread over every master, are found by scanning each.
+    let mut everywhere = scan_every_master(&mut conn, "{other*}k", Some("string"), 5)
+        .await
+        .expect("SCAN on every master");
+    everywhere.sort();
+    everywhere.dedup();
+    let mut expected: Vec<String> = (0..60).map(|i| format!("{{other{i}}}k")).collect();
+    expected.sort();
+    assert_eq!(everywhere, expected);
+    let none = scan_every_master(&mut conn, "{other*}k", Some("set"), 5)
+        .await
+        .expect("SCAN TYPE set");
+    assert!(none.is_empty(), "{none:?}");
+
     let mut shared = h.redis_shared.get().await.expect("shared");
     let keys = scan_keys(&mut shared, "{scan}", "{scan}k1*", 100)
         .await
@@ -359,4 +374,102 @@ async fn after_a_failover_the_pool_writes_to_the_promoted_replica() {
     })
     .await;
     assert!(rejoined, "{old} did not rejoin as a replica of {new}");
+}
+
+#[tokio::test]
+async fn a_tls_cluster_is_reached_with_the_ca_file_on_every_node() {
+    let certs = tempfile::tempdir().expect("tempdir");
+    let ca = TestCa::new(certs.path(), "cluster");
+    let cluster = RedisCluster::start_tls(&ca);
+    assert!(cluster.url().starts_with("rediss+cluster://"));
+    // The CA as an operator gives it: through the configuration file.
+    let config = certs.path().join("summaryd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "redis_url = \"{}\"\n[redis]\nca_file = \"{}\"\n",
+            cluster.url(),
+            ca.ca_file.display()
+        ),
+    )
+    .expect("write config");
+    let settings =
+        Settings::load(Some(&config), &FlagOverrides::default()).expect("load the settings");
+    let h = Handles::new(settings).expect("handles");
+    // Keys on each of the three masters, so every node is reached over TLS.
+    let keys = ["{a}k", "{b}k", "{c}k", "{d}k", "{e}k", "{f}k"];
+    let mut conn = h.redis.get().await.expect("pooled TLS cluster connection");
+    let mut shared = h
+        .redis_shared
+        .get()
+        .await
+        .expect("shared TLS cluster connection");
+    for key in keys {
+        let _: () = conn.set(key, "tls").await.expect("SET over TLS");
+        let got: String = shared.get(key).await.expect("GET over TLS");
+        assert_eq!(got, "tls");
+    }
+    let mut masters: Vec<u16> = Vec::new();
+    for key in keys {
+        let master = cluster.master_of_key(key).await;
+        assert_eq!(get_on(&cluster, master, key).await.as_deref(), Some("tls"));
+        masters.push(master);
+    }
+    masters.sort();
+    masters.dedup();
+    assert!(
+        masters.len() >= 2,
+        "the keys should span masters: {masters:?}"
+    );
+
+    // Without the CA the nodes' certificates are not trusted: startup stops and says so.
+    let env = TestEnv::new().await;
+    let mut untrusted = env.settings.clone();
+    untrusted.redis_url = cluster.url().into();
+    let err = Application::build(
+        untrusted,
+        Roles::of(&[Role::Api]),
+        Arc::new(FakeLlm::ok()),
+        Arc::new(FakeMailer::new()),
+        false,
+    )
+    .await
+    .err()
+    .map(|e| e.to_string())
+    .unwrap_or_default();
+    assert!(err.contains("TLS to Redis"), "{err}");
+}
+
+#[tokio::test]
+async fn the_routed_commands_work_unchanged_on_a_single_server() {
+    let env = TestEnv::new().await;
+    let h = Handles::new(env.settings.clone()).expect("handles");
+    let prefix = env.settings.key_prefix.clone();
+    let mut conn = h.redis.get().await.expect("pooled");
+    assert!(!conn.is_cluster());
+    for i in 0..25 {
+        let _: () = conn
+            .set(format!("{prefix}routed:{i}"), i)
+            .await
+            .expect("SET");
+    }
+    let pattern = format!("{prefix}routed:*");
+    let mut keys = scan_keys(&mut conn, "ignored on one server", &pattern, 4)
+        .await
+        .expect("SCAN");
+    keys.sort();
+    keys.dedup();
+    assert_eq!(keys.len(), 25);
+    let mut all = scan_every_master(&mut conn, &pattern, Some("string"), 4)
+        .await
+        .expect("SCAN");
+    all.sort();
+    all.dedup();
+    assert_eq!(all, keys);
+    // The shared test server has no replica: WAIT answers 0 at its timeout.
+    let mut shared = h.redis_shared.get().await.expect("shared");
+    let acked = wait_replicas(&mut shared, &keys[0], 1, Duration::from_millis(20))
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 0);
 }

@@ -43,6 +43,11 @@ pub struct RedisCluster {
     dir: tempfile::TempDir,
     /// The first node's port; the others follow it.
     pub base_port: u16,
+    /// With TLS: the CA file the nodes' certificates chain to.
+    tls_ca: Option<PathBuf>,
+    /// What the script was given beyond the directory and port, for restarting a node.
+    server_args: Vec<String>,
+    script_env: Vec<(String, String)>,
 }
 
 fn script() -> PathBuf {
@@ -76,6 +81,17 @@ impl RedisCluster {
     /// replica is in sync (a few seconds). Retries on other ports if another test took the
     /// chosen ones meanwhile.
     pub fn start() -> Self {
+        Self::start_with(None)
+    }
+
+    /// [`RedisCluster::start`] with TLS only on every port (clients, cluster bus,
+    /// replication): the nodes' certificate is issued by `ca` for 127.0.0.1, and clients
+    /// need not present one. The URL is then `rediss+cluster://`.
+    pub fn start_tls(ca: &super::certs::TestCa) -> Self {
+        Self::start_with(Some(ca))
+    }
+
+    fn start_with(ca: Option<&super::certs::TestCa>) -> Self {
         let mut last_error = String::new();
         for _ in 0..5 {
             let base = candidate_base();
@@ -86,16 +102,49 @@ impl RedisCluster {
                 .prefix("redis-cluster-")
                 .tempdir()
                 .expect("tempdir");
+            let mut server_args = Vec::new();
+            let mut script_env = Vec::new();
+            if let Some(ca) = ca {
+                let server = ca.server("redis-cluster", &["127.0.0.1", "localhost"]);
+                // Nodes connecting to each other's bus must show a client certificate.
+                let node_client = ca.client("redis-cluster-node");
+                server_args = vec![
+                    "--tls-client-cert-file".into(),
+                    node_client.cert_file.display().to_string(),
+                    "--tls-client-key-file".into(),
+                    node_client.key_file.display().to_string(),
+                    "--tls-cert-file".into(),
+                    server.cert_file.display().to_string(),
+                    "--tls-key-file".into(),
+                    server.key_file.display().to_string(),
+                    "--tls-ca-cert-file".into(),
+                    ca.ca_file.display().to_string(),
+                    "--tls-auth-clients".into(),
+                    "no".into(),
+                ];
+                script_env = vec![
+                    ("REDIS_CLUSTER_TLS".into(), "1".into()),
+                    (
+                        "REDIS_CLUSTER_CLI_ARGS".into(),
+                        format!("--cacert {}", ca.ca_file.display()),
+                    ),
+                ];
+            }
             let out = Command::new(script())
                 .arg("start")
                 .arg(dir.path())
                 .arg(base.to_string())
+                .args(&server_args)
+                .envs(script_env.iter().cloned())
                 .output()
                 .expect("run scripts/redis-cluster.sh");
             if out.status.success() {
                 return RedisCluster {
                     dir,
                     base_port: base,
+                    tls_ca: ca.map(|ca| ca.ca_file.clone()),
+                    server_args,
+                    script_env,
                 };
             }
             last_error = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -111,7 +160,12 @@ impl RedisCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis+cluster://{}", nodes.join(","))
+        let scheme = if self.tls_ca.is_some() {
+            "rediss+cluster"
+        } else {
+            "redis+cluster"
+        };
+        format!("{scheme}://{}", nodes.join(","))
     }
 
     /// The six node ports.
@@ -124,25 +178,44 @@ impl RedisCluster {
         self.dir.path()
     }
 
-    /// `redis://127.0.0.1:<port>`: one node, not the cluster.
-    pub fn node_url(port: u16) -> String {
-        format!("redis://127.0.0.1:{port}")
+    /// `redis://127.0.0.1:<port>` (`rediss://` with TLS): one node, not the cluster.
+    pub fn node_url(&self, port: u16) -> String {
+        let scheme = if self.tls_ca.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
+        format!("{scheme}://127.0.0.1:{port}")
     }
 
-    /// A plain connection to one node (commands for other slots answer MOVED).
+    fn node_client(&self, port: u16) -> redis::RedisResult<redis::Client> {
+        let url = self.node_url(port);
+        match &self.tls_ca {
+            None => redis::Client::open(url),
+            Some(ca) => redis::Client::build_with_tls(
+                url,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(std::fs::read(ca).expect("read CA")),
+                },
+            ),
+        }
+    }
+
+    /// A connection to one node (commands for other slots answer MOVED).
     pub async fn node(&self, port: u16) -> MultiplexedConnection {
-        redis::Client::open(Self::node_url(port))
+        self.node_client(port)
             .expect("node url")
             .get_multiplexed_async_connection()
             .await
             .unwrap_or_else(|e| panic!("connect to node {port}: {e}"))
     }
 
-    async fn try_node(port: u16) -> Option<MultiplexedConnection> {
+    async fn try_node(&self, port: u16) -> Option<MultiplexedConnection> {
         let config = redis::AsyncConnectionConfig::new()
             .set_connection_timeout(Some(Duration::from_millis(500)))
             .set_response_timeout(Some(Duration::from_secs(2)));
-        redis::Client::open(Self::node_url(port))
+        self.node_client(port)
             .ok()?
             .get_multiplexed_async_connection_with_config(&config)
             .await
@@ -150,8 +223,8 @@ impl RedisCluster {
     }
 
     /// Whether a node answers PING.
-    pub async fn answers(port: u16) -> bool {
-        match Self::try_node(port).await {
+    pub async fn answers(&self, port: u16) -> bool {
+        match self.try_node(port).await {
             Some(mut c) => redis::cmd("PING")
                 .query_async::<String>(&mut c)
                 .await
@@ -174,7 +247,7 @@ impl RedisCluster {
     /// A connection to the first node that answers.
     async fn any_node(&self) -> MultiplexedConnection {
         for port in self.ports() {
-            if let Some(conn) = Self::try_node(port).await {
+            if let Some(conn) = self.try_node(port).await {
                 return conn;
             }
         }
@@ -303,6 +376,8 @@ impl RedisCluster {
             .arg("restart-node")
             .arg(self.dir())
             .arg(port.to_string())
+            .args(&self.server_args)
+            .envs(self.script_env.iter().cloned())
             .output()
             .expect("run scripts/redis-cluster.sh");
         assert!(
@@ -323,7 +398,7 @@ impl RedisCluster {
 
     async fn ok_everywhere(&self) -> bool {
         for port in self.ports() {
-            let Some(mut conn) = Self::try_node(port).await else {
+            let Some(mut conn) = self.try_node(port).await else {
                 continue; // killed
             };
             let info: String = match redis::cmd("CLUSTER")
@@ -344,7 +419,7 @@ impl RedisCluster {
     /// Every live node sees `port` as a live master (owning `slot`, when given).
     async fn agree_on_master(&self, port: u16, slot: Option<u16>) -> bool {
         for asked in self.ports() {
-            let Some(mut conn) = Self::try_node(asked).await else {
+            let Some(mut conn) = self.try_node(asked).await else {
                 continue;
             };
             let Ok(text) = redis::cmd("CLUSTER")

@@ -90,6 +90,22 @@ impl ClusterSeed {
     }
 }
 
+impl ClusterSeed {
+    /// A single-server client for the first seed node, with the same TLS material.
+    fn first_seed(&self) -> redis::RedisResult<redis::Client> {
+        let Some(node) = self.nodes.first().cloned() else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "no seed node",
+            )));
+        };
+        match &self.certs {
+            Some(certs) => redis::Client::build_with_tls(node, certs.clone()),
+            None => redis::Client::open(node),
+        }
+    }
+}
+
 impl RedisClient {
     /// `host:port` of the server or of each seed node: what an error may say about where it
     /// connected (never the credentials).
@@ -221,39 +237,61 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Returns the connection when one was made, for the durability check. A cluster connection
 /// connects to every node in the slot map, so TLS is checked against each of them.
 pub(crate) async fn probe(client: &RedisClient) -> Result<Option<Probed>, RedisSetupError> {
-    let connected = match client {
-        RedisClient::Single(single) => {
-            let config = redis::AsyncConnectionConfig::new()
-                .set_connection_timeout(Some(PROBE_TIMEOUT))
-                .set_response_timeout(Some(PROBE_TIMEOUT));
-            single
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map(Probed::Single)
+    match client {
+        RedisClient::Single(single) => Ok(probe_single(single).await?.map(Probed::Single)),
+        RedisClient::Cluster(seed) => {
+            // The cluster client reports a failed handshake as text only, so TLS is first
+            // checked on a direct connection to the first seed, where the error stays typed.
+            let first = seed.first_seed().map_err(RedisSetupError::Url)?;
+            if probe_single(&first).await?.is_none() {
+                return Ok(None);
+            }
+            let connected = match seed.client(PROBE_TIMEOUT, PROBE_TIMEOUT) {
+                Ok(cluster) => cluster.get_async_connection().await,
+                Err(e) => Err(e),
+            };
+            match connected {
+                Ok(conn) => Ok(Some(Probed::Cluster(conn))),
+                Err(e) => {
+                    unreachable_at_startup(&client.address(), &e);
+                    Ok(None)
+                }
+            }
         }
-        RedisClient::Cluster(seed) => match seed.client(PROBE_TIMEOUT, PROBE_TIMEOUT) {
-            Ok(cluster) => cluster.get_async_connection().await.map(Probed::Cluster),
-            Err(e) => Err(e),
-        },
-    };
-    match connected {
+    }
+}
+
+async fn probe_single(
+    client: &redis::Client,
+) -> Result<Option<redis::aio::MultiplexedConnection>, RedisSetupError> {
+    let config = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(PROBE_TIMEOUT))
+        .set_response_timeout(Some(PROBE_TIMEOUT));
+    match client
+        .get_multiplexed_async_connection_with_config(&config)
+        .await
+    {
         Ok(conn) => Ok(Some(conn)),
         Err(e) => match tls_failure(&e) {
             Some(reason) => Err(RedisSetupError::Handshake {
-                addr: client.address(),
+                addr: address(client),
                 reason,
                 source: e,
             }),
             None => {
-                tracing::warn!(
-                    redis = %client.address(),
-                    error = %e,
-                    "Redis is not reachable at startup; carrying on (readiness reports it)"
-                );
+                unreachable_at_startup(&address(client), &e);
                 Ok(None)
             }
         },
     }
+}
+
+fn unreachable_at_startup(addr: &str, e: &redis::RedisError) {
+    tracing::warn!(
+        redis = %addr,
+        error = %e,
+        "Redis is not reachable at startup; carrying on (readiness reports it)"
+    );
 }
 
 /// The connection the startup probe made.

@@ -79,3 +79,71 @@ pub async fn scan_keys(
         cursor = next;
     }
 }
+
+/// Every key matching `pattern` (and of `key_type`, e.g. `"set"`, when given) in the whole
+/// keyspace: on a cluster, a full SCAN of every master, each continued on the node that gave
+/// the cursor; on a single server, plain SCAN. For keys that are not under one hash tag.
+pub async fn scan_every_master(
+    conn: &mut Conn,
+    pattern: &str,
+    key_type: Option<&str>,
+    count: usize,
+) -> RedisResult<Vec<String>> {
+    let scan = |cursor: u64| {
+        let mut cmd = redis::cmd("SCAN");
+        cmd.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(count.max(1));
+        if let Some(t) = key_type {
+            cmd.arg("TYPE").arg(t);
+        }
+        cmd
+    };
+    let mut keys = Vec::new();
+    let Some(cluster) = conn.cluster() else {
+        let mut cursor = 0;
+        loop {
+            let (next, batch): (u64, Vec<String>) = scan(cursor).query_async(conn).await?;
+            keys.extend(batch);
+            if next == 0 {
+                return Ok(keys);
+            }
+            cursor = next;
+        }
+    };
+    use redis::cluster_routing::MultipleNodeRoutingInfo;
+    let first = cluster
+        .route_command(
+            scan(0),
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await?;
+    let by_node: Vec<(String, (u64, Vec<String>))> =
+        redis::from_redis_value(first.extract_error()?)?;
+    for (node, (mut cursor, batch)) in by_node {
+        keys.extend(batch);
+        let Some((host, port)) = node.rsplit_once(':') else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "cluster node address without a port",
+            )));
+        };
+        let port: u16 = port.parse().map_err(|_| {
+            redis::RedisError::from((redis::ErrorKind::Client, "cluster node port not a number"))
+        })?;
+        while cursor != 0 {
+            let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+                host: host.to_owned(),
+                port,
+            });
+            let value = cluster.route_command(scan(cursor), routing).await?;
+            let (next, batch): (u64, Vec<String>) =
+                redis::from_redis_value(value.extract_error()?)?;
+            keys.extend(batch);
+            cursor = next;
+        }
+    }
+    Ok(keys)
+}

@@ -10,13 +10,32 @@ use redis::{Cmd, FromRedisValue, RedisResult, Value};
 
 use super::Conn;
 
+/// A connection whose commands can be sent to a chosen node: a cluster connection says so;
+/// a connection to a single server sends everything there.
+pub trait Routable: redis::aio::ConnectionLike + Send {
+    /// The cluster connection, when this is one.
+    fn as_cluster(&mut self) -> Option<&mut redis::cluster_async::ClusterConnection> {
+        None
+    }
+}
+
+impl Routable for Conn {
+    fn as_cluster(&mut self) -> Option<&mut redis::cluster_async::ClusterConnection> {
+        self.cluster()
+    }
+}
+
+impl Routable for redis::aio::MultiplexedConnection {}
+
+impl Routable for redis::aio::ConnectionManager {}
+
 /// Sends `cmd` to the master owning `route_key`'s slot (cluster) or to the server.
-pub async fn on_master_of<T: FromRedisValue>(
-    conn: &mut Conn,
+pub async fn on_master_of<T: FromRedisValue, C: Routable>(
+    conn: &mut C,
     route_key: &str,
     cmd: Cmd,
 ) -> RedisResult<T> {
-    let Some(cluster) = conn.cluster() else {
+    let Some(cluster) = conn.as_cluster() else {
         return cmd.query_async(conn).await;
     };
     let route = Route::with_key(route_key.as_bytes(), SlotAddr::Master);
@@ -38,8 +57,8 @@ pub async fn on_master_of<T: FromRedisValue>(
 /// the caller's own. The server holds the connection for up to `timeout`, so on a shared
 /// (multiplexed) connection the commands queued behind it wait too: keep `timeout` short.
 /// A `timeout` of zero would wait forever and is sent as one millisecond.
-pub async fn wait_replicas(
-    conn: &mut Conn,
+pub async fn wait_replicas<C: Routable>(
+    conn: &mut C,
     route_key: &str,
     replicas: u32,
     timeout: std::time::Duration,
@@ -56,8 +75,8 @@ pub async fn wait_replicas(
 /// (which holds every key sharing its hash tag), `count` keys per SCAN step. The same key may
 /// come twice if the keyspace is resized meanwhile, as SCAN allows; callers deduplicate when
 /// that matters.
-pub async fn scan_keys(
-    conn: &mut Conn,
+pub async fn scan_keys<C: Routable>(
+    conn: &mut C,
     route_key: &str,
     pattern: &str,
     count: usize,

@@ -21,7 +21,7 @@ use crate::db;
 use crate::domain::{SummaryReady, WebhookEvent};
 use crate::stream::consumer_group::{Backlog, entry_millis};
 use crate::stream::lanes::{self, LaneBacklog};
-use crate::stream::{budget, dead_letters, pause};
+use crate::stream::{budget, dead_letters, job_state, pause};
 
 impl Maintenance {
     /// The budget gauge: for each tenant with a budget in the tokens file as loaded now,
@@ -80,7 +80,7 @@ impl Maintenance {
                         let shard = shard.to_string();
                         if let Some(lag) = b.lag {
                             m.stream_shard_entries
-                                .set_for(&[&shard, "queued"], clamp(lag));
+                                .set_for(&[&shard, job_state::Status::Queued.as_str()], clamp(lag));
                         }
                         m.stream_shard_entries
                             .set_for(&[&shard, "pending"], clamp(b.pending));

@@ -365,3 +365,77 @@ async fn a_shard_count_that_would_strand_queued_jobs_is_refused_at_start() {
     let again = app(&env, &one, &[Role::Worker], FakeLlm::ok(), &mailer).await;
     assert!(again.is_ok());
 }
+
+/// The idempotency table on a cluster with three shards, for tenants in each: a new key
+/// enqueues once, a replay answers the same job and enqueues nothing, another body under the
+/// key is 422 and enqueues nothing, the same key of another tenant is its own job, and
+/// twenty concurrent requests with one key enqueue one job.
+#[actix_web::test]
+async fn the_idempotency_table_holds_on_a_cluster_in_every_shard() {
+    use actix_web::test;
+    use summaryd::shutdown::Shutdown;
+
+    use crate::shared::api_requests::{header, json_body, post};
+
+    let cluster = RedisCluster::start();
+    let env = TestEnv::new().await;
+    let settings = sharded(&env, 3, Some(&cluster));
+    let services = env.services().settings(settings.clone()).build();
+    let app = test::init_service(summaryd::api::app(
+        services.api(),
+        Roles::of(&[Role::Api]),
+        Shutdown::new(),
+    ))
+    .await;
+    let body = r#"{"text":"Quarterly numbers are up.","notify":"ops@example.com"}"#;
+    let other = r#"{"text":"Another document.","notify":"ops@example.com"}"#;
+    let mut redis = services.redis.get().await.unwrap();
+    let mut queued = async |tenant: &str| -> u64 {
+        let keys = services.keys.of_tenant(tenant);
+        redis.xlen(keys.lane(tenant)).await.unwrap()
+    };
+    for (tenant, _) in [TENANTS[0], TENANTS[1], TENANTS[3]] {
+        let key = "table-key-000000001";
+        let first = test::call_service(&app, post(tenant, key, body).to_request()).await;
+        assert_eq!(first.status(), 202);
+        let job = json_body(first).await["job_id"].clone();
+        let again = test::call_service(&app, post(tenant, key, body).to_request()).await;
+        assert_eq!(again.status(), 202);
+        assert_eq!(
+            header(&again, "idempotent-replayed").as_deref(),
+            Some("true")
+        );
+        assert_eq!(json_body(again).await["job_id"], job);
+        let reused = test::call_service(&app, post(tenant, key, other).to_request()).await;
+        assert_eq!(reused.status(), 422);
+        assert_eq!(queued(tenant).await, 1, "{tenant}: one job for the key");
+
+        let contended = format!("table-race-{tenant}-0001");
+        let answers = futures_util::future::join_all(
+            (0..20).map(|_| test::call_service(&app, post(tenant, &contended, body).to_request())),
+        )
+        .await;
+        assert!(
+            answers
+                .iter()
+                .all(|r| r.status() == 202 || r.status() == 409)
+        );
+        assert_eq!(
+            queued(tenant).await,
+            2,
+            "{tenant}: one job for the raced key"
+        );
+    }
+    // The same key under another tenant is that tenant's own job, in its own shard.
+    let (a, b) = ("acme", "globex");
+    let key = "table-key-000000001";
+    let res = test::call_service(&app, post(b, key, body).to_request()).await;
+    assert_eq!(res.status(), 202, "{b} already posted it: a replay");
+    let mut acme_job = None;
+    let mut globex_job = None;
+    for (tenant, slot) in [(a, &mut acme_job), (b, &mut globex_job)] {
+        let res = test::call_service(&app, post(tenant, key, body).to_request()).await;
+        *slot = Some(json_body(res).await["job_id"].clone());
+    }
+    assert_ne!(acme_job, globex_job);
+}

@@ -45,8 +45,22 @@ impl Default for RedisTlsSettings {
     }
 }
 
+/// The longest replica wait: the API's shared Redis connection gives up on a reply after
+/// 2 s, so a wait that long would fail as a broken connection rather than as a refusal.
+pub const MAX_ACK_TIMEOUT: Duration = Duration::from_millis(1500);
+
 impl RedisTlsSettings {
     pub(super) fn check(&self) -> Result<(), ConfigError> {
+        if self.ack_timeout > MAX_ACK_TIMEOUT {
+            return Err(invalid(
+                "SUMMARYD_REDIS_ACK_TIMEOUT_MS",
+                &format!(
+                    "must be at most {} (the API's Redis reply timeout is 2000; a replica wait \
+                     holds the other requests on its connection, so keep it short)",
+                    MAX_ACK_TIMEOUT.as_millis()
+                ),
+            ));
+        }
         if self.min_replicas_ack > 0 && self.ack_timeout.is_zero() {
             // WAIT with a timeout of 0 blocks forever.
             return Err(invalid(
@@ -85,5 +99,11 @@ mod tests {
         let err = load("[redis]\nmin_replicas_ack = 1\nack_timeout_ms = 0\n", &[]).unwrap_err();
         assert!(err.contains("SUMMARYD_REDIS_ACK_TIMEOUT_MS"), "{err}");
         assert!(load("[redis]\nack_timeout_ms = 0\n", &[]).is_ok());
+        assert!(load("[redis]\nack_timeout_ms = 1500\n", &[]).is_ok());
+        let err = load("", &[("SUMMARYD_REDIS_ACK_TIMEOUT_MS", "1501")]).unwrap_err();
+        assert!(
+            err.contains("SUMMARYD_REDIS_ACK_TIMEOUT_MS") && err.contains("1500"),
+            "{err}"
+        );
     }
 }

@@ -46,6 +46,8 @@
 #   BENCH_CEILINGS_ONLY    1: only the same-run ceilings of each target (no summaryd), e.g.
 #                          to see what the cluster's nodes carry on this machine
 #   BENCH_CLUSTER_SCRIPT   the cluster starter (scripts/redis-cluster.sh)
+#   BENCH_SHARD_TAG        printf format of shard i's hash tag (s%d), to spread the shards
+#                          over the primaries
 #   BENCH_CSV              the CSV (BENCH_OUT/scaling-<UTC date>.csv); rows of targets not
 #                          run now are kept from an existing file, so the halves can run apart
 set -euo pipefail
@@ -70,6 +72,8 @@ PG_BASE="postgres://postgres@127.0.0.1:$PG_PORT"
 # The worker commits on at most this many Postgres connections (src/infra/connections.rs).
 PG_POOL_CAP=32
 CLUSTER_SCRIPT=${BENCH_CLUSTER_SCRIPT:-scripts/redis-cluster.sh}
+# printf format of shard i's hash tag (src/infra/keys.rs): the slot spread_shards moves.
+SHARD_TAG=${BENCH_SHARD_TAG:-s%d}
 CEILINGS_ONLY=${BENCH_CEILINGS_ONLY:-0}
 MATPLOTLIB_VERSION=3.9.2
 CORES=$(nproc)
@@ -264,6 +268,7 @@ start_target() {
         ((${#primaries[@]} >= 2)) || die "the cluster has ${#primaries[@]} primaries: $(cat "$workdir/cluster-nodes.txt")"
         redis_url="redis+cluster://127.0.0.1:$base"
         shards=$CLUSTER_SHARDS
+        spread_shards
         ;;
     esac
     log "target $1: $redis_url (primaries: ${primaries[*]}; SUMMARYD_STREAM_SHARDS=$shards)"
@@ -290,6 +295,44 @@ cluster_base_port() {
 flush_target() {
     local port
     for port in "${primaries[@]}"; do redis-cli -h 127.0.0.1 -p "$port" FLUSHALL >/dev/null; done
+}
+
+# The primary (port) serving slot $1, from $workdir/cluster-nodes.txt.
+slot_owner() {
+    awk -v slot="$1" '$3 ~ /master/ { split($2, a, "[:@]")
+        for (i = 9; i <= NF; i++) { split($i, r, "-"); if (r[2] == "") r[2] = r[1]
+            if (slot >= r[1] && slot <= r[2]) { print a[2]; exit } } }' "$workdir/cluster-nodes.txt"
+}
+node_id() { awk -v port="$1" '{ split($2, a, "[:@]") } a[2] == port { print $1; exit }' "$workdir/cluster-nodes.txt"; }
+
+# Shard i's keys share the hash tag s<i>, and a tag's slot is fixed (CRC16 of "s<i>"): on a
+# fresh three-primary cluster s0 and s1 fall to the same primary and none to the second. So
+# that the curve measures three primaries, each shard's (still empty) slot is moved to a
+# primary of its own, round-robin, before any key exists; the owners are logged.
+# shellcheck disable=SC2059 # SHARD_TAG is a format on purpose
+spread_shards() {
+    local i slot owner want src_id dst_id port
+    for ((i = 0; i < shards; i++)); do
+        slot=$(redis-cli -h 127.0.0.1 -p "${primaries[0]}" CLUSTER KEYSLOT "$(printf "$SHARD_TAG" "$i")")
+        owner=$(slot_owner "$slot")
+        want=${primaries[$((i % ${#primaries[@]}))]}
+        if [[ "$owner" != "$want" ]]; then
+            src_id=$(node_id "$owner")
+            dst_id=$(node_id "$want")
+            redis-cli -h 127.0.0.1 -p "$want" CLUSTER SETSLOT "$slot" IMPORTING "$src_id" >/dev/null
+            redis-cli -h 127.0.0.1 -p "$owner" CLUSTER SETSLOT "$slot" MIGRATING "$dst_id" >/dev/null
+            for port in "${primaries[@]}"; do
+                redis-cli -h 127.0.0.1 -p "$port" CLUSTER SETSLOT "$slot" NODE "$dst_id" >/dev/null
+            done
+            redis-cli -h 127.0.0.1 -p "${primaries[0]}" CLUSTER NODES | tr -d '\r' >"$workdir/cluster-nodes.txt"
+        fi
+        log "shard $i (tag $(printf "$SHARD_TAG" "$i"), slot $slot): primary $(slot_owner "$slot")"
+    done
+    local deadline=$((SECONDS + 30))
+    until redis-cli --cluster check "127.0.0.1:${primaries[0]}" >"$workdir/cluster-check.log" 2>&1; do
+        ((SECONDS < deadline)) || die "the cluster did not settle after moving the shards' slots: $(tail -n 5 "$workdir/cluster-check.log")"
+        sleep 0.5
+    done
 }
 
 # A hash tag whose slot the primary on port $1 serves (single node: any tag).
@@ -534,6 +577,9 @@ for target in $TARGETS; do
     for ((i = 0; i < max_p; i++)); do spawn_summaryd api "$db" "$target-api-$i"; done
     wait_ready
     run_wrk_all "$max_p" 2 "$target-warm" # every process's first connections and scripts
+    # Where the warm-up's keys went: with several shards every primary should hold some.
+    log "$target: keys per primary after the warm-up: $(for port in "${primaries[@]}"; do
+        printf '%s=%s ' "$port" "$(redis-cli -h 127.0.0.1 -p "$port" DBSIZE)"; done)"
     for ((r = 1; r <= ROUNDS; r++)); do
         ((r == 1)) || { intake_ceiling && echo; } >>"$workdir/$target-ceiling.rates"
         for p in $(round_order "$r"); do

@@ -3,6 +3,9 @@
     python3 bench/scaling.py fill URL JOBS NONCE TOKENS_FILE
         POSTs JOBS new jobs to URL, the tenants of TOKENS_FILE (one bearer token a line)
         taken in turn; every answer must be a 202. Standard library only.
+    python3 bench/scaling.py tenants COUNT SHARDS
+        Prints tenant names, COUNT rounded up to a multiple of SHARDS, as many in every shard
+        (summaryd maps a tenant to shard u64(first 8 bytes of SHA-256(name)) mod SHARDS).
     python3 bench/scaling.py table CSV
         Prints the CSV's figures as a Markdown table (bench/README.md has one).
     python3 bench/scaling.py plot CSV OUT_DIR
@@ -11,6 +14,7 @@
 """
 
 import csv
+import hashlib
 import http.client
 import sys
 import threading
@@ -126,6 +130,21 @@ def plot(csv_path, out_dir):
         plt.close(fig)
 
 
+def tenants(count, shards):
+    per_shard = -(-count // shards)
+    taken = {s: [] for s in range(shards)}
+    n = 0
+    while any(len(names) < per_shard for names in taken.values()):
+        n += 1
+        name = f"t{n:03d}"
+        shard = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") % shards
+        if len(taken[shard]) < per_shard:
+            taken[shard].append(name)
+    for names in taken.values():
+        for name in names:
+            print(name)
+
+
 def table(csv_path):
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
@@ -152,6 +171,8 @@ def table(csv_path):
 def main(argv):
     if len(argv) == 6 and argv[1] == "fill":
         fill(argv[2], int(argv[3]), argv[4], argv[5])
+    elif len(argv) == 4 and argv[1] == "tenants":
+        tenants(int(argv[2]), int(argv[3]))
     elif len(argv) == 3 and argv[1] == "table":
         table(argv[2])
     elif len(argv) == 4 and argv[1] == "plot":

@@ -35,7 +35,8 @@
 #                          and every other round visits the points in reverse order
 #   BENCH_DURATION_S       seconds per intake point (10)
 #   BENCH_CONNECTIONS      wrk connections in all, split over the api processes (64)
-#   BENCH_TENANTS          tenants, one bearer token each (16)
+#   BENCH_TENANTS          tenants, one bearer token each (16; with the cluster target rounded
+#                          up so every shard has as many)
 #   BENCH_JOBS             backlog per drain point (3000)
 #   BENCH_CONSUMERS        consumers per worker process (4)
 #   BENCH_CLUSTER_SHARDS   SUMMARYD_STREAM_SHARDS on the cluster (3)
@@ -193,14 +194,18 @@ http_status() {
 }
 
 # --- tenants: one bearer token each -----------------------------------------------------------
+# A tenant's jobs all go to one shard, so the names are chosen to give every shard of the
+# cluster as many tenants (the load generator takes them in turn).
 : >"$workdir/tokens.txt"
 : >"$workdir/tokens.toml"
-for ((i = 1; i <= TENANTS; i++)); do
+tenant_shards=1
+[[ " $TARGETS " == *" cluster "* ]] && tenant_shards=$CLUSTER_SHARDS
+while IFS= read -r tenant; do
     token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
     echo "$token" >>"$workdir/tokens.txt"
-    printf '[tenants.t%02d]\ntoken_sha256 = "%s"\n\n' "$i" "$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)" \
+    printf '[tenants.%s]\ntoken_sha256 = "%s"\n\n' "$tenant" "$(printf '%s' "$token" | sha256sum | cut -d' ' -f1)" \
         >>"$workdir/tokens.toml"
-done
+done < <("$venv/bin/python" bench/scaling.py tenants "$TENANTS" "$tenant_shards")
 mapfile -t tokens <"$workdir/tokens.txt"
 
 # --- CPU accounting ---------------------------------------------------------------------------

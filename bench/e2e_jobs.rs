@@ -116,7 +116,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             webhook: None,
             created_at: Utc::now(),
         };
-        enqueue(&mut redis, &services.keys, &msg).await?;
+        enqueue(&mut redis, services.keys.get(0), &msg).await?;
     }
     drop(redis);
     let enqueued = started.elapsed();

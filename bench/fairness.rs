@@ -137,7 +137,7 @@ impl World {
                     let record_key = format!("{}{scoped}", self.key_prefix);
                     enqueue_once(
                         &mut redis,
-                        &self.services.keys,
+                        self.services.keys.get(0),
                         &job,
                         &record_key,
                         "{}",
@@ -150,7 +150,7 @@ impl World {
                     .await?;
                 }
                 Path::Stream => {
-                    enqueue(&mut redis, &self.services.keys, &job).await?;
+                    enqueue(&mut redis, self.services.keys.get(0), &job).await?;
                 }
             }
             ids.push(job.job_id);

@@ -132,7 +132,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut redis = services.redis.get().await?;
     let cpu_before = cpu_seconds().unwrap_or(0.0);
     let started = Instant::now();
-    enqueue(&mut redis, &services.keys, &job).await?;
+    enqueue(&mut redis, services.keys.get(0), &job).await?;
     drop(redis);
     let limit = Duration::from_secs(600);
     loop {

@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::IdempotencySettings;
 use crate::domain::Job;
 use crate::infra::connections::SharedRedis;
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::{RedisKeys, Shards};
 use crate::infra::metrics::Metrics;
 use crate::stream::budget::Admission;
 use crate::stream::{self, EnqueueOnce, OverLimit, TenantLimits};
@@ -88,7 +88,7 @@ pub enum StoreError {
 #[derive(Clone)]
 pub struct IdempotencyStore {
     redis: SharedRedis,
-    keys: RedisKeys,
+    keys: Shards,
     metrics: Arc<Metrics>,
     /// How long clients may safely retry and get the stored answer.
     result_ttl_s: u64,
@@ -97,7 +97,7 @@ pub struct IdempotencyStore {
 impl IdempotencyStore {
     pub fn new(
         redis: SharedRedis,
-        keys: RedisKeys,
+        keys: Shards,
         metrics: Arc<Metrics>,
         settings: &IdempotencySettings,
     ) -> Self {
@@ -148,7 +148,7 @@ impl IdempotencyStore {
         let mut conn = self.redis.get().await?;
         let reply = stream::enqueue_once(
             &mut conn,
-            &self.keys,
+            self.keys.of_tenant(job.tenant.as_str()),
             job,
             key,
             &done,

@@ -11,7 +11,7 @@ use crate::config::Settings;
 use crate::config::roles::Roles;
 use crate::domain::WebhookSecrets;
 use crate::infra::connections::SharedRedis;
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use crate::infra::metrics::Metrics;
 use crate::llm::ModelChain;
 use crate::shutdown::Shutdown;
@@ -22,7 +22,7 @@ use crate::shutdown::Shutdown;
 #[derive(Clone)]
 pub struct ApiServices {
     pub(crate) settings: Arc<Settings>,
-    pub(crate) keys: RedisKeys,
+    pub(crate) keys: Shards,
     /// Dedicated connections, for readiness checks and the stream gauges at scrape time.
     pub(crate) redis: deadpool_redis::Pool,
     /// Per-thread multiplexed connections for the short commands requests make.

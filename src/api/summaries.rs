@@ -209,7 +209,11 @@ pub(crate) async fn create(
     let scoped = ScopedKey::summaries(&tenant.id, &key);
     let fingerprint = request.fingerprint();
     let job_id = scoped.job_id(&fingerprint);
-    let redis_key = state.services.keys.idempotency(&scoped);
+    let redis_key = state
+        .services
+        .keys
+        .of_tenant(tenant.id.as_str())
+        .idempotency(&scoped);
     let limits = tenant.policy.limits(&state.services.settings.notify);
     // A long text goes to Postgres first, so a job on the stream always finds it; a
     // retry of the request finds it there (the job id is the key).
@@ -313,7 +317,7 @@ async fn budget_exhausted(state: &ApiState, tenant: &str, admission: &Admission)
     let left = match state.services.redis.get().await {
         Ok(mut conn) => stream::budget::read(
             &mut conn,
-            &state.services.keys,
+            state.services.keys.of_tenant(tenant),
             tenant,
             &admission.period_id,
         )
@@ -481,7 +485,9 @@ pub async fn read_job(
     between_reads: impl Future<Output = ()>,
 ) -> Result<Option<JobView>, ApiError> {
     let state = match services.redis_shared.get().await {
-        Ok(mut conn) => job_state::get(&mut conn, &services.keys, job_id).await,
+        Ok(mut conn) => {
+            job_state::get(&mut conn, services.keys.of_tenant(tenant.as_str()), job_id).await
+        }
         Err(e) => Err(e),
     };
     between_reads.await;

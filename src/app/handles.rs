@@ -12,7 +12,7 @@ use crate::config::Settings;
 use crate::config::roles::{Role, Roles};
 use crate::domain::{TenantId, WebhookSecrets};
 use crate::infra::connections::{self, ConnectError, SharedRedis};
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use crate::infra::log_key::DeploymentKey;
 use crate::infra::metrics::Metrics;
 use crate::llm::{ModelChain, SharedLimits};
@@ -25,7 +25,7 @@ use crate::worker::{DependencyGate, WorkerServices};
 #[derive(Clone)]
 pub struct Handles {
     pub settings: Arc<Settings>,
-    pub keys: RedisKeys,
+    pub keys: Shards,
     pub redis: deadpool_redis::Pool,
     pub redis_shared: SharedRedis,
     pub pg: deadpool_postgres::Pool,
@@ -125,7 +125,7 @@ impl Handles {
         let redis_client = connections::redis_client(&settings)?;
         let pg = connections::pg_pool(&settings)?;
         Ok(Self {
-            keys: RedisKeys::new(settings.key_prefix.clone()),
+            keys: Shards::from_settings(&settings),
             redis: connections::redis_pool(&settings, &redis_client)?,
             redis_shared: SharedRedis::new(redis_client),
             log_key: Arc::new(DeploymentKey::from_postgres(pg.clone())),
@@ -157,7 +157,7 @@ impl Handles {
 
     /// The model providers' state shared with every process (limits, cool-until, breakers).
     pub fn model_limits(&self) -> SharedLimits {
-        SharedLimits::new(self.redis.clone(), self.keys.clone())
+        SharedLimits::new(self.redis.clone(), self.keys.global().clone())
     }
 
     pub fn worker(&self, model: Arc<ModelChain>) -> WorkerServices {

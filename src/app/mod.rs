@@ -45,6 +45,8 @@ pub enum StartError {
     Migration(#[from] crate::db::DbError),
     #[error(transparent)]
     Redis(#[from] crate::infra::redis::RedisSetupError),
+    #[error(transparent)]
+    Layout(#[from] crate::stream::layout::LayoutError),
     #[error("cannot listen on {addr}: {source}")]
     Listen {
         addr: std::net::SocketAddr,
@@ -65,7 +67,35 @@ impl StartError {
                 | Self::Llm(_)
                 | Self::Mail(_)
                 | Self::Handles(HandlesError::WebhookSecrets { .. })
+                | Self::Layout(crate::stream::layout::LayoutError::Stranded { .. })
         )
+    }
+}
+
+/// Refuse to start over jobs another shard layout left behind. A Redis that does not answer
+/// now is not a reason to stop (the roles wait for it); readiness reports it.
+async fn refuse_stranded(handles: &Handles) -> Result<(), StartError> {
+    let settings = &handles.settings;
+    let mut conn = match handles.redis.get().await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not check Redis for jobs under another shard layout");
+            return Ok(());
+        }
+    };
+    let checked = crate::stream::layout::refuse_stranded(
+        &mut conn,
+        &settings.key_prefix,
+        &handles.keys,
+        settings.redis_is_cluster(),
+    )
+    .await;
+    match checked {
+        Err(crate::stream::layout::LayoutError::Redis(e)) => {
+            tracing::warn!(error = %e, "could not check Redis for jobs under another shard layout");
+            Ok(())
+        }
+        other => Ok(other?),
     }
 }
 
@@ -258,6 +288,7 @@ impl Application {
         // must not probe the default one.
         if roles.needs_redis() {
             crate::infra::redis::check_at_startup(&settings, true).await?;
+            refuse_stranded(&handles).await?;
         }
         let addr = settings.listen;
         let listener =

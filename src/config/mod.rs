@@ -27,7 +27,7 @@ mod retention;
 pub mod roles;
 mod secret;
 mod shutdown;
-mod stream;
+pub mod stream;
 mod webhook;
 mod worker;
 
@@ -57,7 +57,7 @@ use std::time::Duration;
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
-use secrecy::SecretString;
+use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 
 /// A `Duration` written as whole milliseconds, as every `*_ms` setting is.
@@ -291,6 +291,16 @@ impl Settings {
         ignored
     }
 
+    /// Whether Redis is a cluster: `SUMMARYD_REDIS_CLUSTER`, or a `redis+cluster://` /
+    /// `rediss+cluster://` URL. On a cluster every shard's keys carry their hash tag.
+    pub fn redis_is_cluster(&self) -> bool {
+        let url = self.redis_url.expose_secret();
+        self.redis.cluster
+            || ["redis+cluster://", "rediss+cluster://"]
+                .iter()
+                .any(|scheme| url.starts_with(scheme))
+    }
+
     /// Range checks serde cannot express: each section's own, then those across sections.
     /// Pure: the TLS files are checked by `infra::check_tls_files`.
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -310,6 +320,16 @@ impl Settings {
             return Err(invalid(
                 "SUMMARYD_KEY_PREFIX",
                 "must not contain whitespace",
+            ));
+        }
+        if (self.stream.shards > 1 || self.redis_is_cluster())
+            && self.key_prefix.contains(['{', '}'])
+        {
+            // The first {...} of a key is its hash tag: braces in the prefix would put
+            // every shard in the prefix's slot.
+            return Err(invalid(
+                "SUMMARYD_KEY_PREFIX",
+                "must not contain { or } with SUMMARYD_STREAM_SHARDS > 1 or a Redis Cluster",
             ));
         }
         if self.relay.lease <= self.mail.timeout {
@@ -473,8 +493,6 @@ mod testing {
 #[cfg(test)]
 mod tests {
     use std::sync::{Arc, Mutex};
-
-    use secrecy::ExposeSecret;
 
     use super::testing::{load, refusal};
     use super::*;

@@ -111,7 +111,7 @@ pub(crate) async fn who(
     }
     let id = session_cookie(req).ok_or(ConsoleError::NotSignedIn)?;
     let mut conn = console.redis.get().await?;
-    let session = session::touch(&mut conn, &console.keys, &id, console.idle)
+    let session = session::touch(&mut conn, console.keys.global(), &id, console.idle)
         .await?
         .ok_or(ConsoleError::NotSignedIn)?;
     let user = users.get(&session.user).ok_or(ConsoleError::NotSignedIn)?;

@@ -160,15 +160,34 @@ async fn start_run(req: HttpRequest, console: web::Data<Console>, body: web::Byt
         .map_or_else(|| uuid::Uuid::new_v4().to_string(), str::to_owned);
     let existing = {
         let mut conn = console.redis.get().await.map_err(ConsoleError::from)?;
-        crate::stream::bulk::get(&mut conn, &console.keys, &run_id)
+        crate::stream::bulk::get(&mut conn, console.keys.global(), &run_id)
             .await
             .map_err(ConsoleError::from)?
     };
     let run = match existing {
-        Some(run) => runs::start_run(&console, &who, &run_id, run.action, run.selection).await?,
+        Some(run) => {
+            runs::start_run(
+                &console,
+                &who,
+                &run_id,
+                run.action,
+                run.selection,
+                run.shard,
+            )
+            .await?
+        }
         None => {
             let action = runs::action(&fields)?;
-            runs::start_run(&console, &who, &run_id, action, runs::selection(&fields)?).await?
+            let shard = crate::console::pages::shard(&console, &fields)?;
+            runs::start_run(
+                &console,
+                &who,
+                &run_id,
+                action,
+                runs::selection(&fields)?,
+                shard,
+            )
+            .await?
         }
     };
     let (run, worked) = runs::load(&console, &run.id).await?;

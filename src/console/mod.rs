@@ -15,7 +15,7 @@ use actix_web::web;
 
 use crate::api::auth::Tokens;
 use crate::config::Settings;
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use crate::infra::metrics::Metrics;
 
 pub(crate) mod access;
@@ -48,7 +48,7 @@ pub(crate) mod paths {
 /// What the console reads and acts on; one per process.
 #[derive(Clone)]
 pub struct Console {
-    pub(crate) keys: RedisKeys,
+    pub(crate) keys: Shards,
     pub(crate) redis: deadpool_redis::Pool,
     pub(crate) pg: deadpool_postgres::Pool,
     pub(crate) metrics: Arc<Metrics>,
@@ -94,7 +94,7 @@ impl Action {
 impl Console {
     pub fn new(
         settings: Arc<Settings>,
-        keys: RedisKeys,
+        keys: Shards,
         redis: deadpool_redis::Pool,
         pg: deadpool_postgres::Pool,
         metrics: Arc<Metrics>,

@@ -47,6 +47,9 @@ pub struct Metrics {
     /// `summaryd_outbox_unsent` per topic (`email.summary_ready`, `webhook`): every known
     /// topic is set, 0 included, once measured.
     pub outbox_unsent_by_topic: MeasuredGauge<AtomicI64>,
+    /// `summaryd_stream_shard_entries{shard,state}`: each shard's queued (lanes and not yet
+    /// delivered), pending and dead-lettered entries, so one hot shard shows.
+    pub stream_shard_entries: MeasuredGauge<AtomicI64>,
     /// Reserved and used over `budget_tokens` in the current period, per tenant with a
     /// budget (a bounded label set: the tokens file's tenants that have one).
     pub tenant_budget_used_ratio: MeasuredGauge<AtomicF64>,
@@ -214,6 +217,12 @@ impl Metrics {
             "Outbox rows not yet sent (stuck ones included, skipped webhooks not), per topic",
             &["topic"],
         )?;
+        let stream_shard_entries = MeasuredGauge::register_with(
+            &registry,
+            "summaryd_stream_shard_entries",
+            "Entries of each stream shard (SUMMARYD_STREAM_SHARDS) by state: queued (in the tenants' lanes or not yet delivered), pending (delivered, not yet acknowledged), dead (dead letters)",
+            &["shard", "state"],
+        )?;
         let tenant_budget_used_ratio = MeasuredGauge::register_with(
             &registry,
             "summaryd_tenant_budget_used_ratio",
@@ -305,6 +314,7 @@ impl Metrics {
             consumption_paused,
             outbox_unsent,
             outbox_unsent_by_topic,
+            stream_shard_entries,
             tenant_budget_used_ratio,
             tenant_budget_soft_ratio,
             webhook_deliveries,

@@ -35,7 +35,8 @@ impl Maintenance {
         let mut conn = redis.get().await?;
         let mut ratios = Vec::new();
         for (tenant, b) in budgets() {
-            let taken = budget::current(&mut conn, &self.keys, &tenant, &b, now).await?;
+            let keys = self.keys.of_tenant(&tenant);
+            let taken = budget::current(&mut conn, keys, &tenant, &b, now).await?;
             ratios.push((tenant, b.used_ratio(taken), b.soft_ratio));
         }
         let (used, soft) = (
@@ -61,14 +62,31 @@ impl Maintenance {
         if let Some(redis) = &self.redis {
             let redis_part = async {
                 let mut conn = redis.get().await?;
-                let backlog = self.trim_finished(&mut conn).await?;
-                let queued = lanes::backlog(&mut conn, &self.keys).await?;
-                let dead = dead_letters::count(&mut conn, &self.keys).await?;
-                let paused = pause::current(&mut conn, &self.keys).await?;
-                Ok::<_, MaintenanceError>((with_lanes(backlog, &queued), dead, paused.is_some()))
+                let mut shards = Vec::with_capacity(self.keys.count());
+                for keys in self.keys.all() {
+                    let backlog = self.trim_finished(&mut conn, keys).await?;
+                    let queued = lanes::backlog(&mut conn, keys).await?;
+                    let dead = dead_letters::count(&mut conn, keys).await?;
+                    shards.push((with_lanes(backlog, &queued), dead));
+                }
+                let paused = pause::current(&mut conn, self.keys.global()).await?;
+                Ok::<_, MaintenanceError>((shards, paused.is_some()))
             };
             match redis_part.await {
-                Ok((backlog, dead, paused)) => {
+                Ok((shards, paused)) => {
+                    let (backlog, dead) = totals(&shards);
+                    m.stream_shard_entries.clear_all();
+                    for (shard, (b, dead)) in shards.iter().enumerate() {
+                        let shard = shard.to_string();
+                        if let Some(lag) = b.lag {
+                            m.stream_shard_entries
+                                .set_for(&[&shard, "queued"], clamp(lag));
+                        }
+                        m.stream_shard_entries
+                            .set_for(&[&shard, "pending"], clamp(b.pending));
+                        m.stream_shard_entries
+                            .set_for(&[&shard, "dead"], clamp(*dead));
+                    }
                     match backlog.lag {
                         Some(lag) => m.stream_lag.set(clamp(lag)),
                         // Redis could not tell this time: no number is better than a guess.
@@ -82,6 +100,7 @@ impl Maintenance {
                     Self::record_trimmed(report, backlog.trimmed);
                 }
                 Err(e) => {
+                    m.stream_shard_entries.clear_all();
                     m.stream_lag.clear();
                     m.stream_pending.clear();
                     m.oldest_queued_age.clear();
@@ -120,6 +139,25 @@ impl Maintenance {
         }
         result
     }
+}
+
+/// Every shard's backlog and dead letters added up: lag and pending summed (a lag Redis
+/// could not tell for one shard leaves the total unknown), the oldest age the oldest of all,
+/// what was trimmed summed.
+fn totals(shards: &[(Backlog, u64)]) -> (Backlog, u64) {
+    let mut total = Backlog {
+        lag: Some(0),
+        ..Backlog::default()
+    };
+    let mut dead = 0;
+    for (b, d) in shards {
+        total.lag = total.lag.zip(b.lag).map(|(a, b)| a + b);
+        total.pending += b.pending;
+        total.oldest_age_ms = total.oldest_age_ms.max(b.oldest_age_ms);
+        total.trimmed += b.trimmed;
+        dead += d;
+    }
+    (total, dead)
 }
 
 /// The stream's backlog with the jobs waiting in the tenants' lanes: they are not yet

@@ -17,6 +17,7 @@ use tracing::warn;
 use super::{Maintenance, MaintenanceError};
 use crate::db;
 use crate::domain::JobId;
+use crate::infra::keys::RedisKeys;
 use crate::stream::tenant_limits::{self, Leaked};
 
 /// SCAN steps over the keyspace one pass makes at most (each looks at about
@@ -26,21 +27,34 @@ use crate::stream::tenant_limits::{self, Leaked};
 const SCAN_STEPS_PER_PASS: usize = 50;
 
 impl Maintenance {
-    /// Sweep the in-flight sets the next part of the keyspace holds; returns how many
-    /// members were removed.
+    /// Sweep the in-flight sets the next part of each shard's keyspace holds; returns how
+    /// many members were removed.
     pub(super) async fn sweep_in_flight(
         &self,
         conn: &mut deadpool_redis::Connection,
     ) -> Result<u64, MaintenanceError> {
-        let mut cursor = self.sweep_cursor.load(Ordering::Relaxed);
+        let mut removed = 0;
+        for keys in self.keys.all() {
+            removed += self.sweep_in_flight_of(conn, keys).await?;
+        }
+        Ok(removed)
+    }
+
+    async fn sweep_in_flight_of(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        keys: &RedisKeys,
+    ) -> Result<u64, MaintenanceError> {
+        let saved = &self.sweep_cursors[usize::from(keys.shard())];
+        let mut cursor = saved.load(Ordering::Relaxed);
         let mut removed = 0;
         for _ in 0..SCAN_STEPS_PER_PASS {
-            let (next, sets) = tenant_limits::scan_sets(conn, &self.keys, cursor).await?;
+            let (next, sets) = tenant_limits::scan_sets(conn, keys, cursor).await?;
             for set in sets {
-                let n = self.sweep_set(conn, &set).await?;
+                let n = self.sweep_set(conn, keys, &set).await?;
                 if n > 0 {
                     warn!(
-                        tenant = self.keys.in_flight_tenant(&set).unwrap_or(&set),
+                        tenant = keys.in_flight_tenant(&set).unwrap_or(&set),
                         members = n,
                         "removed in-flight members whose job had finished or was gone"
                     );
@@ -49,7 +63,7 @@ impl Maintenance {
             }
             cursor = next;
             // Kept after each step, so a failed pass resumes where it stopped.
-            self.sweep_cursor.store(cursor, Ordering::Relaxed);
+            saved.store(cursor, Ordering::Relaxed);
             if cursor == 0 {
                 break;
             }
@@ -61,14 +75,15 @@ impl Maintenance {
     async fn sweep_set(
         &self,
         conn: &mut deadpool_redis::Connection,
+        keys: &RedisKeys,
         set: &str,
     ) -> Result<u64, MaintenanceError> {
         let mut cursor = 0;
         let mut removed = 0;
         loop {
             let (next, members) = tenant_limits::scan_members(conn, set, cursor).await?;
-            let leaked = self.leaked_among(conn, &members).await?;
-            removed += tenant_limits::remove_leaked(conn, &self.keys, set, &leaked).await?;
+            let leaked = self.leaked_among(conn, keys, &members).await?;
+            removed += tenant_limits::remove_leaked(conn, keys, set, &leaked).await?;
             cursor = next;
             if cursor == 0 {
                 return Ok(removed);
@@ -81,6 +96,7 @@ impl Maintenance {
     async fn leaked_among(
         &self,
         conn: &mut deadpool_redis::Connection,
+        keys: &RedisKeys,
         members: &[String],
     ) -> Result<Vec<Leaked>, MaintenanceError> {
         let mut leaked = Vec::new();
@@ -99,7 +115,7 @@ impl Maintenance {
             .filter(|job| !finished.contains(job))
             .copied()
             .collect();
-        let has_state = tenant_limits::have_state(conn, &self.keys, &open).await?;
+        let has_state = tenant_limits::have_state(conn, keys, &open).await?;
         let stateless: HashSet<JobId> = open
             .iter()
             .zip(has_state)
@@ -109,7 +125,7 @@ impl Maintenance {
         let on_streams = if stateless.is_empty() {
             HashSet::new()
         } else {
-            tenant_limits::on_streams(conn, &self.keys, &stateless).await?
+            tenant_limits::on_streams(conn, keys, &stateless).await?
         };
         for (job, member) in &jobs {
             if finished.contains(job) {

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 
 use crate::config::{RetentionSettings, Settings};
 use crate::db::DbError;
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use crate::infra::metrics::Metrics;
 use crate::shutdown::Shutdown;
 use crate::stream::lanes;
@@ -113,14 +113,14 @@ pub struct Maintenance {
     /// With the api or worker role; a relay-only process has no Redis to read or look after,
     /// so it never exports the stream gauges.
     redis: Option<deadpool_redis::Pool>,
-    keys: RedisKeys,
+    keys: Shards,
     metrics: Arc<Metrics>,
     retention: RetentionSettings,
     consumer_gc: Duration,
     interval: Duration,
-    /// Where the in-flight sweep's SCAN of the keyspace goes on at the next pass: one pass
-    /// scans a bounded part of it (`in_flight.rs`).
-    sweep_cursor: Arc<AtomicU64>,
+    /// Where the in-flight sweep's SCAN of the keyspace goes on at the next pass, per
+    /// shard: one pass scans a bounded part of it (`in_flight.rs`).
+    sweep_cursors: Arc<[AtomicU64]>,
     /// The tenants with a budget, as the tokens file holds them now, for the budget gauge
     /// (`gauges.rs`); a process without the tokens file does not export that gauge.
     budgets: Option<BudgetSource>,
@@ -136,18 +136,18 @@ impl Maintenance {
         settings: &Settings,
         pg: deadpool_postgres::Pool,
         redis: Option<deadpool_redis::Pool>,
-        keys: RedisKeys,
+        keys: Shards,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             pg,
             redis,
+            sweep_cursors: (0..keys.count()).map(|_| AtomicU64::new(0)).collect(),
             keys,
             metrics,
             retention: settings.retention.clone(),
             consumer_gc: settings.worker.consumer_gc,
             interval: settings.maintenance.interval,
-            sweep_cursor: Arc::new(AtomicU64::new(0)),
             budgets: None,
         }
     }
@@ -255,7 +255,9 @@ impl Maintenance {
         report.consumers = self.remove_gone_consumers(&mut conn).await?;
         report.dead_letters = self.purge_dead_letters(&mut conn, now).await?;
         report.in_flight = self.sweep_in_flight(&mut conn).await?;
-        report.running = lanes::sweep_running(&mut conn, &self.keys).await?;
+        for keys in self.keys.all() {
+            report.running += lanes::sweep_running(&mut conn, keys).await?;
+        }
         Ok(())
     }
 

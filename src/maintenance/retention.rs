@@ -34,7 +34,11 @@ impl Maintenance {
         }
         let cutoff = now - chrono::Duration::seconds(clamp(self.retention.dead_letters_s));
         let cutoff_ms = u64::try_from(cutoff.timestamp_millis()).unwrap_or(0);
-        Ok(dead_letters::purge_before(conn, &self.keys, cutoff_ms).await?)
+        let mut purged = 0;
+        for keys in self.keys.all() {
+            purged += dead_letters::purge_before(conn, keys, cutoff_ms).await?;
+        }
+        Ok(purged)
     }
 
     /// Delete sent outbox rows, the texts of summaries, the stored texts and parts of long

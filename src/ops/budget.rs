@@ -10,7 +10,7 @@ use serde::Serialize;
 use super::AdminError;
 use super::output::{Row, print_rows};
 use crate::api::auth::TokenStore;
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use crate::stream::budget;
 
 #[derive(Debug, Clone, Subcommand)]
@@ -65,7 +65,7 @@ impl Row for BudgetRow {
 /// The rows for every tenant of `store` with a budget (only `tenant` when given), at `now`.
 pub async fn rows<C: redis::aio::ConnectionLike + Send + Sync>(
     conn: &mut C,
-    keys: &RedisKeys,
+    keys: &Shards,
     store: &TokenStore,
     tenant: Option<&str>,
     now: DateTime<Utc>,
@@ -77,7 +77,7 @@ pub async fn rows<C: redis::aio::ConnectionLike + Send + Sync>(
             continue;
         }
         let period = b.period.id(now);
-        let taken = budget::read(conn, keys, id.as_str(), &period).await?;
+        let taken = budget::read(conn, keys.of_tenant(id.as_str()), id.as_str(), &period).await?;
         rows.push(BudgetRow {
             tenant: id.to_string(),
             period,
@@ -92,7 +92,7 @@ pub async fn rows<C: redis::aio::ConnectionLike + Send + Sync>(
 
 pub async fn show(
     redis: &deadpool_redis::Pool,
-    keys: &RedisKeys,
+    keys: &Shards,
     store: &TokenStore,
     args: &ShowArgs,
     out: &mut impl Write,

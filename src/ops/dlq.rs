@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::AdminError;
 use super::output::parse_duration;
 use super::output::{Row, one_line, print_rows};
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayError, ReplayOutcome};
 
 #[derive(Debug, Subcommand)]
@@ -55,13 +55,20 @@ impl Row for DeadLetter {
 
 pub async fn list(
     redis: &deadpool_redis::Pool,
-    keys: &RedisKeys,
+    keys: &Shards,
     limit: usize,
     json: bool,
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
     let mut conn = redis.get().await?;
-    let rows = dlq::list(&mut conn, keys, limit).await?;
+    let mut rows = Vec::new();
+    for shard in keys.all() {
+        let left = limit.saturating_sub(rows.len());
+        if left == 0 {
+            break;
+        }
+        rows.extend(dlq::list(&mut conn, shard, left).await?);
+    }
     print_rows(out, &rows, json)?;
     Ok(())
 }
@@ -79,22 +86,39 @@ pub struct ReplayReport {
 
 /// Replay the given dead entries (or all). Unknown ids are reported and skipped, so running
 /// the same replay twice is harmless; malformed entries are reported, skipped and counted.
+/// An id is looked for in each shard in turn (ids are per shard; the first shard holding
+/// it replays it).
 pub async fn replay(
     redis: &deadpool_redis::Pool,
-    keys: &RedisKeys,
+    keys: &Shards,
     ids: &[String],
     all: bool,
     out: &mut impl Write,
 ) -> Result<ReplayReport, AdminError> {
     let mut conn = redis.get().await?;
-    let ids = if all {
-        dlq::all_ids(&mut conn, keys).await?
+    let mut targets = Vec::new();
+    if all {
+        for shard in keys.all() {
+            let ids = dlq::all_ids(&mut conn, shard).await?;
+            targets.extend(ids.into_iter().map(|id| (id, Some(shard))));
+        }
     } else {
-        ids.to_vec()
-    };
+        targets.extend(ids.iter().map(|id| (id.clone(), None)));
+    }
     let mut report = ReplayReport::default();
-    for id in &ids {
-        match dlq::replay(&mut conn, keys, id).await {
+    for (id, shard) in &targets {
+        let shards = match shard {
+            Some(shard) => std::slice::from_ref(*shard),
+            None => keys.all(),
+        };
+        let mut outcome = Ok(ReplayOutcome::NotFound);
+        for shard in shards {
+            outcome = dlq::replay(&mut conn, shard, id).await;
+            if !matches!(outcome, Ok(ReplayOutcome::NotFound)) {
+                break;
+            }
+        }
+        match outcome {
             Ok(ReplayOutcome::Replayed { job_id, stream_id }) => {
                 report.replayed += 1;
                 writeln!(out, "replayed {id}: job {job_id} queued as {stream_id}")?;
@@ -109,7 +133,7 @@ pub async fn replay(
             Err(e @ ReplayError::Redis(_)) => return Err(e.into()),
         }
     }
-    writeln!(out, "{} of {} replayed", report.replayed, ids.len())?;
+    writeln!(out, "{} of {} replayed", report.replayed, targets.len())?;
     if report.malformed > 0 {
         writeln!(
             out,
@@ -124,7 +148,7 @@ pub async fn replay(
 /// longer than `older_than` ago. Returns how many were removed.
 pub async fn purge(
     redis: &deadpool_redis::Pool,
-    keys: &RedisKeys,
+    keys: &Shards,
     ids: &[String],
     older_than: Option<Duration>,
     out: &mut impl Write,
@@ -134,10 +158,13 @@ pub async fn purge(
         let now_ms = u64::try_from(chrono::Utc::now().timestamp_millis()).unwrap_or(0);
         now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
     });
-    let removed = match (ids.is_empty(), cutoff_ms) {
-        (true, Some(cutoff_ms)) => dlq::purge_before(&mut conn, keys, cutoff_ms).await?,
-        _ => dlq::purge_ids(&mut conn, keys, ids, cutoff_ms).await?,
-    };
+    let mut removed = 0;
+    for shard in keys.all() {
+        removed += match (ids.is_empty(), cutoff_ms) {
+            (true, Some(cutoff_ms)) => dlq::purge_before(&mut conn, shard, cutoff_ms).await?,
+            _ => dlq::purge_ids(&mut conn, shard, ids, cutoff_ms).await?,
+        };
+    }
     writeln!(out, "{removed} dead letters purged")?;
     Ok(removed)
 }

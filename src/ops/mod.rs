@@ -18,7 +18,7 @@ use std::io::Write;
 use crate::config::Settings;
 use crate::db::webhooks::Selection;
 use crate::infra::connections::{self, ConnectError};
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use budget::BudgetCommand;
 use dlq::DlqCommand;
 use outbox::OutboxCommand;
@@ -81,16 +81,16 @@ pub async fn run(
         AdminCommand::Webhook(command) => run_webhook(settings, command, out).await,
         AdminCommand::Pause(args) => {
             let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
-            let keys = RedisKeys::new(settings.key_prefix.clone());
+            let keys = Shards::from_settings(settings);
             let by = pause::cli_actor();
-            pause::pause(&redis, &keys, &by, args.reason, out)
+            pause::pause(&redis, keys.global(), &by, args.reason, out)
                 .await
                 .map(|_| ())
         }
         AdminCommand::Resume => {
             let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
-            let keys = RedisKeys::new(settings.key_prefix.clone());
-            pause::resume(&redis, &keys, out).await.map(|_| ())
+            let keys = Shards::from_settings(settings);
+            pause::resume(&redis, keys.global(), out).await.map(|_| ())
         }
         AdminCommand::Budget(BudgetCommand::Show(args)) => {
             let path = settings
@@ -100,7 +100,7 @@ pub async fn run(
                 .ok_or(AdminError::NoTokensFile)?;
             let store = crate::api::auth::TokenStore::load(path)?;
             let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
-            let keys = RedisKeys::new(settings.key_prefix.clone());
+            let keys = Shards::from_settings(settings);
             budget::show(&redis, &keys, &store, &args, out).await
         }
     }
@@ -112,7 +112,7 @@ async fn run_dlq(
     out: &mut impl Write,
 ) -> Result<(), AdminError> {
     let redis = connections::redis_pool(settings, &connections::redis_client(settings)?)?;
-    let keys = RedisKeys::new(settings.key_prefix.clone());
+    let keys = Shards::from_settings(settings);
     match command {
         DlqCommand::List { limit, json } => dlq::list(&redis, &keys, limit, json, out).await,
         DlqCommand::Replay { ids, all } => {

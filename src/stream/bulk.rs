@@ -112,6 +112,10 @@ pub struct BulkRun {
     pub started_by: String,
     pub started_at: DateTime<Utc>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// The stream shard whose dead letters the run acts on (`SUMMARYD_STREAM_SHARDS`);
+    /// absent in runs stored before shards, which were all of shard 0.
+    #[serde(default)]
+    pub shard: u16,
 }
 
 impl BulkRun {
@@ -250,6 +254,7 @@ pub async fn start<C: ConnectionLike + Send + Sync>(
         started_by: by.to_owned(),
         started_at: Utc::now(),
         finished_at: None,
+        shard: keys.shard(),
     };
     if total == 0 {
         run.finish();
@@ -552,6 +557,7 @@ mod tests {
             started_by: "alice".into(),
             started_at: Utc::now(),
             finished_at: None,
+            shard: 0,
         }
     }
 

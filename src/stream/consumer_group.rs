@@ -29,13 +29,18 @@ pub(crate) const CURSOR_START: &str = "0-0";
 pub struct Delivery {
     pub id: String,
     pub fields: HashMap<String, redis::Value>,
+    /// The shard whose job stream the entry is on: every later step of the delivery (the
+    /// claim's extension, the ack, the dead letter) uses that shard's keys.
+    pub shard: u16,
 }
 
-impl From<StreamId> for Delivery {
-    fn from(entry: StreamId) -> Self {
-        Self {
+impl Delivery {
+    fn of(keys: &RedisKeys) -> impl Fn(StreamId) -> Self {
+        let shard = keys.shard();
+        move |entry| Self {
             id: entry.id,
             fields: entry.map,
+            shard,
         }
     }
 }
@@ -77,7 +82,7 @@ pub(crate) async fn autoclaim<C: ConnectionLike + Send + Sync>(
         .await?;
     Ok((
         reply.next_stream_id,
-        reply.claimed.into_iter().map(Delivery::from).collect(),
+        reply.claimed.into_iter().map(Delivery::of(keys)).collect(),
         reply.deleted_ids,
     ))
 }
@@ -93,21 +98,37 @@ pub async fn read_new<C: ConnectionLike + Send + Sync>(
     count: usize,
     block: Duration,
 ) -> redis::RedisResult<Vec<Delivery>> {
+    let mut taken = read_now(conn, keys, consumer, count).await?;
+    if taken.is_empty() && wait_for_work(conn, keys, block).await? {
+        taken = read_now(conn, keys, consumer, 1).await?;
+    }
+    Ok(taken)
+}
+
+/// [`read_new`] without the wait: what dispatch hands out now, at most `count` entries.
+pub async fn read_now<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    consumer: &str,
+    count: usize,
+) -> redis::RedisResult<Vec<Delivery>> {
     let mut taken = Vec::new();
     while taken.len() < count.max(1) {
         match lanes::dispatch(conn, keys, consumer).await? {
-            Some(entry) => taken.push(Delivery::from(entry)),
+            Some(entry) => taken.push(Delivery::of(keys)(entry)),
             None => break,
         }
     }
-    if taken.is_empty() && lanes::wait_for_work(conn, keys, block).await? {
-        taken.extend(
-            lanes::dispatch(conn, keys, consumer)
-                .await?
-                .map(Delivery::from),
-        );
-    }
     Ok(taken)
+}
+
+/// Wait up to `block` for the doorbell of `keys`' shard: whether a job was put in a lane.
+pub async fn wait_for_work<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    block: Duration,
+) -> redis::RedisResult<bool> {
+    lanes::wait_for_work(conn, keys, block).await
 }
 
 /// How often `msg_id` has been delivered (XREADGROUP sets 1, each claim adds one), from the

@@ -13,6 +13,7 @@
 //! - `tenant_limits`: per-tenant rate and in-flight limits, checked in the enqueue script.
 //! - `budget`: per-tenant token budgets, reserved in the enqueue script, settled when the
 //!   job finishes.
+//! - `layout`: the refusal to start over work another shard count left behind.
 
 pub mod budget;
 pub mod bulk;
@@ -22,6 +23,7 @@ mod enqueue;
 pub mod job_entry;
 pub mod job_state;
 pub mod lanes;
+pub mod layout;
 pub mod pause;
 pub mod tenant_limits;
 

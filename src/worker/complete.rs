@@ -30,10 +30,10 @@ impl Consumer {
     ) -> Result<(), WorkerError> {
         match settlement {
             Settlement::Ack(finish) => {
-                let settle = self.settle_of(conn, job, Spent::Summary).await?;
+                let settle = self.settle_of(conn, delivery, job, Spent::Summary).await?;
                 group::ack_settling(
                     conn,
-                    &self.services.keys,
+                    self.services.keys.get(delivery.shard),
                     &delivery.id,
                     job,
                     settle.as_ref(),
@@ -59,7 +59,7 @@ impl Consumer {
             Settlement::LeavePending(Pending::Failed(reason)) => {
                 self.count("retry");
                 tracing::warn!(%reason, "job failed; will be redelivered");
-                self.note_failure(conn, job, &reason).await;
+                self.note_failure(conn, delivery, job, &reason).await;
             }
             Settlement::LeavePending(Pending::Unchecked(error)) => {
                 self.count("retry");
@@ -78,7 +78,7 @@ impl Consumer {
                 if let Some(retry) = retry_after(refunded, refund, &self.limits()) {
                     if refunded == Refund::Denied {
                         tracing::warn!(dependency, %reason, count = retry.count, "job not finished: dependency down; the job has had its refunds, so this delivery counts");
-                        self.note_failure(conn, job, &reason).await;
+                        self.note_failure(conn, delivery, job, &reason).await;
                     } else {
                         tracing::warn!(dependency, %reason, "job not finished: dependency down; it is retried once it is back, and this delivery does not count");
                     }
@@ -97,7 +97,7 @@ impl Consumer {
                 let why = format!(
                     "{reason} ({dependency} answered a probe right after: the job is at fault)"
                 );
-                self.note_failure(conn, job, &why).await;
+                self.note_failure(conn, delivery, job, &why).await;
                 self.hold(
                     delivery.clone(),
                     Some(retry.count),
@@ -139,7 +139,15 @@ impl Consumer {
         refund: RefundOf,
     ) -> Refund {
         let claim = refund.claim();
-        match group::claim_own(conn, &self.services.keys, &self.name, delivery, claim).await {
+        match group::claim_own(
+            conn,
+            self.services.keys.get(delivery.shard),
+            &self.name,
+            delivery,
+            claim,
+        )
+        .await
+        {
             Ok(Some(reclaimed)) if reclaimed.refunded => Refund::Refunded,
             Ok(Some(_)) => Refund::Denied,
             Ok(None) => Refund::NotOurs,
@@ -174,12 +182,12 @@ impl Consumer {
                 })?;
         }
         let settle = match job {
-            Some(job) => self.settle_of(conn, job, Spent::Calls).await?,
+            Some(job) => self.settle_of(conn, delivery, job, Spent::Calls).await?,
             None => None,
         };
         let moved = dead_letters::add_settling(
             conn,
-            &self.services.keys,
+            self.services.keys.get(delivery.shard),
             &self.name,
             &delivery.id,
             &delivery.fields,
@@ -256,12 +264,12 @@ impl Consumer {
     async fn settle_of(
         &self,
         conn: &mut deadpool_redis::Connection,
+        delivery: &Delivery,
         job: &Job,
         spent: Spent,
     ) -> Result<Option<budget::Settle>, WorkerError> {
-        let Some(reservation) =
-            job_state::reservation(conn, &self.services.keys, job.job_id).await?
-        else {
+        let keys = self.services.keys.get(delivery.shard);
+        let Some(reservation) = job_state::reservation(conn, keys, job.job_id).await? else {
             return Ok(None);
         };
         let pg = &self.services.pg;
@@ -288,9 +296,15 @@ impl Consumer {
 
     /// Keep why a counted delivery failed for the dead letter's reason. Best effort: a
     /// Redis that fails here fails the next step too, and the reason only says less.
-    async fn note_failure(&self, conn: &mut deadpool_redis::Connection, job: &Job, reason: &str) {
-        if let Err(e) = job_state::note_failure(conn, &self.services.keys, job.job_id, reason).await
-        {
+    async fn note_failure(
+        &self,
+        conn: &mut deadpool_redis::Connection,
+        delivery: &Delivery,
+        job: &Job,
+        reason: &str,
+    ) {
+        let keys = self.services.keys.get(delivery.shard);
+        if let Err(e) = job_state::note_failure(conn, keys, job.job_id, reason).await {
             tracing::debug!(error = %e, "could not note why the delivery failed");
         }
     }

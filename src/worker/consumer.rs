@@ -147,9 +147,11 @@ pub struct Consumer {
     pub(super) services: WorkerServices,
     pub(super) name: String,
     pub config: ConsumerConfig,
-    /// XAUTOCLAIM cursor, kept across calls so each call continues the scan instead of
-    /// rescanning the whole PEL from the start.
-    pub(super) cursor: String,
+    /// XAUTOCLAIM cursor of each shard, kept across calls so each call continues the scan
+    /// instead of rescanning the whole PEL from the start.
+    pub(super) cursors: Vec<String>,
+    /// The shard whose turn is next, so every shard is read and claimed from in turn.
+    pub(super) next_shard: u16,
     /// Entries in this consumer's PEL to retry: a dependency outage (or a Redis error) kept
     /// them from being finished, or their counted retry waits a backoff. Retried as soon as
     /// they are due and the gate is open, so they wait seconds after a recovery, not
@@ -186,6 +188,15 @@ pub(super) enum Work {
     Settle(Settlement),
 }
 
+/// Where a consumer starts its turns: spread by its name, so the consumers of a process
+/// (and of the fleet) begin on different shards and wait on different doorbells.
+fn first_shard(name: &str, shards: usize) -> u16 {
+    let spread = name
+        .bytes()
+        .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+    u16::try_from(spread as usize % shards.max(1)).unwrap_or(0)
+}
+
 /// `host-pid-index`: unique per process and task, so two consumers never share a PEL.
 pub fn consumer_name(index: usize) -> String {
     let host = hostname::get()
@@ -198,12 +209,15 @@ pub fn consumer_name(index: usize) -> String {
 impl Consumer {
     pub fn new(services: WorkerServices, name: impl Into<String>) -> Self {
         let config = ConsumerConfig::from(&services.settings.worker);
+        let name = name.into();
         let gate = services.gate.clone();
+        let shards = services.keys.count();
         Self {
             services,
-            name: name.into(),
+            next_shard: first_shard(&name, shards),
+            name,
             config,
-            cursor: CURSOR_START.into(),
+            cursors: vec![CURSOR_START.into(); shards],
             held: VecDeque::new(),
             took_held: false,
             stop: None,
@@ -223,7 +237,9 @@ impl Consumer {
 
     pub async fn ensure_group(&self) -> Result<(), WorkerError> {
         let mut conn = self.services.redis.get().await?;
-        group::ensure_group(&mut conn, &self.services.keys).await?;
+        for keys in self.services.keys.all() {
+            group::ensure_group(&mut conn, keys).await?;
+        }
         Ok(())
     }
 

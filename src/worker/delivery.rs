@@ -59,7 +59,13 @@ impl Consumer {
         };
         let deliveries = match deliveries {
             Some(count) => count,
-            None => match group::delivery_count(conn, &self.services.keys, &delivery.id).await {
+            None => match group::delivery_count(
+                conn,
+                self.services.keys.get(delivery.shard),
+                &delivery.id,
+            )
+            .await
+            {
                 Ok(Some(count)) => count,
                 // Acknowledged by another consumer since we took it: nothing left to do.
                 Ok(None) => return Ok(()),
@@ -206,7 +212,8 @@ impl Consumer {
             Ok(false) => {
                 // The dead letter says why, where the last failure was noted; without it, it
                 // still goes (its reason only says less).
-                let last = job_state::get(conn, &self.services.keys, job.job_id)
+                let keys = self.services.keys.of_tenant(job.tenant.as_str());
+                let last = job_state::get(conn, keys, job.job_id)
                     .await
                     .ok()
                     .flatten()

@@ -130,7 +130,7 @@ async fn summarise(
     match services.model.complete(&document, deadline, calls).await {
         Ok(summary) => Ok(summary),
         Err(too_long @ ChainError::TooLong { .. }) => {
-            Ok(summarise_in_parts(services, job.job_id, document, too_long, calls).await?)
+            Ok(summarise_in_parts(services, job, document, too_long, calls).await?)
         }
         Err(e) => Err(e.into()),
     }

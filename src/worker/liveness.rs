@@ -45,7 +45,7 @@ impl Consumer {
                 }
                 () = tokio::time::sleep_until(next) => {
                     next = Instant::now() + every;
-                    match group::claim_own(conn, &self.services.keys, &self.name, delivery, ClaimCount::Keep).await {
+                    match group::claim_own(conn, self.services.keys.get(delivery.shard), &self.name, delivery, ClaimCount::Keep).await {
                         Ok(Some(_)) => {}
                         Ok(None) => {
                             tracing::warn!("entry no longer pending for this consumer: stopping its delivery");
@@ -61,11 +61,14 @@ impl Consumer {
     /// Remove consumers that are gone, at the cadence `consumer_gc` asks for (the
     /// maintenance task runs the same cleanup at its own, usually longer, interval).
     pub(crate) async fn maintain(&self) -> Result<(), WorkerError> {
-        let keys = &self.services.keys;
         let mut conn = self.services.redis.get().await?;
-        let removed =
-            group::remove_idle_consumers(&mut conn, keys, &self.name, self.config.consumer_gc)
-                .await?;
+        let mut removed = Vec::new();
+        for keys in self.services.keys.all() {
+            removed.extend(
+                group::remove_idle_consumers(&mut conn, keys, &self.name, self.config.consumer_gc)
+                    .await?,
+            );
+        }
         if !removed.is_empty() {
             tracing::info!(consumers = ?removed, "removed gone consumers with nothing pending");
         }
@@ -82,7 +85,9 @@ impl Consumer {
             loop {
                 let marked = async {
                     let mut conn = services.redis.get().await?;
-                    group::mark_alive(&mut conn, &services.keys, &name, ttl).await?;
+                    for keys in services.keys.all() {
+                        group::mark_alive(&mut conn, keys, &name, ttl).await?;
+                    }
                     Ok::<(), WorkerError>(())
                 }
                 .await;

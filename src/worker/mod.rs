@@ -27,7 +27,7 @@ pub(crate) use pause::{sync_pause, watch_pause};
 pub use run::run;
 
 use crate::config::Settings;
-use crate::infra::keys::RedisKeys;
+use crate::infra::keys::Shards;
 use crate::infra::metrics::Metrics;
 use crate::llm::ModelChain;
 
@@ -36,7 +36,7 @@ use crate::llm::ModelChain;
 #[derive(Clone)]
 pub struct WorkerServices {
     pub(crate) settings: Arc<Settings>,
-    pub keys: RedisKeys,
+    pub keys: Shards,
     /// Dedicated connections: a consumer holds one while blocked in XREADGROUP.
     pub redis: deadpool_redis::Pool,
     pub(crate) pg: deadpool_postgres::Pool,

@@ -27,7 +27,8 @@ use super::WorkerServices;
 use super::dead_reason::DeadReason;
 use super::job_error::JobError;
 use crate::db::parts::{self, PartPlace, StoredPart};
-use crate::domain::{CallLog, JobId, ModelSummary, TokenUsage};
+use crate::domain::{CallLog, Job, JobId, ModelSummary, TokenUsage};
+use crate::infra::keys::RedisKeys;
 use crate::llm::retry::Deadline;
 use crate::llm::{ChainError, Prompt, TokenCounter, split};
 use crate::stream::job_state;
@@ -67,6 +68,8 @@ fn unsplittable(why: String) -> Stop {
 struct Run<'a> {
     services: &'a WorkerServices,
     job_id: JobId,
+    /// The shard holding the job's state, where its progress is noted.
+    keys: &'a RedisKeys,
     stored: HashMap<[u8; 32], StoredPart>,
     /// One permit per call in flight.
     calls: Semaphore,
@@ -89,11 +92,12 @@ struct Run<'a> {
 /// Summarise `document` in parts, the chain having said it does not fit (`too_long`).
 pub(crate) async fn summarise_in_parts(
     services: &WorkerServices,
-    job_id: JobId,
+    job: &Job,
     document: Prompt,
     too_long: ChainError,
     log: &CallLog,
 ) -> Result<ModelSummary, PartsFailure> {
+    let job_id = job.job_id;
     let stored = parts::load(&services.pg, job_id)
         .await
         .map_err(|e| PartsFailure {
@@ -104,6 +108,7 @@ pub(crate) async fn summarise_in_parts(
     let run = Run {
         services,
         job_id,
+        keys: services.keys.of_tenant(job.tenant.as_str()),
         stored,
         calls: Semaphore::new(llm.parallel_parts.max(1)),
         stop: AtomicBool::new(false),
@@ -303,7 +308,7 @@ impl Run<'_> {
             return;
         };
         if let Err(e) =
-            job_state::note_progress(&mut conn, &self.services.keys, self.job_id, done, total).await
+            job_state::note_progress(&mut conn, self.keys, self.job_id, done, total).await
         {
             tracing::debug!(error = %e, "could not note the job's progress");
         }

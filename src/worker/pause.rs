@@ -64,7 +64,7 @@ pub(crate) async fn watch_pause(
 
 async fn refresh(services: &WorkerServices) -> Result<(), WorkerError> {
     let mut conn = services.redis.get().await?;
-    let pause = stored::current(&mut conn, &services.keys).await?;
+    let pause = stored::current(&mut conn, services.keys.global()).await?;
     apply(&services.gate, pause.as_ref());
     Ok(())
 }

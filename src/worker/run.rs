@@ -101,7 +101,9 @@ pub async fn run(
     // A clean stop: the consumer's mark goes with it, so cleanup need not wait for it to
     // lapse. Best effort; the mark expires by itself anyway.
     if let Ok(mut conn) = services.redis.get().await {
-        let _ = group::clear_alive(&mut conn, &services.keys, consumer.name()).await;
+        for keys in services.keys.all() {
+            let _ = group::clear_alive(&mut conn, keys, consumer.name()).await;
+        }
     }
     tracing::info!(consumer = %consumer.name(), "consumer stopped");
     Ok(())

@@ -1,17 +1,23 @@
 //! Taking work: nothing while the gate is closed; else an entry this consumer holds and
 //! whose retry is due, else one idle past `claim_idle` (its worker died), else a new one.
 
+use std::time::Duration;
+
 use tokio::time::Instant;
 
 use super::consumer::{Consumer, Held, Work, WorkerError};
 use super::gate::{MODEL, POSTGRES};
 use super::settle::Probe;
+use crate::infra::keys::RedisKeys;
 use crate::stream::consumer_group::{self as group, CURSOR_START, ClaimCount, Delivery};
 
 /// Entries taken per read or claim. One: a consumer processes its entries one after the
 /// other, so a prefetched entry would sit idle in our PEL and could be reclaimed (and paid
 /// for twice) while it waits. Parallelism comes from more consumers instead.
 const BATCH: usize = 1;
+/// The shortest wait on one shard's doorbell when `block` is shared among many shards: a
+/// consumer that finds no work anywhere sleeps at least this long between rounds.
+const MIN_SHARD_WAIT: Duration = Duration::from_millis(100);
 
 /// An entry handed to this consumer.
 pub(super) struct Taken {
@@ -49,8 +55,7 @@ impl Consumer {
                 .map(|held| held.due.saturating_duration_since(now))
                 .min()
                 .map_or(self.config.block, |until| until.min(self.config.block));
-            deliveries =
-                group::read_new(conn, &self.services.keys, &self.name, BATCH, block).await?;
+            deliveries = self.read_new(conn, block).await?;
         }
         // Our own claim of an entry we hold (it sat idle past `claim_idle`) supersedes the
         // held retry, which would otherwise run it twice.
@@ -82,7 +87,8 @@ impl Consumer {
             }]);
         }
         let count = held.count.map_or(ClaimCount::Keep, ClaimCount::Set);
-        match group::claim_own(conn, &self.services.keys, &self.name, &held.delivery, count).await {
+        let keys = self.services.keys.get(held.delivery.shard);
+        match group::claim_own(conn, keys, &self.name, &held.delivery, count).await {
             Ok(Some(reclaimed)) => Ok(vec![Taken {
                 delivery: held.delivery,
                 deliveries: Some(reclaimed.count),
@@ -125,32 +131,84 @@ impl Consumer {
         }
     }
 
-    /// XAUTOCLAIM from the kept cursor. When that scan reaches the end without claiming
-    /// anything, rescan once from the start, so claimable work before the cursor is not
-    /// left waiting for another whole pass.
+    /// New work from the shards in turn, starting with the one whose turn it is; when none
+    /// has any, wait on one shard's doorbell (the next turn's), for `block` shared out
+    /// among the shards so a job on a shard nobody waits on is found within about `block`.
+    async fn read_new(
+        &mut self,
+        conn: &mut deadpool_redis::Connection,
+        block: Duration,
+    ) -> Result<Vec<Delivery>, WorkerError> {
+        let shards = self.services.keys.clone();
+        if shards.count() == 1 {
+            return Ok(group::read_new(conn, shards.get(0), &self.name, BATCH, block).await?);
+        }
+        for _ in 0..shards.count() {
+            let keys = shards.get(self.next_shard);
+            self.next_shard = next(self.next_shard, shards.count());
+            let taken = group::read_now(conn, keys, &self.name, BATCH).await?;
+            if !taken.is_empty() {
+                return Ok(taken);
+            }
+        }
+        let keys = shards.get(self.next_shard);
+        let wait = (block / shards.count() as u32).max(MIN_SHARD_WAIT.min(block));
+        if group::wait_for_work(conn, keys, wait).await? {
+            return Ok(group::read_now(conn, keys, &self.name, BATCH).await?);
+        }
+        Ok(Vec::new())
+    }
+
+    /// XAUTOCLAIM from each shard's kept cursor, the shards in turn; the first shard with
+    /// an entry idle past `claim_idle` gives it.
     async fn claim_idle(
         &mut self,
         conn: &mut deadpool_redis::Connection,
     ) -> Result<Vec<Delivery>, WorkerError> {
+        let shards = self.services.keys.clone();
+        for keys in shards.all() {
+            let claimed = self.claim_idle_in(conn, keys).await?;
+            if !claimed.is_empty() {
+                return Ok(claimed);
+            }
+        }
+        Ok(Vec::new())
+    }
+
+    /// XAUTOCLAIM from the shard's kept cursor. When that scan reaches the end without
+    /// claiming anything, rescan once from the start, so claimable work before the cursor
+    /// is not left waiting for another whole pass.
+    async fn claim_idle_in(
+        &mut self,
+        conn: &mut deadpool_redis::Connection,
+        keys: &RedisKeys,
+    ) -> Result<Vec<Delivery>, WorkerError> {
+        let shard = usize::from(keys.shard());
         loop {
-            let started_at_beginning = self.cursor == CURSOR_START;
+            let cursor = &mut self.cursors[shard];
+            let started_at_beginning = *cursor == CURSOR_START;
             let (next, claimed, deleted) = group::autoclaim(
                 conn,
-                &self.services.keys,
+                keys,
                 &self.name,
                 self.config.claim_idle,
-                &self.cursor,
+                cursor,
                 BATCH,
             )
             .await?;
             if !deleted.is_empty() {
                 // Pending entries trimmed from the stream; the job they carried is gone.
-                tracing::error!(ids = ?deleted, "pending stream entries were deleted before being processed");
+                tracing::error!(ids = ?deleted, shard, "pending stream entries were deleted before being processed");
             }
-            self.cursor = next;
-            if !claimed.is_empty() || started_at_beginning || self.cursor != CURSOR_START {
+            *cursor = next;
+            if !claimed.is_empty() || started_at_beginning || *cursor != CURSOR_START {
                 return Ok(claimed);
             }
         }
     }
+}
+
+/// The shard after `shard`, round the ring.
+fn next(shard: u16, count: usize) -> u16 {
+    u16::try_from((usize::from(shard) + 1) % count.max(1)).unwrap_or(0)
 }

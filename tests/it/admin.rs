@@ -81,7 +81,9 @@ async fn a_dead_lettered_job_is_listed_replayed_once_and_finishes_once() {
     let (base, shutdown) = api(&env).await;
     let msg = job(1);
     let mut redis = services.redis.get().await.unwrap();
-    enqueue(&mut redis, &services.keys, &msg).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &msg)
+        .await
+        .unwrap();
     let mut consumer = Consumer::new(services.worker(), "w-1");
     consumer.ensure_group().await.unwrap();
     assert_eq!(consumer.run_once().await.unwrap(), 1);
@@ -169,8 +171,12 @@ async fn replaying_a_job_that_already_finished_makes_no_second_summary_or_email(
     let mut redis = services.redis.get().await.unwrap();
     // The same job enqueued twice (an API crash after XADD): one copy dead-letters, the
     // other finishes; replaying the dead copy must collapse into a duplicate.
-    enqueue(&mut redis, &services.keys, &msg).await.unwrap();
-    enqueue(&mut redis, &services.keys, &msg).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &msg)
+        .await
+        .unwrap();
+    enqueue(&mut redis, services.keys.get(0), &msg)
+        .await
+        .unwrap();
     let mut consumer = Consumer::new(services.worker(), "w-1");
     consumer.ensure_group().await.unwrap();
     consumer.run_once().await.unwrap();

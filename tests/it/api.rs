@@ -383,13 +383,13 @@ async fn metrics_expose_contract_names_serve_cached_gauges_and_count_route_templ
 
     // Gauge sources: one pending delivery, one dead letter, one unsent outbox row.
     let mut r = env.redis().await;
-    summaryd::stream::consumer_group::ensure_group(&mut r, &services.keys)
+    summaryd::stream::consumer_group::ensure_group(&mut r, services.keys.get(0))
         .await
         .unwrap();
     // A consumer's read dispatches the job from its tenant's lane and leaves it pending.
     let taken = summaryd::stream::consumer_group::read_new(
         &mut r,
-        &services.keys,
+        services.keys.get(0),
         "c1",
         1,
         std::time::Duration::ZERO,
@@ -399,7 +399,7 @@ async fn metrics_expose_contract_names_serve_cached_gauges_and_count_route_templ
     assert_eq!(taken.len(), 1);
     let _: String = r
         .xadd(
-            services.keys.dead_letters(),
+            services.keys.get(0).dead_letters(),
             "*",
             &[("job_id", job_id.as_str())],
         )
@@ -472,7 +472,11 @@ async fn metrics_expose_contract_names_serve_cached_gauges_and_count_route_templ
 
     // Scrapes keep serving the cached value until maintenance refreshes it.
     let _: String = r
-        .xadd(services.keys.dead_letters(), "*", &[("job_id", "another")])
+        .xadd(
+            services.keys.get(0).dead_letters(),
+            "*",
+            &[("job_id", "another")],
+        )
         .await
         .unwrap();
     for _ in 0..3 {

@@ -158,12 +158,12 @@ async fn fifty_concurrent_posts_on_two_api_processes_admit_exactly_the_ten_that_
     // The effects: ten entries, ten reservations, each noted in its job's state; nothing of
     // the refused forty.
     assert_eq!(stream_len(&env).await, 10);
-    let hash = budget_hash(&env, &a.keys, BudgetPeriod::Day).await;
+    let hash = budget_hash(&env, a.keys.get(0), BudgetPeriod::Day).await;
     assert_eq!(hash.get("reserved"), Some(&(10 * cost)), "{hash:?}");
     assert_eq!(hash.get("used").copied().unwrap_or(0), 0);
     let today = BudgetPeriod::Day.id(Utc::now());
     for (_, _, _, body) in &accepted {
-        let state = job_state(&env, &a.keys, body["job_id"].as_str().unwrap()).await;
+        let state = job_state(&env, a.keys.get(0), body["job_id"].as_str().unwrap()).await;
         assert_eq!(state["budget_reserved"], cost.to_string(), "{state:?}");
         assert_eq!(state["budget_period"], today);
     }
@@ -183,7 +183,10 @@ async fn fifty_concurrent_posts_on_two_api_processes_admit_exactly_the_ten_that_
         assert_eq!(res.status(), 202);
         assert_eq!(res.headers().get("idempotent-replayed").unwrap(), "true");
     }
-    assert_eq!(budget_hash(&env, &a.keys, BudgetPeriod::Day).await, hash);
+    assert_eq!(
+        budget_hash(&env, a.keys.get(0), BudgetPeriod::Day).await,
+        hash
+    );
     assert_eq!(stream_len(&env).await, 10);
 }
 
@@ -198,7 +201,7 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
     // Every call reports 100 + 20 tokens, far below the worst case.
     let services = replica(&env, &file, FakeLlm::ok().reporting(100, 20));
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
-    ensure_group(&mut env.redis().await, &services.keys)
+    ensure_group(&mut env.redis().await, services.keys.get(0))
         .await
         .unwrap();
     let mut ids = Vec::new();
@@ -221,11 +224,11 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
         done += worker.run_once().await.unwrap();
     }
     assert_eq!(env.count("summaries").await, 2);
-    let hash = budget_hash(&env, &services.keys, BudgetPeriod::Month).await;
+    let hash = budget_hash(&env, services.keys.get(0), BudgetPeriod::Month).await;
     assert_eq!(hash.get("reserved").copied().unwrap_or(0), 0, "{hash:?}");
     assert_eq!(hash.get("used"), Some(&240), "what the provider reported");
     for id in &ids {
-        assert!(job_state(&env, &services.keys, id).await.is_empty());
+        assert!(job_state(&env, services.keys.get(0), id).await.is_empty());
     }
     // `summaryd budget show` reads the same: the tokens file's budget, Redis's counters.
     let store = summaryd::api::auth::TokenStore::load(file.path()).unwrap();
@@ -252,7 +255,7 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
     // The unused reservations are back: a job that did not fit now does.
     let res = test::call_service(&app, post(&key(2)).to_request()).await;
     assert_eq!(res.status(), 202);
-    let hash = budget_hash(&env, &services.keys, BudgetPeriod::Month).await;
+    let hash = budget_hash(&env, services.keys.get(0), BudgetPeriod::Month).await;
     assert_eq!(hash.get("reserved"), Some(&cost));
     assert_eq!(hash.get("used"), Some(&240));
 
@@ -275,7 +278,7 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
     };
     summaryd::stream::consumer_group::ack_settling(
         &mut env.redis().await,
-        &services.keys,
+        services.keys.get(0),
         "0-1",
         &job,
         Some(&stale),
@@ -283,7 +286,7 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
     .await
     .unwrap();
     assert_eq!(
-        budget_hash(&env, &services.keys, BudgetPeriod::Month).await,
+        budget_hash(&env, services.keys.get(0), BudgetPeriod::Month).await,
         hash
     );
 }
@@ -301,7 +304,7 @@ async fn a_dead_letter_releases_its_reservation() {
     };
     let services = replica(&env, &file, FakeLlm::failing(bad_request));
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
-    ensure_group(&mut env.redis().await, &services.keys)
+    ensure_group(&mut env.redis().await, services.keys.get(0))
         .await
         .unwrap();
     let res = test::call_service(&app, post(&key(0)).to_request()).await;
@@ -314,14 +317,14 @@ async fn a_dead_letter_releases_its_reservation() {
     let mut worker = Consumer::new(services.worker(), "budget-worker");
     assert_eq!(worker.run_once().await.unwrap(), 1);
     assert_eq!(env.dead_letters().await, 1);
-    let hash = budget_hash(&env, &services.keys, BudgetPeriod::Day).await;
+    let hash = budget_hash(&env, services.keys.get(0), BudgetPeriod::Day).await;
     assert_eq!(hash.get("reserved").copied().unwrap_or(0), 0, "{hash:?}");
     assert_eq!(
         hash.get("used").copied().unwrap_or(0),
         0,
         "the failed call reported nothing"
     );
-    let state = job_state(&env, &services.keys, &job_id).await;
+    let state = job_state(&env, services.keys.get(0), &job_id).await;
     assert_eq!(state["status"], "failed");
     assert!(!state.contains_key("budget_reserved"), "{state:?}");
 
@@ -329,12 +332,12 @@ async fn a_dead_letter_releases_its_reservation() {
     let res = test::call_service(&app, post(&key(1)).to_request()).await;
     assert_eq!(res.status(), 202);
     // A replay of the dead job's request is answered from its record and charged nothing.
-    let before = budget_hash(&env, &services.keys, BudgetPeriod::Day).await;
+    let before = budget_hash(&env, services.keys.get(0), BudgetPeriod::Day).await;
     let res = test::call_service(&app, post(&key(0)).to_request()).await;
     assert_eq!(res.status(), 202);
     assert_eq!(res.headers().get("idempotent-replayed").unwrap(), "true");
     assert_eq!(
-        budget_hash(&env, &services.keys, BudgetPeriod::Day).await,
+        budget_hash(&env, services.keys.get(0), BudgetPeriod::Day).await,
         before
     );
     assert_eq!(env.dead_letters().await, 1);
@@ -342,17 +345,19 @@ async fn a_dead_letter_releases_its_reservation() {
     // `dlq replay` runs the job again, so it reserves again what it held (never refused,
     // like every replay: here past the budget, which the next admission then sees).
     let mut r = env.redis().await;
-    let dead = dead_letters::all_ids(&mut r, &services.keys).await.unwrap();
-    let replayed = dead_letters::replay(&mut r, &services.keys, &dead[0])
+    let dead = dead_letters::all_ids(&mut r, services.keys.get(0))
+        .await
+        .unwrap();
+    let replayed = dead_letters::replay(&mut r, services.keys.get(0), &dead[0])
         .await
         .unwrap();
     assert!(
         matches!(replayed, dead_letters::ReplayOutcome::Replayed { .. }),
         "{replayed:?}"
     );
-    let hash = budget_hash(&env, &services.keys, BudgetPeriod::Day).await;
+    let hash = budget_hash(&env, services.keys.get(0), BudgetPeriod::Day).await;
     assert_eq!(hash.get("reserved"), Some(&(2 * cost)), "{hash:?}");
-    let state = job_state(&env, &services.keys, &job_id).await;
+    let state = job_state(&env, services.keys.get(0), &job_id).await;
     assert_eq!(state["status"], "queued");
     assert_eq!(state["budget_reserved"], cost.to_string(), "{state:?}");
     let res = test::call_service(&app, post(&key(2)).to_request()).await;
@@ -461,6 +466,7 @@ async fn maintenance_exports_the_used_ratio_only_for_tenants_with_a_budget() {
         .hset_multiple(
             services
                 .keys
+                .get(0)
                 .budget("acme", &BudgetPeriod::Day.id(Utc::now())),
             &[("reserved", 300), ("used", 500)],
         )

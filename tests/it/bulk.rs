@@ -252,14 +252,16 @@ async fn a_job_dead_lettered_by_the_worker_carries_its_class_but_dlq_list_json_i
     let services = env.services().llm(llm).build();
     let mut conn = services.redis.get().await.unwrap();
     let msg = job("acme", 1);
-    enqueue(&mut conn, &services.keys, &msg).await.unwrap();
+    enqueue(&mut conn, services.keys.get(0), &msg)
+        .await
+        .unwrap();
     let mut consumer = Consumer::new(services.worker(), "w-1");
     consumer.ensure_group().await.unwrap();
     assert_eq!(consumer.run_once().await.unwrap(), 1);
 
     let (refused, _) = dead_letters::list_matching(
         &mut conn,
-        &services.keys,
+        services.keys.get(0),
         &filter(None, Some(ReasonClass::ModelRefused)),
         None,
         10,
@@ -268,7 +270,7 @@ async fn a_job_dead_lettered_by_the_worker_carries_its_class_but_dlq_list_json_i
     .unwrap();
     let (all, _) = dead_letters::list_matching(
         &mut conn,
-        &services.keys,
+        services.keys.get(0),
         &DeadLetterFilter::default(),
         None,
         10,

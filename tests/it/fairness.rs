@@ -128,7 +128,7 @@ impl World {
         settings.auth.tokens_file = Some(file.path().to_path_buf());
         let model = Arc::new(model);
         let services = env.services().settings(settings).llm(model.clone()).build();
-        ensure_group(&mut env.redis().await, &services.keys)
+        ensure_group(&mut env.redis().await, services.keys.get(0))
             .await
             .unwrap();
         Self {
@@ -191,7 +191,7 @@ impl World {
         self.env
             .redis()
             .await
-            .smembers(self.services.keys.running(tenant))
+            .smembers(self.services.keys.get(0).running(tenant))
             .await
             .unwrap()
     }
@@ -200,7 +200,7 @@ impl World {
         self.env
             .redis()
             .await
-            .zrange(self.services.keys.lanes(), 0, -1)
+            .zrange(self.services.keys.get(0).lanes(), 0, -1)
             .await
             .unwrap()
     }
@@ -211,7 +211,7 @@ impl World {
             .env
             .redis()
             .await
-            .xpending_count(self.services.keys.stream(), GROUP, "-", "+", 1000)
+            .xpending_count(self.services.keys.get(0).stream(), GROUP, "-", "+", 1000)
             .await
             .unwrap();
         reply
@@ -319,7 +319,7 @@ async fn a_dispatched_entry_of_a_consumer_that_dies_is_reclaimed() {
     let w = World::new(&[("a", "max_concurrent = 1")], TenantModel::default()).await;
     w.post("a", 0, 2).await;
     let mut redis = w.env.redis().await;
-    let keys = &w.services.keys;
+    let keys = w.services.keys.get(0);
     let taken = read_new(&mut redis, keys, "fair-doomed", 1, Duration::ZERO)
         .await
         .unwrap();
@@ -365,7 +365,7 @@ async fn a_job_on_the_job_stream_is_consumed_before_the_lanes() {
         webhook: None,
         created_at: Utc::now(),
     };
-    enqueue(&mut w.env.redis().await, &w.services.keys, &legacy)
+    enqueue(&mut w.env.redis().await, w.services.keys.get(0), &legacy)
         .await
         .unwrap();
     let mut worker = w.consumer("fair-legacy");
@@ -383,7 +383,7 @@ async fn maintenance_frees_a_running_slot_whose_entry_is_no_longer_pending() {
     let w = World::new(&[("a", "max_concurrent = 1")], TenantModel::default()).await;
     w.post("a", 0, 2).await;
     let mut redis = w.env.redis().await;
-    let keys = &w.services.keys;
+    let keys = w.services.keys.get(0);
     let taken = read_new(&mut redis, keys, "fair-by-hand", 1, Duration::ZERO)
         .await
         .unwrap();

@@ -344,7 +344,7 @@ async fn a_failed_enqueue_stores_nothing_and_the_retry_enqueues() {
     let services = env.services().build();
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
     let key = "failed-enqueue-key-1";
-    let stream_key = services.keys.lane("acme");
+    let stream_key = services.keys.get(0).lane("acme");
     let mut r = env.redis().await;
     let () = r.set(&stream_key, "not a stream").await.unwrap();
 

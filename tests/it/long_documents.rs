@@ -316,7 +316,9 @@ async fn world(settings: Settings, env: &TestEnv, jobs: Vec<Job>) -> (Services, 
     consumer.ensure_group().await.unwrap();
     let mut redis = services.redis.get().await.unwrap();
     for job in &jobs {
-        enqueue(&mut redis, &services.keys, job).await.unwrap();
+        enqueue(&mut redis, services.keys.get(0), job)
+            .await
+            .unwrap();
     }
     (services, consumer)
 }
@@ -599,7 +601,12 @@ async fn with_the_primary_down_a_4096_token_fallback_finishes_a_long_text() {
     assert_eq!(prompt_tokens, Some(usage_sums(&seen).0));
     assert_eq!(env.count("outbox").await, 1);
     let mut redis = services.redis.get().await.unwrap();
-    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+    assert_eq!(
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// summaryd believes the model takes 8,192 tokens; it takes 4,096. The model refuses the
@@ -645,7 +652,12 @@ async fn a_context_refusal_splits_smaller_and_is_never_a_dead_letter() {
     assert_eq!(prompt_tokens, Some(usage_sums(&answered).0));
     assert_eq!(env.count("outbox").await, 1);
     let mut redis = services.redis.get().await.unwrap();
-    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+    assert_eq!(
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
+        0
+    );
 
     // Every request is in the job's history, refusals included, all of its one delivery.
     let calls = summaryd::db::model_calls::for_job(&services.pg, &job(0, String::new()).job_id)
@@ -961,7 +973,12 @@ async fn a_delivery_that_stored_parts_is_not_counted() {
     assert_eq!(env.dead_letters().await, 0);
     assert_eq!(env.count("outbox").await, 1);
     let mut redis = services.redis.get().await.unwrap();
-    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+    assert_eq!(
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
+        0
+    );
 
     // Every part's call of every delivery is in the job's history: those that failed
     // (kept before each delivery was settled) and those that answered.

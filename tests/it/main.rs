@@ -32,6 +32,7 @@ mod relay_http_mail;
 mod relay_outbox;
 mod retention;
 mod retry_policy;
+mod shards;
 mod stalls;
 mod tenant_limits;
 mod webhook_admin;

@@ -175,7 +175,7 @@ async fn a_failed_redis_read_removes_the_stream_gauges_until_a_read_succeeds() {
     let _: String = env
         .redis()
         .await
-        .xadd(services.keys.stream(), "*", &[("job_id", "x")])
+        .xadd(services.keys.get(0).stream(), "*", &[("job_id", "x")])
         .await
         .unwrap();
 
@@ -248,7 +248,7 @@ async fn the_sweep_removes_members_of_finished_and_gone_jobs_and_frees_their_slo
     settings.auth.tokens_file = Some(tokens.path().to_path_buf());
     let services = env.services().settings(settings).build();
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
-    let keys = services.keys.clone();
+    let keys = services.keys.get(0).clone();
     let set = keys.in_flight("acme");
     let mut redis = env.redis().await;
     ensure_group(&mut redis, &keys).await.unwrap();

@@ -152,7 +152,9 @@ async fn worker(env: &TestEnv, url: &str) -> (Consumer, WorkerServices) {
     let consumer = Consumer::new(services.clone(), "w-1");
     consumer.ensure_group().await.unwrap();
     let mut redis = services.redis.get().await.unwrap();
-    enqueue(&mut redis, &services.keys, &job()).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &job())
+        .await
+        .unwrap();
     (consumer, services)
 }
 
@@ -169,7 +171,12 @@ async fn a_bad_request_from_the_model_api_dead_letters_after_one_call() {
     assert_eq!(stub.requests().len(), 1);
     assert_eq!(env.dead_letters().await, 1);
     let mut redis = services.redis.get().await.unwrap();
-    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+    assert_eq!(
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(env.count("summaries").await, 0);
 }
 
@@ -181,5 +188,10 @@ async fn an_unreachable_model_api_leaves_the_job_pending_for_redelivery() {
     assert_eq!(consumer.run_once().await.unwrap(), 1);
     assert_eq!(env.dead_letters().await, 0);
     let mut redis = services.redis.get().await.unwrap();
-    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 1);
+    assert_eq!(
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
+        1
+    );
 }

@@ -51,7 +51,9 @@ impl World {
             .mailer(Arc::new(FakeMailer::new()))
             .build();
         let mut redis = env.redis().await;
-        ensure_group(&mut redis, &services.keys).await.unwrap();
+        ensure_group(&mut redis, services.keys.get(0))
+            .await
+            .unwrap();
         Self {
             env,
             services,
@@ -67,14 +69,14 @@ impl World {
     }
 
     async fn enqueue(&mut self, job: &Job) -> String {
-        enqueue(&mut self.redis, &self.services.keys, job)
+        enqueue(&mut self.redis, self.services.keys.get(0), job)
             .await
             .unwrap()
     }
 
     /// Let the consumer claim `entry` again, as a redelivery.
     async fn make_idle(&mut self, entry: &str) {
-        fabricate::make_idle(&mut self.redis, &self.services.keys, entry).await;
+        fabricate::make_idle(&mut self.redis, self.services.keys.get(0), entry).await;
     }
 
     async fn calls(&self, job: &Job) -> Vec<ModelCall> {
@@ -275,7 +277,7 @@ async fn a_failed_write_of_the_calls_is_counted_and_the_job_settled_all_the_same
     );
     let pending: redis::streams::StreamPendingReply = w
         .redis
-        .xpending(w.services.keys.stream(), GROUP)
+        .xpending(w.services.keys.get(0).stream(), GROUP)
         .await
         .unwrap();
     assert_eq!(pending.count(), 1, "the job waits for its redelivery");

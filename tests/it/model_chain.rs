@@ -94,7 +94,9 @@ async fn world(settings: Settings, env: &TestEnv, jobs: usize) -> (Services, Con
     consumer.ensure_group().await.unwrap();
     let mut redis = services.redis.get().await.unwrap();
     for n in 0..jobs {
-        enqueue(&mut redis, &services.keys, &job(n)).await.unwrap();
+        enqueue(&mut redis, services.keys.get(0), &job(n))
+            .await
+            .unwrap();
     }
     (services, consumer)
 }
@@ -172,7 +174,12 @@ async fn with_the_primary_down_jobs_finish_on_the_fallback_in_their_first_delive
         vec![(Some(LOCAL.to_string()), Some(11), Some(4)); 3]
     );
     let mut redis = services.redis.get().await.unwrap();
-    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+    assert_eq!(
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
+        0
+    );
     assert_eq!(env.dead_letters().await, 0);
     assert_eq!(env.count("outbox").await, 3, "one email intent each");
 
@@ -250,7 +257,12 @@ async fn a_bad_request_is_dead_lettered_after_one_call_and_never_tried_elsewhere
     assert_eq!(env.dead_letters().await, 1);
     assert_eq!(env.count("summaries").await, 0);
     let mut redis = services.redis.get().await.unwrap();
-    assert_eq!(pending_count(&mut redis, &services.keys).await.unwrap(), 0);
+    assert_eq!(
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 /// With no fallback, a misconfigured provider makes jobs wait, not dead-letter: the delivery
@@ -284,13 +296,15 @@ async fn with_no_fallback_a_401_makes_jobs_wait_until_a_probe_passes() {
     );
     let mut redis = services.redis.get().await.unwrap();
     assert_eq!(
-        pending_count(&mut redis, &services.keys).await.unwrap(),
+        pending_count(&mut redis, services.keys.get(0))
+            .await
+            .unwrap(),
         1,
         "the second job was not taken"
     );
     // id, consumer, idle ms, deliveries
     let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
-        .arg(services.keys.stream())
+        .arg(services.keys.get(0).stream())
         .arg("summarizers")
         .arg("-")
         .arg("+")
@@ -299,7 +313,7 @@ async fn with_no_fallback_a_401_makes_jobs_wait_until_a_probe_passes() {
         .await
         .unwrap();
     assert_eq!(
-        delivery_count(&mut redis, &services.keys, &pending[0].0)
+        delivery_count(&mut redis, services.keys.get(0), &pending[0].0)
             .await
             .unwrap(),
         Some(0),

@@ -44,7 +44,10 @@ fn job(key: &str) -> Job {
 }
 
 async fn dead_letters(redis: &mut MultiplexedConnection, services: &Services) -> usize {
-    redis.xlen(services.keys.dead_letters()).await.unwrap()
+    redis
+        .xlen(services.keys.get(0).dead_letters())
+        .await
+        .unwrap()
 }
 
 /// `consumer` dead-letters `delivery` with the operator's and the tenant's reason; whether
@@ -58,7 +61,7 @@ async fn dead_letter(
 ) -> bool {
     summaryd::stream::dead_letters::add(
         redis,
-        &services.keys,
+        services.keys.get(0),
         consumer,
         &delivery.id,
         &delivery.fields,
@@ -78,7 +81,7 @@ async fn pending(
     services: &Services,
 ) -> Vec<(String, String, usize)> {
     let reply: StreamPendingCountReply = redis
-        .xpending_count(services.keys.stream(), GROUP, "-", "+", 1000)
+        .xpending_count(services.keys.get(0).stream(), GROUP, "-", "+", 1000)
         .await
         .unwrap();
     reply
@@ -93,7 +96,7 @@ async fn consumer_names(
     services: &Services,
 ) -> Vec<(String, u64)> {
     let info: StreamInfoConsumersReply = redis
-        .xinfo_consumers(services.keys.stream(), GROUP)
+        .xinfo_consumers(services.keys.get(0).stream(), GROUP)
         .await
         .unwrap();
     info.consumers
@@ -126,7 +129,9 @@ async fn a_postgres_outage_of_several_claim_idle_periods_spends_no_delivery_and_
         .mailer(mailer.clone())
         .build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let shutdown = Shutdown::new();
     let mut tasks = Vec::new();
     for n in 0..2 {
@@ -156,17 +161,25 @@ async fn a_postgres_outage_of_several_claim_idle_periods_spends_no_delivery_and_
     };
 
     for n in 0..3 {
-        enqueue(&mut redis, &services.keys, &job(&format!("pg-before-{n}")))
-            .await
-            .unwrap();
+        enqueue(
+            &mut redis,
+            services.keys.get(0),
+            &job(&format!("pg-before-{n}")),
+        )
+        .await
+        .unwrap();
     }
     assert!(eventually(Duration::from_secs(10), || async { summaries().await == 3 }).await);
 
     pg.stop();
     for n in 0..6 {
-        enqueue(&mut redis, &services.keys, &job(&format!("pg-during-{n}")))
-            .await
-            .unwrap();
+        enqueue(
+            &mut redis,
+            services.keys.get(0),
+            &job(&format!("pg-during-{n}")),
+        )
+        .await
+        .unwrap();
     }
     // The consumers meet the outage: the gate closes, and each delivery that met it is
     // refunded and held.
@@ -185,7 +198,7 @@ async fn a_postgres_outage_of_several_claim_idle_periods_spends_no_delivery_and_
     // claim-idle periods: every pass that takes work would claim one, one more delivery each
     // time (before, two such periods dead-lettered a job). Both consumers keep passing.
     for (id, _, _) in pending(&mut redis, &services).await {
-        make_idle(&mut redis, &services.keys, &id).await;
+        make_idle(&mut redis, services.keys.get(0), &id).await;
     }
     let paused_passes = || {
         services
@@ -278,9 +291,13 @@ async fn a_delivery_slower_than_claim_idle_keeps_its_entry_and_calls_the_model_o
     let llm = Arc::new(FakeLlm::slow(Duration::from_millis(1_200)));
     let services = env.services().settings(settings).llm(llm.clone()).build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let msg = job("slow-delivery");
-    enqueue(&mut redis, &services.keys, &msg).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &msg)
+        .await
+        .unwrap();
 
     let mut slow = Consumer::new(services.worker(), "w-slow");
     let delivery = tokio::spawn(async move { slow.run_once().await.unwrap() });
@@ -317,7 +334,7 @@ async fn a_delivery_slower_than_claim_idle_keeps_its_entry_and_calls_the_model_o
     assert_eq!(env.count("summaries").await, 1);
     assert_eq!(env.count("outbox").await, 1);
     assert_eq!(
-        job_state::get(&mut redis, &services.keys, msg.job_id)
+        job_state::get(&mut redis, services.keys.get(0), msg.job_id)
             .await
             .unwrap(),
         None,
@@ -330,13 +347,17 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
     let env = TestEnv::new().await;
     let services = env.services().build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let msg = job("not-ours");
-    enqueue(&mut redis, &services.keys, &msg).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &msg)
+        .await
+        .unwrap();
     // "w-a" takes it; "w-b" (which the entry was reclaimed from, say) tries to bury it.
     let taken = summaryd::stream::consumer_group::read_new(
         &mut redis,
-        &services.keys,
+        services.keys.get(0),
         "w-a",
         1,
         Duration::from_millis(10),
@@ -351,7 +372,7 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
     assert!(!moved);
     assert_eq!(dead_letters(&mut redis, &services).await, 0);
     assert_eq!(pending(&mut redis, &services).await.len(), 1, "still w-a's");
-    let state = job_state::get(&mut redis, &services.keys, msg.job_id)
+    let state = job_state::get(&mut redis, services.keys.get(0), msg.job_id)
         .await
         .unwrap()
         .unwrap();
@@ -361,7 +382,7 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
     assert!(dead_letter(&mut redis, &services, "w-a", &taken[0], exhausted).await);
     assert_eq!(dead_letters(&mut redis, &services).await, 1);
     assert!(pending(&mut redis, &services).await.is_empty());
-    let state = job_state::get(&mut redis, &services.keys, msg.job_id)
+    let state = job_state::get(&mut redis, services.keys.get(0), msg.job_id)
         .await
         .unwrap()
         .unwrap();
@@ -369,19 +390,27 @@ async fn dead_lettering_an_entry_no_longer_ours_writes_nothing() {
 
     // A finished job's state (deleted by the acknowledgement) is not recreated.
     let done = job("done-meanwhile");
-    enqueue(&mut redis, &services.keys, &done).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &done)
+        .await
+        .unwrap();
     let taken = summaryd::stream::consumer_group::read_new(
         &mut redis,
-        &services.keys,
+        services.keys.get(0),
         "w-a",
         1,
         Duration::from_millis(10),
     )
     .await
     .unwrap();
-    let _: () = redis.del(services.keys.job(done.job_id)).await.unwrap();
+    let _: () = redis
+        .del(services.keys.get(0).job(done.job_id))
+        .await
+        .unwrap();
     assert!(dead_letter(&mut redis, &services, "w-a", &taken[0], ("x", "x")).await);
-    let exists: bool = redis.exists(services.keys.job(done.job_id)).await.unwrap();
+    let exists: bool = redis
+        .exists(services.keys.get(0).job(done.job_id))
+        .await
+        .unwrap();
     assert!(!exists, "no tenant-less failed state recreated");
 }
 
@@ -465,9 +494,13 @@ async fn get_while_the_job_commits_and_is_acknowledged_between_its_reads_answers
     let env = TestEnv::new().await;
     let services = env.services().build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let msg = job("get-window");
-    enqueue(&mut redis, &services.keys, &msg).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &msg)
+        .await
+        .unwrap();
     let tenant = TenantId::parse("acme").unwrap();
 
     let queued = read_job(&services.api(), &tenant, msg.job_id, std::future::ready(()))
@@ -488,7 +521,7 @@ async fn get_while_the_job_commits_and_is_acknowledged_between_its_reads_answers
     assert_eq!(view.status, JobStatus::Done);
     assert!(view.summary.is_some());
     assert_eq!(
-        job_state::get(&mut redis, &services.keys, msg.job_id)
+        job_state::get(&mut redis, services.keys.get(0), msg.job_id)
             .await
             .unwrap(),
         None,
@@ -514,12 +547,14 @@ async fn consumer_cleanup_on_a_quiet_system_keeps_live_consumers_and_removes_a_k
     settings.worker.block = Duration::from_millis(300);
     let services = env.services().settings(settings).build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let names = ["live-1", "live-2", "killed"];
     for name in names {
         let _: i64 = redis::cmd("XGROUP")
             .arg("CREATECONSUMER")
-            .arg(services.keys.stream())
+            .arg(services.keys.get(0).stream())
             .arg(GROUP)
             .arg(name)
             .query_async(&mut redis)
@@ -542,7 +577,10 @@ async fn consumer_cleanup_on_a_quiet_system_keeps_live_consumers_and_removes_a_k
         eventually(Duration::from_secs(5), || async {
             let mut r = redis.clone();
             for name in names {
-                let marked: bool = r.exists(services.keys.consumer_alive(name)).await.unwrap();
+                let marked: bool = r
+                    .exists(services.keys.get(0).consumer_alive(name))
+                    .await
+                    .unwrap();
                 if !marked {
                     return false;
                 }
@@ -597,7 +635,7 @@ async fn a_worker_whose_every_pass_fails_is_counted_and_reported_not_ready_with_
     let mut redis = env.redis().await;
     // The stream key holds a string: every XGROUP/XREADGROUP answers WRONGTYPE.
     let _: () = redis
-        .set(services.keys.stream(), "not a stream")
+        .set(services.keys.get(0).stream(), "not a stream")
         .await
         .unwrap();
     let shutdown = Shutdown::new();
@@ -644,7 +682,7 @@ async fn a_worker_whose_every_pass_fails_is_counted_and_reported_not_ready_with_
     );
 
     // Fixed: the next pass succeeds and readiness returns.
-    let _: () = redis.del(services.keys.stream()).await.unwrap();
+    let _: () = redis.del(services.keys.get(0).stream()).await.unwrap();
     assert!(
         eventually(Duration::from_secs(15), || async {
             services.metrics.failing_loops().is_empty()
@@ -662,18 +700,22 @@ async fn dlq_replay_all_skips_a_malformed_entry_and_replays_the_rest() {
     let env = TestEnv::new().await;
     let services = env.services().build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
-    let dead = services.keys.dead_letters();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
+    let dead = services.keys.get(0).dead_letters();
     // Oldest first: a malformed message (no job id, no payload), then a real dead job.
     let _: String = redis
         .xadd(&dead, "*", &[("garbage", "x"), ("reason", "malformed")])
         .await
         .unwrap();
     let msg = job("dlq-after-malformed");
-    enqueue(&mut redis, &services.keys, &msg).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &msg)
+        .await
+        .unwrap();
     let taken = summaryd::stream::consumer_group::read_new(
         &mut redis,
-        &services.keys,
+        services.keys.get(0),
         "w-1",
         1,
         Duration::from_millis(10),
@@ -698,7 +740,7 @@ async fn dlq_replay_all_skips_a_malformed_entry_and_replays_the_rest() {
         1,
         "the malformed one stays"
     );
-    let state = job_state::get(&mut redis, &services.keys, msg.job_id)
+    let state = job_state::get(&mut redis, services.keys.get(0), msg.job_id)
         .await
         .unwrap()
         .unwrap();

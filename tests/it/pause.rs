@@ -107,7 +107,7 @@ async fn a_pause_spends_no_delivery_and_resume_finishes_every_waiting_job() {
         .application(Roles::of(&[Role::Api, Role::Worker]))
         .await;
     let handles = app.handles().clone();
-    let keys = handles.keys.clone();
+    let keys = handles.keys.get(0).clone();
     let app = Running::start(app);
     let client = reqwest::Client::new();
     let mut redis = env.redis().await;

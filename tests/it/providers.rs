@@ -721,7 +721,7 @@ async fn a_provider_rejection_reaches_the_tenant_as_our_wording_and_no_one_sees_
     settings.llm = llm_settings(&stub.url("/v1"), Some(LONG_KEY));
     let model = llm::from_settings(&settings.llm).unwrap();
     let services = env.services().settings(settings).llm(model).build();
-    summaryd::stream::consumer_group::ensure_group(&mut env.redis().await, &services.keys)
+    summaryd::stream::consumer_group::ensure_group(&mut env.redis().await, services.keys.get(0))
         .await
         .unwrap();
     let app = web::init_service(summaryd::api::app(

@@ -67,7 +67,7 @@ async fn has_record(env: &TestEnv, services: &Services, tenant: &str, key: &str)
     );
     env.redis()
         .await
-        .exists(services.keys.idempotency(&scoped))
+        .exists(services.keys.get(0).idempotency(&scoped))
         .await
         .unwrap()
 }
@@ -268,7 +268,7 @@ async fn notify_per_hour_counts_per_recipient_and_tenant_and_never_refuses_a_rep
     let bob = Email::parse_recipient("bob@acme.com")
         .unwrap()
         .recipient_id();
-    let window = services.keys.notify_window("acme", &bob);
+    let window = services.keys.get(0).notify_window("acme", &bob);
     let mut redis = env.redis().await;
     let members: Vec<(String, f64)> = redis.zrange_withscores(&window, 0, -1).await.unwrap();
     assert_eq!(members.len(), 2, "{members:?}");

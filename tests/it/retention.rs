@@ -54,7 +54,9 @@ impl World {
             .mailer(mailer.clone())
             .build();
         let mut redis = env.redis().await;
-        ensure_group(&mut redis, &services.keys).await.unwrap();
+        ensure_group(&mut redis, services.keys.get(0))
+            .await
+            .unwrap();
         Self {
             env,
             services,
@@ -69,7 +71,7 @@ impl World {
     }
 
     async fn enqueue(&mut self, job: &Job) -> String {
-        enqueue(&mut self.redis, &self.services.keys, job)
+        enqueue(&mut self.redis, self.services.keys.get(0), job)
             .await
             .unwrap()
     }
@@ -77,7 +79,7 @@ impl World {
     async fn stream_ids(&mut self) -> Vec<String> {
         let reply: StreamRangeReply = self
             .redis
-            .xrange_all(self.services.keys.stream())
+            .xrange_all(self.services.keys.get(0).stream())
             .await
             .unwrap();
         reply.ids.into_iter().map(|e| e.id).collect()
@@ -86,14 +88,14 @@ impl World {
     async fn dead_ids(&mut self) -> Vec<String> {
         let reply: StreamRangeReply = self
             .redis
-            .xrange_all(self.services.keys.dead_letters())
+            .xrange_all(self.services.keys.get(0).dead_letters())
             .await
             .unwrap();
         reply.ids.into_iter().map(|e| e.id).collect()
     }
 
     async fn state(&mut self, job_id: JobId) -> Option<Status> {
-        job_state::get(&mut self.redis, &self.services.keys, job_id)
+        job_state::get(&mut self.redis, self.services.keys.get(0), job_id)
             .await
             .unwrap()
             .map(|s| s.status)
@@ -110,7 +112,7 @@ impl World {
             .collect();
         dead_letters::add(
             &mut self.redis,
-            &self.services.keys,
+            self.services.keys.get(0),
             "dead-letterer",
             &msg_id,
             &fields,
@@ -130,7 +132,7 @@ impl World {
     async fn read_as(&mut self, consumer: &str) -> String {
         let reply: Vec<group::Delivery> = group::read_new(
             &mut self.redis,
-            &self.services.keys,
+            self.services.keys.get(0),
             consumer,
             1,
             Duration::from_millis(10),
@@ -293,7 +295,7 @@ async fn finished_entries_leave_redis_and_unfinished_ones_survive_maintenance() 
     let claimed: StreamAutoClaimReply = w
         .redis
         .xautoclaim_options(
-            w.services.keys.stream(),
+            w.services.keys.get(0).stream(),
             GROUP,
             "c2",
             0,
@@ -314,7 +316,7 @@ async fn finished_entries_leave_redis_and_unfinished_ones_survive_maintenance() 
 #[tokio::test]
 async fn maintenance_trims_only_finished_entries_and_keeps_the_lag_exact() {
     let mut w = World::new(FakeLlm::ok(), |_| {}).await;
-    let stream = w.services.keys.stream();
+    let stream = w.services.keys.get(0).stream();
     let ids = [
         w.enqueue(&job("a")).await,
         w.enqueue(&job("b")).await,
@@ -327,10 +329,10 @@ async fn maintenance_trims_only_finished_entries_and_keeps_the_lag_exact() {
     // a: acknowledged but left in the stream; b: pending; c: finished by today's ack
     // (deleted with it, so Redis's own lag becomes unknown); d: not delivered yet.
     let _: i64 = w.redis.xack(&stream, GROUP, &[&ids[0]]).await.unwrap();
-    group::ack_done(&mut w.redis, &w.services.keys, &ids[2], &job("c"))
+    group::ack_done(&mut w.redis, w.services.keys.get(0), &ids[2], &job("c"))
         .await
         .unwrap();
-    let backlog = group::backlog_and_trim(&mut w.redis, &w.services.keys)
+    let backlog = group::backlog_and_trim(&mut w.redis, w.services.keys.get(0))
         .await
         .unwrap();
     assert_eq!(backlog.trimmed, 1);
@@ -345,7 +347,7 @@ async fn maintenance_trims_only_finished_entries_and_keeps_the_lag_exact() {
         .xack(&stream, GROUP, &[&ids[1], &ids[3]])
         .await
         .unwrap();
-    let backlog = group::backlog_and_trim(&mut w.redis, &w.services.keys)
+    let backlog = group::backlog_and_trim(&mut w.redis, w.services.keys.get(0))
         .await
         .unwrap();
     assert_eq!(
@@ -587,7 +589,7 @@ async fn dlq_purge_removes_the_chosen_dead_letters_and_their_state() {
     .unwrap();
     assert_eq!(n, 0);
     // Everything before the third one, by cutoff.
-    let n = dead_letters::purge_before(&mut w.redis, &w.services.keys, ms(&ids[2]))
+    let n = dead_letters::purge_before(&mut w.redis, w.services.keys.get(0), ms(&ids[2]))
         .await
         .unwrap();
     assert_eq!(n, 2);
@@ -666,7 +668,7 @@ async fn concurrent_maintenance_never_double_deletes_or_errors() {
                 }
             }
             let mut conn = services.redis.get().await.unwrap();
-            let dead = dead_letters::purge_before(&mut conn, &services.keys, cutoff_ms)
+            let dead = dead_letters::purge_before(&mut conn, services.keys.get(0), cutoff_ms)
                 .await
                 .unwrap();
             (rows, dead)

@@ -132,7 +132,9 @@ async fn poison_is_dead_lettered_and_the_rest_finish(poison_status: u16, poisons
         .settings(settings)
         .build_with_configured_models();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let poison: Vec<Job> = (0..poisons)
         .map(|n| {
             job(
@@ -143,13 +145,17 @@ async fn poison_is_dead_lettered_and_the_rest_finish(poison_status: u16, poisons
         })
         .collect();
     for job in &poison {
-        enqueue(&mut redis, &services.keys, job).await.unwrap();
+        enqueue(&mut redis, services.keys.get(0), job)
+            .await
+            .unwrap();
     }
     let good: Vec<Job> = (0..20)
         .map(|n| job("good", &format!("good-{n}"), &format!("Call notes {n}.")))
         .collect();
     for job in &good {
-        enqueue(&mut redis, &services.keys, job).await.unwrap();
+        enqueue(&mut redis, services.keys.get(0), job)
+            .await
+            .unwrap();
     }
     let shutdown = Shutdown::new();
     let tasks = consumers(&services, 2, &shutdown);
@@ -170,7 +176,7 @@ async fn poison_is_dead_lettered_and_the_rest_finish(poison_status: u16, poisons
     }
     for job in &poison {
         assert_eq!(
-            status(&mut redis, &services.keys, job).await,
+            status(&mut redis, services.keys.get(0), job).await,
             Some(Status::Failed)
         );
     }
@@ -239,7 +245,9 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
     settings.worker.max_deliveries = 2;
     let services = env.services().settings(settings).llm(model.clone()).build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     // Connect the pool first, so the switch meets connections in use, as a failover does.
     drop(services.pg.get().await.unwrap());
     set_read_only(&env, true).await;
@@ -247,7 +255,9 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
         .map(|n| job("acme", &format!("ro-{n}"), &format!("Call notes {n}.")))
         .collect();
     for job in &jobs {
-        enqueue(&mut redis, &services.keys, job).await.unwrap();
+        enqueue(&mut redis, services.keys.get(0), job)
+            .await
+            .unwrap();
     }
     let shutdown = Shutdown::new();
     let tasks = consumers(&services, 2, &shutdown);
@@ -267,7 +277,7 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
     );
     for job in &jobs {
         assert_eq!(
-            status(&mut redis, &services.keys, job).await,
+            status(&mut redis, services.keys.get(0), job).await,
             Some(Status::Queued)
         );
     }
@@ -306,9 +316,13 @@ async fn one_slow_job(
     configure(&mut settings);
     let services = env.services().settings(settings).llm(model.clone()).build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let slow = job("acme", key, "Call notes.");
-    let id = enqueue(&mut redis, &services.keys, &slow).await.unwrap();
+    let id = enqueue(&mut redis, services.keys.get(0), &slow)
+        .await
+        .unwrap();
     (services, model, slow, id)
 }
 
@@ -324,7 +338,7 @@ async fn a_delivery_cut_short_by_shutdown_is_refunded() {
     let tasks = consumers(&services, 1, &shutdown);
     assert!(eventually(Duration::from_secs(10), || async { model.calls() == 1 }).await);
     assert_eq!(
-        delivery_count(&mut redis, &services.keys, &id)
+        delivery_count(&mut redis, services.keys.get(0), &id)
             .await
             .unwrap(),
         Some(1)
@@ -338,14 +352,14 @@ async fn a_delivery_cut_short_by_shutdown_is_refunded() {
             .unwrap();
     }
     assert_eq!(
-        delivery_count(&mut redis, &services.keys, &id)
+        delivery_count(&mut redis, services.keys.get(0), &id)
             .await
             .unwrap(),
         Some(0),
         "still pending, and the cut-short delivery does not count"
     );
     let refunds: Option<u64> = redis
-        .hget(services.keys.job(slow.job_id), REFUNDS)
+        .hget(services.keys.get(0).job(slow.job_id), REFUNDS)
         .await
         .unwrap();
     assert_eq!(refunds, Some(1));
@@ -368,7 +382,7 @@ async fn a_delivery_whose_claim_was_taken_stops_paying_for_its_model_call() {
 
     // Another consumer takes the entry (as after a stall past `claim_idle`).
     let _: redis::Value = redis::cmd("XCLAIM")
-        .arg(services.keys.stream())
+        .arg(services.keys.get(0).stream())
         .arg(GROUP)
         .arg("w-thief")
         .arg(0)
@@ -383,7 +397,7 @@ async fn a_delivery_whose_claim_was_taken_stops_paying_for_its_model_call() {
     assert_eq!(taken, 1);
     assert_eq!(model.in_flight(), 0, "its model call was abandoned");
     let owner: redis::streams::StreamPendingCountReply = redis
-        .xpending_count(services.keys.stream(), GROUP, &id, &id, 1)
+        .xpending_count(services.keys.get(0).stream(), GROUP, &id, &id, 1)
         .await
         .unwrap();
     assert_eq!(
@@ -403,21 +417,31 @@ async fn a_redis_error_while_dead_lettering_does_not_call_the_model_again() {
     }));
     let services = env.services().llm(model.clone()).build();
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, &services.keys).await.unwrap();
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
     let refused = job("acme", "refused", "Notes.");
-    enqueue(&mut redis, &services.keys, &refused).await.unwrap();
+    enqueue(&mut redis, services.keys.get(0), &refused)
+        .await
+        .unwrap();
     // The dead-letter stream's key holds a string: XADD fails with WRONGTYPE, as a
     // failing Redis would make the step fail.
-    let _: () = redis.set(services.keys.dead_letters(), "x").await.unwrap();
+    let _: () = redis
+        .set(services.keys.get(0).dead_letters(), "x")
+        .await
+        .unwrap();
     let mut consumer = Consumer::new(services.worker(), "w-1");
     assert!(consumer.run_once().await.is_err(), "dead-lettering failed");
     assert_eq!(model.calls(), 1);
 
-    let _: () = redis.del(services.keys.dead_letters()).await.unwrap();
+    let _: () = redis
+        .del(services.keys.get(0).dead_letters())
+        .await
+        .unwrap();
     assert_eq!(consumer.run_once().await.unwrap(), 1);
     assert_eq!(env.dead_letters().await, 1);
     assert_eq!(
-        status(&mut redis, &services.keys, &refused).await,
+        status(&mut redis, services.keys.get(0), &refused).await,
         Some(Status::Failed)
     );
     assert_eq!(model.calls(), 1, "the retry only dead-lettered the job");
@@ -428,7 +452,7 @@ async fn re_claiming_sets_the_count_so_a_lost_reply_can_be_sent_again_and_refund
     let env = TestEnv::new().await;
     let services = env.services().build();
     let mut redis = env.redis().await;
-    let keys = &services.keys;
+    let keys = services.keys.get(0);
     ensure_group(&mut redis, keys).await.unwrap();
     let bounded = job("acme", "bounded", "Notes.");
     enqueue(&mut redis, keys, &bounded).await.unwrap();

@@ -53,7 +53,7 @@ async fn in_flight(env: &TestEnv, services: &Services) -> Vec<String> {
     let mut ids: Vec<String> = env
         .redis()
         .await
-        .smembers(services.keys.in_flight("acme"))
+        .smembers(services.keys.get(0).in_flight("acme"))
         .await
         .unwrap();
     ids.sort();
@@ -139,7 +139,7 @@ async fn max_in_flight_counts_accepted_jobs_until_done_or_dead_lettered() {
         ),
     );
     let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
-    ensure_group(&mut env.redis().await, &services.keys)
+    ensure_group(&mut env.redis().await, services.keys.get(0))
         .await
         .unwrap();
     let mut ids = Vec::new();
@@ -185,9 +185,11 @@ async fn max_in_flight_counts_accepted_jobs_until_done_or_dead_lettered() {
 
     // `dlq replay` puts the dead job back in flight (never refused: it was accepted).
     let mut r = env.redis().await;
-    let dead = dead_letters::all_ids(&mut r, &services.keys).await.unwrap();
+    let dead = dead_letters::all_ids(&mut r, services.keys.get(0))
+        .await
+        .unwrap();
     assert_eq!(dead.len(), 1);
-    let replayed = dead_letters::replay(&mut r, &services.keys, &dead[0])
+    let replayed = dead_letters::replay(&mut r, services.keys.get(0), &dead[0])
         .await
         .unwrap();
     let dead_job = match replayed {
@@ -218,7 +220,7 @@ async fn the_rate_refills_as_time_passes() {
         "50 ms, rounded up to a whole second"
     );
     let mut r = env.redis().await;
-    rewind_rate(&mut r, &a.keys, "acme", Duration::from_millis(50)).await;
+    rewind_rate(&mut r, a.keys.get(0), "acme", Duration::from_millis(50)).await;
     let again = test::call_service(&app, post("rate-refill-key-001").to_request()).await;
     assert_eq!(
         again.status(),

@@ -384,7 +384,7 @@ async fn a_dead_lettered_job_sends_one_summary_failed_with_gets_error_even_when_
 
     // The first settlement records the event, then its dead letter fails (the dead-letter
     // stream's key holds a string): Redis failing between the two writes.
-    let dead_key = services.keys.dead_letters();
+    let dead_key = services.keys.get(0).dead_letters();
     let mut redis = env.redis().await;
     let _: () = redis.set(&dead_key, "in the way").await.unwrap();
     let consumer = Consumer::new(services.worker(), "w-dead");

@@ -60,7 +60,9 @@ impl World {
             .mailer(mailer.clone())
             .build();
         let mut redis = env.redis().await;
-        ensure_group(&mut redis, &services.keys).await.unwrap();
+        ensure_group(&mut redis, services.keys.get(0))
+            .await
+            .unwrap();
         Self {
             env,
             llm,
@@ -88,7 +90,7 @@ impl World {
     }
 
     async fn enqueue(&mut self, msg: &Job) -> String {
-        enqueue(&mut self.redis, &self.services.keys, msg)
+        enqueue(&mut self.redis, self.services.keys.get(0), msg)
             .await
             .unwrap()
     }
@@ -98,7 +100,7 @@ impl World {
         let opts = StreamReadOptions::default().group(GROUP, consumer).count(1);
         let reply: StreamReadReply = self
             .redis
-            .xread_options(&[self.services.keys.stream()], &[">"], &opts)
+            .xread_options(&[self.services.keys.get(0).stream()], &[">"], &opts)
             .await
             .unwrap();
         let entry = reply.keys[0].ids[0].clone();
@@ -109,7 +111,7 @@ impl World {
     async fn pending(&mut self) -> usize {
         let reply: StreamPendingReply = self
             .redis
-            .xpending(self.services.keys.stream(), GROUP)
+            .xpending(self.services.keys.get(0).stream(), GROUP)
             .await
             .unwrap();
         reply.count()
@@ -119,7 +121,7 @@ impl World {
     async fn pending_entries(&mut self) -> Vec<(String, String, usize)> {
         let reply: StreamPendingCountReply = self
             .redis
-            .xpending_count(self.services.keys.stream(), GROUP, "-", "+", 100)
+            .xpending_count(self.services.keys.get(0).stream(), GROUP, "-", "+", 100)
             .await
             .unwrap();
         reply
@@ -130,14 +132,14 @@ impl World {
     }
 
     async fn make_idle(&mut self, msg_id: &str) {
-        fabricate::make_idle(&mut self.redis, &self.services.keys, msg_id).await;
+        fabricate::make_idle(&mut self.redis, self.services.keys.get(0), msg_id).await;
     }
 
     /// Dead-letter entries as field maps.
     async fn dead_letters(&mut self) -> Vec<HashMap<String, String>> {
         let reply: redis::streams::StreamRangeReply = self
             .redis
-            .xrange_all(self.services.keys.dead_letters())
+            .xrange_all(self.services.keys.get(0).dead_letters())
             .await
             .unwrap();
         reply
@@ -153,7 +155,7 @@ impl World {
     }
 
     async fn job_state(&mut self, job_id: JobId) -> Option<job_state::JobState> {
-        job_state::get(&mut self.redis, &self.services.keys, job_id)
+        job_state::get(&mut self.redis, self.services.keys.get(0), job_id)
             .await
             .unwrap()
     }
@@ -460,7 +462,7 @@ async fn bad_request_is_dead_lettered_after_one_call() {
 /// The tenant's in-flight set (job ids accepted and not finished).
 async fn in_flight(w: &mut World, tenant: &str) -> Vec<String> {
     w.redis
-        .smembers(w.services.keys.in_flight(tenant))
+        .smembers(w.services.keys.get(0).in_flight(tenant))
         .await
         .unwrap()
 }
@@ -513,7 +515,7 @@ async fn malformed_message_is_dead_lettered_at_once() {
     let id: String = w
         .redis
         .xadd(
-            w.services.keys.stream(),
+            w.services.keys.get(0).stream(),
             "*",
             &[("job_id", "not-a-uuid"), ("payload", "{")],
         )
@@ -619,7 +621,7 @@ async fn run_stops_promptly_on_shutdown_and_finishes_the_job_in_hand() {
 async fn idle_consumers_with_nothing_pending_are_removed_from_the_group() {
     let mut w =
         World::with_settings(FakeLlm::ok(), |s| s.worker.consumer_gc = Duration::ZERO).await;
-    let stream = w.services.keys.stream();
+    let stream = w.services.keys.get(0).stream();
     for name in ["w-gone", "w-me"] {
         let _: i64 = redis::cmd("XGROUP")
             .arg("CREATECONSUMER")
@@ -638,7 +640,7 @@ async fn idle_consumers_with_nothing_pending_are_removed_from_the_group() {
 
     let removed = summaryd::stream::consumer_group::remove_idle_consumers(
         &mut w.redis,
-        &w.services.keys,
+        w.services.keys.get(0),
         "w-me",
         Duration::ZERO,
     )

@@ -83,7 +83,7 @@ pub fn record_key(services: &Services, tenant: &str, key: &str) -> String {
         &TenantId::parse(tenant).unwrap(),
         &IdempotencyKey::parse(key).unwrap(),
     );
-    services.keys.idempotency(&scoped)
+    services.keys.get(0).idempotency(&scoped)
 }
 
 /// The job id the API derives for `body` under (tenant, key).

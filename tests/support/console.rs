@@ -25,7 +25,7 @@ pub fn refused() -> summaryd::llm::LlmError {
 pub async fn dead_letter(services: &Services, jobs: &[summaryd::domain::Job]) {
     let mut redis = services.redis.get().await.unwrap();
     for j in jobs {
-        summaryd::stream::enqueue(&mut redis, &services.keys, j)
+        summaryd::stream::enqueue(&mut redis, services.keys.get(0), j)
             .await
             .unwrap();
     }

@@ -52,6 +52,9 @@ pub(crate) struct DeadLetters {
     pub(crate) dead_letters: Vec<DeadLetterView>,
     /// Pass as `after` for the next page; `None` on the last.
     pub(crate) next: Option<String>,
+    /// How many stream shards there are (`SUMMARYD_STREAM_SHARDS`): with more than one,
+    /// the page lists one shard's dead letters at a time and offers the others.
+    pub(crate) shards: usize,
 }
 
 fn duration(fields: &Fields, name: &str) -> Result<Option<Duration>, ConsoleError> {
@@ -88,7 +91,9 @@ pub(crate) fn filter(fields: &Fields) -> Result<DeadLetterFilter, ConsoleError> 
 
 /// The filter as query-string fields, to carry it through forms and links.
 fn filter_fields(fields: &Fields) -> Vec<(&'static str, String)> {
-    ["tenant", "class", "older_than", "newer_than"]
+    // The shard travels with the filter: every page, confirmation and bulk run of a
+    // listing acts on the shard it shows.
+    ["tenant", "class", "older_than", "newer_than", "shard"]
         .into_iter()
         .filter_map(|name| fields.get(name).map(|v| (name, v.to_owned())))
         .collect()
@@ -108,20 +113,21 @@ fn describe(fields: &Fields) -> String {
 
 pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<DeadLetters, ConsoleError> {
     let filter = filter(fields)?;
+    let keys = console.keys.get(super::shard(console, fields)?);
     let mut conn = console.redis.get().await?;
-    let upto = dead_letters::newest_id(&mut conn, &console.keys).await?;
+    let upto = dead_letters::newest_id(&mut conn, keys).await?;
     let matching = match &upto {
-        Some(upto) => dead_letters::count_matching(&mut conn, &console.keys, &filter, upto).await?,
+        Some(upto) => dead_letters::count_matching(&mut conn, keys, &filter, upto).await?,
         None => 0,
     };
     let (page, next) =
-        dead_letters::list_matching(&mut conn, &console.keys, &filter, fields.get("after"), PAGE)
-            .await?;
+        dead_letters::list_matching(&mut conn, keys, &filter, fields.get("after"), PAGE).await?;
     Ok(DeadLetters {
         matching,
         upto,
         dead_letters: page.into_iter().map(DeadLetterView::from).collect(),
         next,
+        shards: console.keys.count(),
     })
 }
 
@@ -161,6 +167,17 @@ pub(crate) fn render(d: &DeadLetters, fields: &Fields, who: &Who) -> Markup {
             }
             label for="f-older" { "Older than (e.g. 2h)" input #f-older type="text" name="older_than" value=(fields.get("older_than").unwrap_or("")); }
             label for="f-newer" { "Newer than (e.g. 7d)" input #f-newer type="text" name="newer_than" value=(fields.get("newer_than").unwrap_or("")); }
+            @if d.shards > 1 {
+                @let shard = fields.get("shard").unwrap_or("0");
+                label for="f-shard" { "Shard"
+                    select #f-shard name="shard" {
+                        @for s in 0..d.shards {
+                            @let s = s.to_string();
+                            option value=(s) selected[shard == s] { (s) }
+                        }
+                    }
+                }
+            }
             button type="submit" { "Filter" }
         }
         p { strong { (d.matching) } " dead letter(s) match (" (describe(fields)) ")." }
@@ -260,8 +277,9 @@ pub(crate) async fn confirm(
     let count = if all {
         let filter = filter(&fields)?;
         let upto = fields.require("upto")?;
+        let keys = console.keys.get(super::shard(&console, &fields)?);
         let mut conn = console.redis.get().await?;
-        dead_letters::count_matching(&mut conn, &console.keys, &filter, upto).await?
+        dead_letters::count_matching(&mut conn, keys, &filter, upto).await?
     } else {
         if ids.is_empty() {
             return Err(ConsoleError::BadInput(

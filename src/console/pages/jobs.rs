@@ -52,27 +52,40 @@ pub(crate) async fn dead_letter_of(
     console: &Console,
     job_id: JobId,
 ) -> Result<Option<DeadLetterView>, ConsoleError> {
+    Ok(dead_letter_in_shards(console, job_id)
+        .await?
+        .map(|(_, found)| found))
+}
+
+/// The job's dead letter and the shard it is in: each shard's dead letters in turn.
+async fn dead_letter_in_shards(
+    console: &Console,
+    job_id: JobId,
+) -> Result<Option<(u16, DeadLetterView)>, ConsoleError> {
     let mut conn = console.redis.get().await?;
     let wanted = job_id.to_string();
     let everything = DeadLetterFilter::default();
-    let mut after: Option<String> = None;
-    loop {
-        let (page, next) = dead_letters::list_matching(
-            &mut conn,
-            &console.keys,
-            &everything,
-            after.as_deref(),
-            SCAN_PAGE,
-        )
-        .await?;
-        if let Some(found) = page.into_iter().find(|d| d.job_id == wanted) {
-            return Ok(Some(found.into()));
-        }
-        match next {
-            Some(next) => after = Some(next),
-            None => return Ok(None),
+    for keys in console.keys.all() {
+        let mut after: Option<String> = None;
+        loop {
+            let (page, next) = dead_letters::list_matching(
+                &mut conn,
+                keys,
+                &everything,
+                after.as_deref(),
+                SCAN_PAGE,
+            )
+            .await?;
+            if let Some(found) = page.into_iter().find(|d| d.job_id == wanted) {
+                return Ok(Some((keys.shard(), found.into())));
+            }
+            match next {
+                Some(next) => after = Some(next),
+                None => break,
+            }
         }
     }
+    Ok(None)
 }
 
 pub(crate) async fn load(
@@ -84,7 +97,14 @@ pub(crate) async fn load(
     // the second read.
     let state = {
         let mut conn = console.redis.get().await?;
-        job_state::get(&mut conn, &console.keys, job_id).await?
+        let mut found = None;
+        for keys in console.keys.all() {
+            found = job_state::get(&mut conn, keys, job_id).await?;
+            if found.is_some() {
+                break;
+            }
+        }
+        found
     };
     let summary = crate::db::summaries::find(&console.pg, job_id).await?;
     let model_calls = crate::db::model_calls::for_job(&console.pg, &job_id).await?;
@@ -191,7 +211,8 @@ pub(crate) async fn found_by_key(
         Err(e) => return Ok(Err(format!("Idempotency-Key: {e}"))),
     };
     let mut conn = console.redis.get().await?;
-    match crate::api::idempotency::job_of(&mut conn, &console.keys, &tenant, &key).await {
+    let keys = console.keys.of_tenant(tenant.as_str());
+    match crate::api::idempotency::job_of(&mut conn, keys, &tenant, &key).await {
         Ok(Some(job_id)) => Ok(Ok(job_id)),
         Ok(None) => Ok(Err(format!(
             "No job of tenant {} has Idempotency-Key {:?} (or its record expired).",
@@ -346,11 +367,11 @@ pub(crate) async fn apply_replay(
     who: &Who,
     job_id: JobId,
 ) -> Result<bool, ConsoleError> {
-    let Some(dead) = dead_letter_of(console, job_id).await? else {
+    let Some((shard, dead)) = dead_letter_in_shards(console, job_id).await? else {
         return Ok(false);
     };
     let mut conn = console.redis.get().await?;
-    match dead_letters::replay(&mut conn, &console.keys, &dead.id)
+    match dead_letters::replay(&mut conn, console.keys.get(shard), &dead.id)
         .await
         .map_err(|e| ConsoleError::Internal(e.to_string()))?
     {

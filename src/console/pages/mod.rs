@@ -78,13 +78,31 @@ pub(crate) async fn signed_in(
 }
 
 /// A GET's query string as fields (filters, windows, cursors).
+/// The stream shard a dead-letter page or bulk action is about: the form's `shard`
+/// (0 when absent, as on a deployment with one shard).
+pub(crate) fn shard(console: &Console, fields: &Fields) -> Result<u16, ConsoleError> {
+    let Some(raw) = fields.get("shard") else {
+        return Ok(0);
+    };
+    let count = console.keys.count();
+    raw.parse::<u16>()
+        .ok()
+        .filter(|s| usize::from(*s) < count)
+        .ok_or_else(|| {
+            ConsoleError::BadInput(format!(
+                "shard must be a number from 0 to {} (SUMMARYD_STREAM_SHARDS is {count})",
+                count - 1
+            ))
+        })
+}
+
 pub(crate) fn query(req: &HttpRequest) -> Fields {
     Fields::parse(req.query_string().as_bytes())
 }
 
 pub(crate) async fn paused(console: &Console) -> Result<Option<Pause>, ConsoleError> {
     let mut conn = console.redis.get().await?;
-    Ok(crate::stream::pause::current(&mut conn, &console.keys).await?)
+    Ok(crate::stream::pause::current(&mut conn, console.keys.global()).await?)
 }
 
 /// A page's frame.
@@ -194,7 +212,9 @@ pub(crate) async fn sign_in(
         .map(|a| a.ip().to_string())
         .unwrap_or_else(|| "unknown".into());
     let mut conn = console.redis.get().await?;
-    if let Some(wait) = session::locked_for(&mut conn, &console.keys, &name, &address).await? {
+    if let Some(wait) =
+        session::locked_for(&mut conn, console.keys.global(), &name, &address).await?
+    {
         let seconds = wait.as_secs().max(1);
         tracing::warn!(user = %name, %address, "console sign-in refused: too many failures");
         let mut res = sign_in_response(
@@ -226,7 +246,7 @@ pub(crate) async fn sign_in(
         .map_err(|e| ConsoleError::Internal(e.to_string()))?
     };
     let Some(user) = checked else {
-        session::note_failure(&mut conn, &console.keys, &name, &address).await?;
+        session::note_failure(&mut conn, console.keys.global(), &name, &address).await?;
         tracing::warn!(user = %name, %address, "console sign-in failed");
         return Ok(sign_in_response(
             &req,
@@ -234,8 +254,8 @@ pub(crate) async fn sign_in(
             Some("Wrong user name or password."),
         ));
     };
-    session::clear_failures(&mut conn, &console.keys, &user, &address).await?;
-    let (id, _) = session::create(&mut conn, &console.keys, &user, console.idle).await?;
+    session::clear_failures(&mut conn, console.keys.global(), &user, &address).await?;
+    let (id, _) = session::create(&mut conn, console.keys.global(), &user, console.idle).await?;
     tracing::info!(user = %user, %address, "console sign-in");
     Ok(HttpResponse::SeeOther()
         .insert_header((LOCATION, paths::HOME))
@@ -262,7 +282,7 @@ pub(crate) async fn sign_out(
         return Err(ConsoleError::Csrf);
     }
     let mut conn = console.redis.get().await?;
-    session::end(&mut conn, &console.keys, id).await?;
+    session::end(&mut conn, console.keys.global(), id).await?;
     tracing::info!(user = %who.name, "console sign-out");
     Ok(HttpResponse::SeeOther()
         .insert_header((LOCATION, paths::SIGN_IN))

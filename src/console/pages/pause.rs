@@ -59,11 +59,11 @@ pub(crate) async fn apply_pause(
         chrono::Utc::now(),
     );
     let mut conn = console.redis.get().await?;
-    let newly = crate::stream::pause::pause(&mut conn, &console.keys, &pause).await?;
+    let newly = crate::stream::pause::pause(&mut conn, console.keys.global(), &pause).await?;
     if newly {
         console.record(who, Action::Pause, reason.unwrap_or("no reason given"));
     }
-    Ok(crate::stream::pause::current(&mut conn, &console.keys).await?)
+    Ok(crate::stream::pause::current(&mut conn, console.keys.global()).await?)
 }
 
 pub(crate) async fn apply_resume(
@@ -71,7 +71,7 @@ pub(crate) async fn apply_resume(
     who: &Who,
 ) -> Result<Option<Pause>, ConsoleError> {
     let mut conn = console.redis.get().await?;
-    let cleared = crate::stream::pause::resume(&mut conn, &console.keys).await?;
+    let cleared = crate::stream::pause::resume(&mut conn, console.keys.global()).await?;
     if let Some(p) = &cleared {
         console.record(who, Action::Resume, &format!("pause by {}", p.by()));
     }

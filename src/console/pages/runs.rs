@@ -56,12 +56,13 @@ pub(crate) async fn start_run(
     run_id: &str,
     action: BulkAction,
     selection: Selection,
+    shard: u16,
 ) -> Result<BulkRun, ConsoleError> {
     let mut conn = console.redis.get().await?;
-    let existing = bulk::get(&mut conn, &console.keys, run_id).await?;
+    let existing = bulk::get(&mut conn, console.keys.global(), run_id).await?;
     let run = bulk::start(
         &mut conn,
-        &console.keys,
+        console.keys.get(shard),
         run_id,
         action,
         selection,
@@ -79,19 +80,25 @@ pub(crate) async fn start_run(
             &touched,
         );
     }
-    if !run.is_finished() && !bulk::is_worked(&mut conn, &console.keys, run_id).await? {
-        work(console.clone(), run_id.to_owned());
+    if !run.is_finished() && !bulk::is_worked(&mut conn, console.keys.global(), run_id).await? {
+        work(console.clone(), run_id.to_owned(), run.shard);
     }
     Ok(run)
 }
 
 /// Work the run to its end on its own task: the request that started it returns at once.
-fn work(console: Console, run_id: String) {
+fn work(console: Console, run_id: String, shard: u16) {
     tokio::spawn(async move {
         let result = async {
             let mut conn = console.redis.get().await?;
             Ok::<_, ConsoleError>(
-                bulk::run_to_end(&mut conn, &console.keys, &run_id, bulk::DEFAULT_PAGE).await?,
+                bulk::run_to_end(
+                    &mut conn,
+                    console.keys.get(shard),
+                    &run_id,
+                    bulk::DEFAULT_PAGE,
+                )
+                .await?,
             )
         }
         .await;
@@ -111,9 +118,20 @@ pub(crate) async fn start(
 ) -> Result<HttpResponse, ConsoleError> {
     let (who, fields) = change_form(&req, &console, &body).await?;
     let run_id = fields.require("run_id")?.to_owned();
-    let run = match bulk::get(&mut console.redis.get().await?, &console.keys, &run_id).await? {
+    let global = console.keys.global();
+    let run = match bulk::get(&mut console.redis.get().await?, global, &run_id).await? {
         // A resume, or a second click: the stored run decides what happens.
-        Some(run) => start_run(&console, &who, &run_id, run.action, run.selection).await?,
+        Some(run) => {
+            start_run(
+                &console,
+                &who,
+                &run_id,
+                run.action,
+                run.selection,
+                run.shard,
+            )
+            .await?
+        }
         None => {
             start_run(
                 &console,
@@ -121,6 +139,7 @@ pub(crate) async fn start(
                 &run_id,
                 action(&fields)?,
                 selection(&fields)?,
+                super::shard(&console, &fields)?,
             )
             .await?
         }
@@ -130,12 +149,12 @@ pub(crate) async fn start(
 
 pub(crate) async fn load(console: &Console, run_id: &str) -> Result<(BulkRun, bool), ConsoleError> {
     let mut conn = console.redis.get().await?;
-    let run = bulk::get(&mut conn, &console.keys, run_id)
+    let run = bulk::get(&mut conn, console.keys.global(), run_id)
         .await?
         .ok_or_else(|| {
             ConsoleError::NotFound(format!("no bulk run {run_id:?} (runs are kept 7 days)"))
         })?;
-    let worked = bulk::is_worked(&mut conn, &console.keys, run_id).await?;
+    let worked = bulk::is_worked(&mut conn, console.keys.global(), run_id).await?;
     Ok((run, worked))
 }
 

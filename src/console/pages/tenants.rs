@@ -74,9 +74,17 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
     let (window_text, window) = window(fields)?;
     let usage = crate::db::summaries::usage(&console.pg, Some(window), None).await?;
     let mut conn = console.redis.get().await?;
-    let in_flight =
-        crate::stream::tenant_limits::in_flight_by_tenant(&mut conn, &console.keys).await?;
-    let queued = crate::stream::lanes::backlog(&mut conn, &console.keys).await?;
+    // A tenant lives in one shard, so the shards' rows never overlap.
+    let mut in_flight = Vec::new();
+    let mut queued = Vec::new();
+    for keys in console.keys.all() {
+        in_flight.extend(crate::stream::tenant_limits::in_flight_by_tenant(&mut conn, keys).await?);
+        queued.extend(
+            crate::stream::lanes::backlog(&mut conn, keys)
+                .await?
+                .per_tenant,
+        );
+    }
     let mut rows: BTreeMap<String, TenantRow> = BTreeMap::new();
     fn row<'a>(rows: &'a mut BTreeMap<String, TenantRow>, tenant: &str) -> &'a mut TenantRow {
         rows.entry(tenant.to_owned()).or_insert_with(|| TenantRow {
@@ -99,7 +107,7 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
     for (tenant, n) in in_flight {
         row(&mut rows, &tenant).in_flight = n;
     }
-    for (tenant, n) in queued.per_tenant {
+    for (tenant, n) in queued {
         row(&mut rows, &tenant).queued = n;
     }
     if let Some(tokens) = &console.tokens {
@@ -116,9 +124,9 @@ pub(crate) async fn load(console: &Console, fields: &Fields) -> Result<Tenants, 
             });
             if let Some(budget) = policy.budget {
                 let period = budget.period.id(chrono::Utc::now());
+                let keys = console.keys.of_tenant(tenant.as_str());
                 let taken =
-                    crate::stream::budget::read(&mut conn, &console.keys, tenant.as_str(), &period)
-                        .await?;
+                    crate::stream::budget::read(&mut conn, keys, tenant.as_str(), &period).await?;
                 row(&mut rows, tenant.as_str()).budget = Some(BudgetRow {
                     period,
                     budget_tokens: budget.tokens,

@@ -1,0 +1,309 @@
+//! Shards on one Redis node (`SUMMARYD_STREAM_SHARDS`, `docs/scaling.md`): each tenant's
+//! jobs, records and lanes live under its shard's hash tag; the workers drain every shard
+//! and do each job once; dead letters are listed and replayed across shards; the gauges
+//! say what each shard holds; and a process refuses a shard count that would strand work.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::json;
+use summaryd::app::{Application, StartError};
+use summaryd::config::Settings;
+use summaryd::config::roles::{Role, Roles};
+use summaryd::infra::keys::Shards;
+use summaryd::llm::LlmError;
+use summaryd::stream::layout::LayoutError;
+
+use crate::shared::running::Running;
+use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
+
+/// Tenants and the shard each maps to with three shards (pinned in `infra::keys`).
+const TENANTS: [(&str, u16); 6] = [
+    ("acme", 0),
+    ("globex", 1),
+    ("initech", 1),
+    ("umbrella", 2),
+    ("hooli", 2),
+    ("default", 1),
+];
+const PER_TENANT: usize = 4;
+
+fn sharded(env: &TestEnv, shards: u16) -> Settings {
+    let mut settings = env.settings.clone();
+    settings.stream.shards = shards;
+    settings.worker.consumers = 2;
+    settings.maintenance.interval = Duration::from_millis(50);
+    settings
+}
+
+async fn app(
+    env: &TestEnv,
+    settings: &Settings,
+    roles: &[Role],
+    llm: FakeLlm,
+    mailer: &Arc<FakeMailer>,
+) -> Result<Application, StartError> {
+    let _ = env;
+    Application::build(
+        settings.clone(),
+        Roles::of(roles),
+        Arc::new(llm),
+        mailer.clone(),
+        false,
+    )
+    .await
+}
+
+async fn post_all(base: &str) -> Vec<String> {
+    let client = reqwest::Client::new();
+    let mut ids = Vec::new();
+    for (tenant, _) in TENANTS {
+        for n in 0..PER_TENANT {
+            let res = client
+                .post(format!("{base}/v1/summaries"))
+                .header("Idempotency-Key", key(tenant, n))
+                .header("X-Tenant-Id", tenant)
+                .json(&json!({"text": format!("Job {n} of {tenant}. Revenue grew."), "notify": "ops@example.com"}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(res.status(), 202);
+            let body: serde_json::Value = res.json().await.unwrap();
+            ids.push(body["job_id"].as_str().unwrap().to_owned());
+        }
+    }
+    ids
+}
+
+fn key(tenant: &str, n: usize) -> String {
+    format!("shard-test-{tenant}-{n:04}")
+}
+
+async fn metrics(base: &str) -> String {
+    reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
+fn gauge(text: &str, shard: u16, state: &str) -> Option<f64> {
+    let series = format!("summaryd_stream_shard_entries{{shard=\"{shard}\",state=\"{state}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&series))
+        .map(|v| v.parse().unwrap())
+}
+
+#[tokio::test]
+async fn three_shards_on_one_node_keep_each_tenant_in_its_shard_and_do_every_job_once() {
+    let env = TestEnv::new().await;
+    let settings = sharded(&env, 3);
+    let prefix = settings.key_prefix.clone();
+    let mailer = Arc::new(FakeMailer::new());
+    let api = Running::start(
+        app(&env, &settings, &[Role::Api], FakeLlm::ok(), &mailer)
+            .await
+            .unwrap(),
+    );
+    let ids = post_all(&api.base).await;
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len());
+
+    // Where the accepts went: the tenant's shard, and nowhere else.
+    let mut redis = env.redis().await;
+    for (tenant, shard) in TENANTS {
+        let tag = format!("{prefix}{{s{shard}}}");
+        let record: bool = redis
+            .exists(format!(
+                "{tag}idem:{tenant}:POST:/v1/summaries:{}",
+                key(tenant, 0)
+            ))
+            .await
+            .unwrap();
+        assert!(record, "{tenant}'s record is in shard {shard}");
+        let lane: u64 = redis
+            .xlen(format!("{tag}jobs:summaries:lane:{tenant}"))
+            .await
+            .unwrap();
+        assert_eq!(lane, PER_TENANT as u64, "{tenant}'s lane in shard {shard}");
+        for other in (0..3).filter(|s| *s != shard) {
+            let elsewhere: bool = redis
+                .exists(format!("{prefix}{{s{other}}}jobs:summaries:lane:{tenant}"))
+                .await
+                .unwrap();
+            assert!(!elsewhere, "{tenant} has no lane in shard {other}");
+        }
+    }
+    let untagged: Vec<String> = redis.keys(format!("{prefix}jobs:*")).await.unwrap();
+    assert!(untagged.is_empty(), "no unsharded key: {untagged:?}");
+
+    // The gauges: each shard's queued jobs (acme 4; globex, initech, default 12; the rest 8).
+    let queued = [4.0, 12.0, 8.0];
+    let last = std::cell::RefCell::new(String::new());
+    let measured = eventually(Duration::from_secs(10), || async {
+        let text = metrics(&api.base).await;
+        let ok = (0..3u16).all(|s| gauge(&text, s, "queued") == Some(queued[usize::from(s)]));
+        *last.borrow_mut() = text;
+        ok
+    })
+    .await;
+    assert!(measured, "per-shard gauges:\n{}", last.borrow());
+
+    // Workers drain every shard: each job one summary and one email.
+    let worker = Running::start(
+        app(
+            &env,
+            &settings,
+            &[Role::Worker, Role::Relay],
+            FakeLlm::ok(),
+            &mailer,
+        )
+        .await
+        .unwrap(),
+    );
+    let all = ids.len();
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            mailer.sent().len() >= all
+        })
+        .await,
+        "every job emailed: {} of {all}",
+        mailer.sent().len()
+    );
+    assert_eq!(env.count("summaries").await, all as i64);
+    let shards = Shards::new(&prefix, 3, false);
+    let drained = eventually(Duration::from_secs(10), || async {
+        let mut redis = env.redis().await;
+        let mut left = 0u64;
+        for keys in shards.all() {
+            let n: u64 = redis.xlen(keys.stream()).await.unwrap();
+            let lanes: u64 = redis.zcard(keys.lanes()).await.unwrap();
+            left += n + lanes;
+        }
+        left == 0
+    })
+    .await;
+    assert!(drained, "every shard's stream and lanes are empty");
+    // Nothing more arrives later: once per job.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let sent = mailer.sent();
+    assert_eq!(sent.len(), all);
+    worker.stop().await;
+    api.stop().await;
+}
+
+#[tokio::test]
+async fn dead_letters_of_every_shard_are_listed_replayed_and_then_done_once() {
+    let env = TestEnv::new().await;
+    let mut settings = sharded(&env, 3);
+    settings.worker.max_deliveries = 1;
+    let mailer = Arc::new(FakeMailer::new());
+    let refused = LlmError::Status {
+        status: 400,
+        retry_after: None,
+        message: "refused".into(),
+    };
+    let failing = env
+        .services()
+        .settings(settings.clone())
+        .llm(Arc::new(FakeLlm::failing(refused)))
+        .mailer(mailer.clone())
+        .application(Roles::of(&[Role::Api, Role::Worker]))
+        .await;
+    let failing = Running::start(failing);
+    let ids = post_all(&failing.base).await;
+    let all = ids.len();
+    let dead = eventually(Duration::from_secs(30), || async {
+        let text = metrics(&failing.base).await;
+        (0..3u16)
+            .map(|s| gauge(&text, s, "dead").unwrap_or(0.0))
+            .sum::<f64>()
+            == all as f64
+    })
+    .await;
+    assert!(dead, "every job dead-lettered, counted per shard");
+    let text = metrics(&failing.base).await;
+    assert_eq!(gauge(&text, 1, "dead"), Some(12.0), "{text}");
+    failing.stop().await;
+
+    let services = env.services().settings(settings.clone()).build();
+    let mut listed = Vec::new();
+    summaryd::ops::dlq::list(&services.redis, &services.keys, 100, true, &mut listed)
+        .await
+        .unwrap();
+    let listed = String::from_utf8(listed).unwrap();
+    assert_eq!(listed.lines().count(), all, "{listed}");
+    for id in &ids {
+        assert!(listed.contains(id.as_str()), "{id} listed");
+    }
+    let report =
+        summaryd::ops::dlq::replay(&services.redis, &services.keys, &[], true, &mut Vec::new())
+            .await
+            .unwrap();
+    assert_eq!(report.replayed, all);
+
+    let healthy = env
+        .services()
+        .settings(settings.clone())
+        .mailer(mailer.clone())
+        .application(Roles::of(&[Role::Worker, Role::Relay]))
+        .await;
+    let healthy = Running::start(healthy);
+    assert!(
+        eventually(Duration::from_secs(30), || async {
+            mailer.sent().len() >= all
+        })
+        .await,
+        "every replayed job emailed: {} of {all}",
+        mailer.sent().len()
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(mailer.sent().len(), all);
+    let mut redis = env.redis().await;
+    for keys in services.keys.all() {
+        let left: u64 = redis.xlen(keys.dead_letters()).await.unwrap();
+        assert_eq!(left, 0, "shard {} has no dead letter left", keys.shard());
+    }
+    healthy.stop().await;
+}
+
+#[tokio::test]
+async fn a_shard_count_that_would_strand_queued_jobs_is_refused_at_start() {
+    let env = TestEnv::new().await;
+    let mailer = Arc::new(FakeMailer::new());
+    // One job queued under the unsharded layout.
+    let one = sharded(&env, 1);
+    let api = Running::start(
+        app(&env, &one, &[Role::Api], FakeLlm::ok(), &mailer)
+            .await
+            .unwrap(),
+    );
+    let res = reqwest::Client::new()
+        .post(format!("{}/v1/summaries", api.base))
+        .header("Idempotency-Key", "stranded-job-0000001")
+        .header("X-Tenant-Id", "acme")
+        .json(&json!({"text": "Queued before the change.", "notify": "ops@example.com"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 202);
+    api.stop().await;
+
+    let three = sharded(&env, 3);
+    let refused = app(&env, &three, &[Role::Worker], FakeLlm::ok(), &mailer).await;
+    match refused {
+        Err(StartError::Layout(LayoutError::Stranded {
+            layout, entries, ..
+        })) => {
+            assert_eq!(layout, "the unsharded key names");
+            assert_eq!(entries, 1);
+        }
+        Err(other) => panic!("refused for another reason: {other}"),
+        Ok(_) => panic!("a worker with 3 shards started over a queued unsharded job"),
+    }
+    // The unchanged count still starts, and the job is still there for it.
+    let again = app(&env, &one, &[Role::Worker], FakeLlm::ok(), &mailer).await;
+    assert!(again.is_ok());
+}

@@ -72,7 +72,11 @@ def plot(csv_path, out_dir):
 
     with open(csv_path, newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
-    styles = {"single": ("tab:blue", "o", "one Redis"), "cluster": ("tab:orange", "s", "3-master cluster")}
+    styles = {
+        "single": ("tab:blue", "o", "one Redis"),
+        "sharded": ("tab:green", "^", "one Redis, 3 shards"),
+        "cluster": ("tab:orange", "s", "3-master cluster"),
+    }
     machine = rows[0]["machine"] if rows else ""
 
     for phase, unit, title, ceiling_label in (

@@ -3,7 +3,7 @@
 # against a local 3-master Redis Cluster, each curve next to a ceiling measured in the same
 # run; writes a CSV and two charts (docs/scaling.md reads them):
 #
-#   bench/scaling.sh                              # both targets, ~6 min after the build
+#   bench/scaling.sh                              # both targets, ~8 min each after the build
 #   BENCH_TARGETS=single bench/scaling.sh         # one Redis only
 #   BENCH_TARGETS=cluster BENCH_CSV=bench/results/scaling-2026-12-03.csv bench/scaling.sh
 #                                                 # add the cluster rows to an earlier CSV
@@ -23,13 +23,14 @@
 # and of the whole machine, so a curve that flattens says which core ran out.
 #
 # Targets: `single` is a private redis-server started here on a free port, with
-# SUMMARYD_STREAM_SHARDS=1; `cluster` is six redis-server (three primaries, one replica each)
-# started by scripts/redis-cluster.sh, with a redis+cluster:// URL and
-# SUMMARYD_STREAM_SHARDS=BENCH_CLUSTER_SHARDS. Postgres is the shared one; every database
-# created here is dropped at the end.
+# SUMMARYD_STREAM_SHARDS=1; `sharded` is the same with SUMMARYD_STREAM_SHARDS=
+# BENCH_CLUSTER_SHARDS (what the shards' layout costs on one node); `cluster` is six
+# redis-server (three primaries, one replica each) started by scripts/redis-cluster.sh, with
+# a redis+cluster:// URL and SUMMARYD_STREAM_SHARDS=BENCH_CLUSTER_SHARDS. Postgres is the
+# shared one; every database created here is dropped at the end.
 #
 # Settings (environment):
-#   BENCH_TARGETS          "single cluster"
+#   BENCH_TARGETS          "single cluster" (and/or sharded)
 #   BENCH_PROCESSES        process counts to sweep, ascending ("1 2 3 4")
 #   BENCH_ROUNDS           sweeps per target (3); each point is the median of its rounds,
 #                          and every other round visits the points in reverse order
@@ -39,7 +40,7 @@
 #                          up so every shard has as many)
 #   BENCH_JOBS             backlog per drain point (3000)
 #   BENCH_CONSUMERS        consumers per worker process (4)
-#   BENCH_CLUSTER_SHARDS   SUMMARYD_STREAM_SHARDS on the cluster (3)
+#   BENCH_CLUSTER_SHARDS   SUMMARYD_STREAM_SHARDS on the cluster and `sharded` (3)
 #   BENCH_REDIS_REQUESTS   redis-benchmark calls per ceiling run (150000)
 #   BENCH_PGBENCH_S        seconds per pgbench run (5)
 #   BENCH_SUMMARYD_BIN     a prebuilt binary instead of building target/release/summaryd
@@ -95,12 +96,12 @@ command -v redis-benchmark >/dev/null 2>&1 || _deps_apt_install redis-tools
 command -v pgbench >/dev/null 2>&1 || _deps_apt_install postgresql-client
 for t in $TARGETS; do
     case $t in
-    single) ;;
+    single | sharded) ;;
     cluster)
         [[ -x "$CLUSTER_SCRIPT" ]] ||
             die "the cluster target needs $CLUSTER_SCRIPT (start DIR BASE_PORT / stop DIR)"
         ;;
-    *) die "unknown target '$t' (single, cluster)" ;;
+    *) die "unknown target '$t' (single, sharded, cluster)" ;;
     esac
 done
 max_p=0
@@ -199,7 +200,7 @@ http_status() {
 : >"$workdir/tokens.txt"
 : >"$workdir/tokens.toml"
 tenant_shards=1
-[[ " $TARGETS " == *" cluster "* ]] && tenant_shards=$CLUSTER_SHARDS
+[[ " $TARGETS " == *" cluster "* || " $TARGETS " == *" sharded "* ]] && tenant_shards=$CLUSTER_SHARDS
 while IFS= read -r tenant; do
     token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
     echo "$token" >>"$workdir/tokens.txt"
@@ -253,10 +254,11 @@ cpu_since_mark() {
 # Sets redis_url, shards, primaries (ports) and redis_ports (every node's port).
 start_target() {
     case $1 in
-    single)
+    single | sharded)
         mkdir -p "$workdir/redis"
         start_private_redis 16700 "$workdir/redis"
         shards=1
+        [[ $1 == sharded ]] && shards=$CLUSTER_SHARDS
         primaries=("$rport")
         redis_ports=("$rport")
         ;;

@@ -15,6 +15,11 @@
 //! concurrent duplicate sees either no record (and it is the one that enqueues) or the
 //! final one. There is no observable in-progress state for this route.
 //!
+//! With `SUMMARYD_REDIS_MIN_REPLICAS_ACK` set, an accept counts only once that many replicas
+//! confirm it (`stream::replicas`): the script's writes, or, for a replay, the record it
+//! answers from. Until then the answer is [`StoreError::NotReplicated`]; the record and the
+//! job stay on the primary, so the client's retry is a replay of the same job.
+//!
 //! A record in the in-progress shape (`{"state":"in_progress",...}`) is still understood
 //! and answered with 409: an instance of an older version may write one during a rolling
 //! upgrade.
@@ -29,6 +34,7 @@ use crate::infra::connections::SharedRedis;
 use crate::infra::keys::{RedisKeys, Shards};
 use crate::infra::metrics::Metrics;
 use crate::stream::budget::Admission;
+use crate::stream::replicas::{self, NotReplicated, ReplicaAcks};
 use crate::stream::{self, EnqueueOnce, OverLimit, TenantLimits};
 
 /// What is stored under an idempotency key (operators read it; keep it JSON).
@@ -83,6 +89,10 @@ pub enum StoreError {
     Corrupt(#[from] serde_json::Error),
     #[error("the tenant is over a limit")]
     OverLimit(OverLimit),
+    /// Stored and enqueued on the primary, but not confirmed by enough replicas: a retry
+    /// is a replay of the same job, confirmed again before it answers.
+    #[error("the accept is not confirmed by enough replicas: {0}")]
+    NotReplicated(#[source] NotReplicated),
 }
 
 #[derive(Clone)]
@@ -92,6 +102,8 @@ pub struct IdempotencyStore {
     metrics: Arc<Metrics>,
     /// How long clients may safely retry and get the stored answer.
     result_ttl_s: u64,
+    /// Replicas that must confirm an accept before it is answered; `None`: no WAIT.
+    acks: Option<ReplicaAcks>,
 }
 
 impl IdempotencyStore {
@@ -106,7 +118,14 @@ impl IdempotencyStore {
             keys,
             metrics,
             result_ttl_s: settings.result_ttl_s,
+            acks: None,
         }
+    }
+
+    /// Answer an accept (or its replay) only once `acks` confirm it; `None`: at once.
+    pub fn with_replica_acks(mut self, acks: Option<ReplicaAcks>) -> Self {
+        self.acks = acks;
+        self
     }
 
     /// Enqueue `job` and store `response` under `key`, once per key, in one atomic step,
@@ -159,11 +178,66 @@ impl IdempotencyStore {
         match reply {
             EnqueueOnce::Enqueued { .. } => {
                 self.count("new");
+                // The WAIT follows the script on this connection, and Redis runs one
+                // connection's commands in order, so it covers the script's writes
+                // (and those of other requests sent before it on the shared connection).
+                self.confirmed(&mut conn, key).await?;
                 Ok(Outcome::Fresh(response))
             }
-            EnqueueOnce::Existing { record } => self.existing(&record, fingerprint),
+            EnqueueOnce::Existing { record } => {
+                self.replayed(&mut conn, key, &record, fingerprint).await
+            }
             EnqueueOnce::Refused(over) => Err(StoreError::OverLimit(over)),
         }
+    }
+
+    /// [`Self::existing`], and for a replay with replica acks required, confirmed first.
+    ///
+    /// The record may be one whose first answer was a 503 because the replicas had not
+    /// confirmed it, and this request wrote nothing: WAIT is defined over the writes of
+    /// the connection it is sent on, so on a connection that wrote nothing (another
+    /// process's, a new one) it may answer at once with whatever replicas are connected.
+    /// (Redis 7.0 also moves a connection's offset forward on reads, but that is not part
+    /// of WAIT's contract.) WAIT cannot be given an offset, so the way to make it cover the
+    /// record is a write on this connection after it: the record rewritten with the value
+    /// and TTL it has (`replicas::rewrite_unchanged`). Replication is ordered, so a
+    /// replica that has that write has the record. It costs one round trip, only for
+    /// replays and only when acks are required, and lands on the primary that owns the
+    /// record's key, so it stays right on a cluster, where every shard has its own
+    /// primary and offsets.
+    async fn replayed<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        key: &str,
+        raw: &str,
+        fingerprint: &str,
+    ) -> Result<Outcome, StoreError> {
+        let outcome = self.existing(raw, fingerprint)?;
+        if self.acks.is_some() {
+            // A record that changed in between (expired and written anew) is not rewritten;
+            // the WAIT then covers this connection's latest write, as for any other.
+            replicas::rewrite_unchanged(conn, key, raw).await?;
+            self.confirmed(conn, key).await?;
+        }
+        Ok(outcome)
+    }
+
+    /// WAIT for the replicas `acks` asks for, if any; a refusal is counted.
+    async fn confirmed<C: redis::aio::ConnectionLike + Send>(
+        &self,
+        conn: &mut C,
+        key: &str,
+    ) -> Result<(), StoreError> {
+        let Some(acks) = self.acks else {
+            return Ok(());
+        };
+        replicas::confirm(conn, key, acks).await.map_err(|e| {
+            self.metrics
+                .replica_ack_timeouts
+                .with_label_values(&["accept"])
+                .inc();
+            StoreError::NotReplicated(e)
+        })
     }
 
     /// The answer an earlier request left under `key`, if there is one, without enqueuing:
@@ -176,7 +250,12 @@ impl IdempotencyStore {
     ) -> Result<Option<Outcome>, StoreError> {
         let mut conn = self.redis.get().await?;
         let raw: Option<String> = redis::AsyncCommands::get(&mut conn, key).await?;
-        raw.map(|raw| self.existing(&raw, fingerprint)).transpose()
+        match raw {
+            Some(raw) => Ok(Some(
+                self.replayed(&mut conn, key, &raw, fingerprint).await?,
+            )),
+            None => Ok(None),
+        }
     }
 
     fn existing(&self, raw: &str, fingerprint: &str) -> Result<Outcome, StoreError> {

@@ -32,6 +32,9 @@ const CONFLICT_RETRY_AFTER_S: u64 = 1;
 const BODY_BUDGET_RETRY_AFTER_S: u64 = 1;
 /// Redis and Postgres restarts and failovers take seconds; sooner retries only add load.
 const UNAVAILABLE_RETRY_AFTER_S: u64 = 5;
+/// A replica that fell behind catches up in well under a second; one that is restarting
+/// takes a few, and the retry is a cheap replay either way.
+const NOT_REPLICATED_RETRY_AFTER_S: u64 = 2;
 
 /// The RFC 9457 body. `field` / `header` name what the client has to fix.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, ToSchema)]
@@ -134,6 +137,14 @@ pub enum ApiError {
         /// When the period resets (RFC 3339, UTC).
         resets_at: String,
         retry_after_s: u64,
+    },
+    /// Stored and enqueued on the primary, but fewer replicas than
+    /// `SUMMARYD_REDIS_MIN_REPLICAS_ACK` confirmed it in time.
+    #[error("accept not confirmed by {replicas} replica(s): {cause}")]
+    NotReplicated {
+        replicas: u32,
+        #[source]
+        cause: crate::stream::replicas::NotReplicated,
     },
 }
 
@@ -451,6 +462,19 @@ impl ApiError {
                 },
             )
             .retry_after(*retry_after_s),
+            Self::NotReplicated { replicas, .. } => P::new(
+                S::SERVICE_UNAVAILABLE,
+                "not-replicated",
+                "Not confirmed by the replicas",
+                format!(
+                    "The job was recorded, but fewer than {replicas} Redis replica(s) confirmed \
+                     it in time (SUMMARYD_REDIS_MIN_REPLICAS_ACK, SUMMARYD_REDIS_ACK_TIMEOUT_MS), \
+                     so it could still be lost in a failover. Retry after the Retry-After \
+                     delay with the same Idempotency-Key and body: the retry answers for the \
+                     same job, which is never enqueued twice."
+                ),
+            )
+            .retry_after(NOT_REPLICATED_RETRY_AFTER_S),
         }
     }
 
@@ -497,6 +521,10 @@ impl From<StoreError> for ApiError {
                 limit: over.limit,
                 // Whole seconds, rounded up: a client retrying sooner is refused again.
                 retry_after_s: over.retry_after.as_millis().div_ceil(1000).max(1) as u64,
+            },
+            StoreError::NotReplicated(cause) => Self::NotReplicated {
+                replicas: cause.wanted(),
+                cause,
             },
         }
     }
@@ -772,6 +800,22 @@ mod tests {
                     429,
                     "budget-exhausted",
                     "has 500 of 10000 tokens left in this period; the budget resets at 2026-12-03T00:00:00Z",
+                )
+            },
+            K::NotReplicated => Documented {
+                headers: &[("retry-after", "2")],
+                ..doc(
+                    ApiError::NotReplicated {
+                        replicas: 1,
+                        cause: crate::stream::replicas::NotReplicated::TimedOut {
+                            acked: 0,
+                            wanted: 1,
+                            timeout_ms: 100,
+                        },
+                    },
+                    503,
+                    "not-replicated",
+                    "fewer than 1 Redis replica(s) confirmed it in time (SUMMARYD_REDIS_MIN_REPLICAS_ACK",
                 )
             },
         }

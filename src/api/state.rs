@@ -64,7 +64,10 @@ impl ApiState {
             services.keys.clone(),
             services.metrics.clone(),
             &services.settings.idempotency,
-        );
+        )
+        .with_replica_acks(crate::stream::replicas::ReplicaAcks::from_settings(
+            &services.settings.redis,
+        ));
         let body_budget = BodyBudget::new(&services.settings.api);
         let header_policy = Arc::new(TenantPolicy::header_mode(
             &services.settings.notify,

@@ -73,6 +73,10 @@ pub struct Metrics {
     pub maintenance_removed: IntCounterVec,
     /// `summaryd_console_actions_total{action}`: what operators changed in the console.
     pub console_actions: IntCounterVec,
+    /// `summaryd_redis_replica_ack_timeouts_total{op}`: writes fewer replicas confirmed
+    /// than `SUMMARYD_REDIS_MIN_REPLICAS_ACK` asks: `accept` (answered 503), `ack` and
+    /// `dead_letter` (the job's finishing writes, kept: logged and counted only).
+    pub replica_ack_timeouts: IntCounterVec,
 }
 
 /// The labels of `summaryd_maintenance_removed_total`.
@@ -292,6 +296,11 @@ impl Metrics {
             "Failed passes of the worker and relay loops, by role and kind of failure",
             &["role", "kind"],
         )?;
+        let replica_ack_timeouts = counter_vec(
+            "summaryd_redis_replica_ack_timeouts_total",
+            "Writes fewer Redis replicas confirmed in time than SUMMARYD_REDIS_MIN_REPLICAS_ACK asks, by op: accept (the POST answered 503; its retry is a replay), ack and dead_letter (a finished job's acknowledgement; kept, only counted)",
+            &["op"],
+        )?;
         Ok(Self {
             registry,
             http_requests,
@@ -327,6 +336,7 @@ impl Metrics {
             maintenance_runs,
             maintenance_removed,
             console_actions,
+            replica_ack_timeouts,
         })
     }
 

@@ -14,6 +14,7 @@
 //! - `budget`: per-tenant token budgets, reserved in the enqueue script, settled when the
 //!   job finishes.
 //! - `layout`: the refusal to start over work another shard count left behind.
+//! - `replicas`: confirming that writes reached the primary's replicas (WAIT).
 
 pub mod budget;
 pub mod bulk;
@@ -25,6 +26,7 @@ pub mod job_state;
 pub mod lanes;
 pub mod layout;
 pub mod pause;
+pub mod replicas;
 pub mod tenant_limits;
 
 pub use consumer_group::Delivery;

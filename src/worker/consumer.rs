@@ -150,8 +150,10 @@ pub struct Consumer {
     /// XAUTOCLAIM cursor of each shard, kept across calls so each call continues the scan
     /// instead of rescanning the whole PEL from the start.
     pub(super) cursors: Vec<String>,
-    /// The shard whose turn is next, so every shard is read and claimed from in turn.
+    /// The shard whose turn is next to be read from, so every shard is read in turn.
     pub(super) next_shard: u16,
+    /// The shard whose idle entries the next take looks for.
+    pub(super) claim_shard: u16,
     /// Entries in this consumer's PEL to retry: a dependency outage (or a Redis error) kept
     /// them from being finished, or their counted retry waits a backoff. Retried as soon as
     /// they are due and the gate is open, so they wait seconds after a recovery, not
@@ -215,6 +217,7 @@ impl Consumer {
         Self {
             services,
             next_shard: first_shard(&name, shards),
+            claim_shard: first_shard(&name, shards),
             name,
             config,
             cursors: vec![CURSOR_START.into(); shards],

@@ -159,20 +159,17 @@ impl Consumer {
         Ok(Vec::new())
     }
 
-    /// XAUTOCLAIM from each shard's kept cursor, the shards in turn; the first shard with
-    /// an entry idle past `claim_idle` gives it.
+    /// XAUTOCLAIM from one shard per take, the shards in turn: an entry a dead worker left
+    /// is found within as many takes as there are shards, and a take costs one XAUTOCLAIM
+    /// however many shards there are.
     async fn claim_idle(
         &mut self,
         conn: &mut deadpool_redis::Connection,
     ) -> Result<Vec<Delivery>, WorkerError> {
         let shards = self.services.keys.clone();
-        for keys in shards.all() {
-            let claimed = self.claim_idle_in(conn, keys).await?;
-            if !claimed.is_empty() {
-                return Ok(claimed);
-            }
-        }
-        Ok(Vec::new())
+        let keys = shards.get(self.claim_shard);
+        self.claim_shard = next(self.claim_shard, shards.count());
+        self.claim_idle_in(conn, keys).await
     }
 
     /// XAUTOCLAIM from the shard's kept cursor. When that scan reaches the end without

@@ -30,6 +30,7 @@ mod providers;
 mod recipients;
 mod relay_http_mail;
 mod relay_outbox;
+mod replicas;
 mod retention;
 mod retry_policy;
 mod shards;

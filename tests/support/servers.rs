@@ -75,6 +75,12 @@ impl RedisProc {
             .unwrap()
     }
 
+    /// The server's process id, for signals to this server alone (a replica frozen with
+    /// SIGSTOP keeps its connections open, as a stalled one does).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// The `--tls-*` arguments for a TLS port with `server`'s certificate; with
     /// `client_ca`, clients must present a certificate from that CA (mutual TLS).
     pub fn tls_args(tls_port: u16, server: &Issued, client_ca: Option<&Path>) -> Vec<String> {

@@ -1,0 +1,156 @@
+//! Confirming that writes reached the primary's replicas (`SUMMARYD_REDIS_MIN_REPLICAS_ACK`).
+//!
+//! Redis replicates asynchronously: a primary that dies takes with it the writes its
+//! replicas had not received yet. `WAIT n timeout` blocks until `n` replicas have
+//! acknowledged every write the connection it is sent on made so far (Redis remembers,
+//! per connection, the replication offset right after that connection's last write), or
+//! until the timeout, and answers how many did. Replication is ordered, so a replica that
+//! has reached that offset also has every earlier write of every other connection.
+//!
+//! [`confirm`] is the only place that sends WAIT, so how it is routed (to the primary that
+//! owns a key, on a cluster) is decided here and nowhere else.
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::aio::ConnectionLike;
+
+use crate::config::RedisTlsSettings;
+
+/// How many replicas must confirm a write, and how long to wait for them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaAcks {
+    pub replicas: u32,
+    pub timeout: Duration,
+}
+
+impl ReplicaAcks {
+    /// `None` when the settings ask for no confirmation (0 replicas): then no WAIT is sent.
+    pub fn from_settings(redis: &RedisTlsSettings) -> Option<Self> {
+        (redis.min_replicas_ack > 0).then_some(Self {
+            replicas: redis.min_replicas_ack,
+            timeout: redis.ack_timeout,
+        })
+    }
+}
+
+/// The write was made on the primary but not confirmed by enough replicas.
+#[derive(Debug, thiserror::Error)]
+pub enum NotReplicated {
+    #[error("{acked} of {wanted} replicas confirmed the write within {timeout_ms} ms")]
+    TimedOut {
+        acked: u32,
+        wanted: u32,
+        timeout_ms: u64,
+    },
+    /// WAIT itself failed (connection lost, timeout of the client, refused command): the
+    /// write may or may not have reached anyone.
+    #[error("could not ask the replicas for {wanted} confirmation(s): {source}")]
+    Redis {
+        wanted: u32,
+        #[source]
+        source: redis::RedisError,
+    },
+}
+
+impl NotReplicated {
+    /// How many replicas were asked for.
+    pub fn wanted(&self) -> u32 {
+        match self {
+            Self::TimedOut { wanted, .. } | Self::Redis { wanted, .. } => *wanted,
+        }
+    }
+}
+
+/// Wait until `acks.replicas` replicas confirm every write made so far on `conn` (and so
+/// every earlier write on the primary), for at most `acks.timeout`.
+///
+/// `route_key` names the key whose write is being confirmed: on a single Redis node every
+/// write has the same primary and it is not used; a cluster connection must send the WAIT
+/// to the primary owning that key's slot.
+pub async fn confirm<C: ConnectionLike + Send>(
+    conn: &mut C,
+    route_key: &str,
+    acks: ReplicaAcks,
+) -> Result<(), NotReplicated> {
+    let _ = route_key;
+    let timeout_ms = u64::try_from(acks.timeout.as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1);
+    let acked: u32 = redis::cmd("WAIT")
+        .arg(acks.replicas)
+        .arg(timeout_ms)
+        .query_async(conn)
+        .await
+        .map_err(|source| NotReplicated::Redis {
+            wanted: acks.replicas,
+            source,
+        })?;
+    if acked >= acks.replicas {
+        Ok(())
+    } else {
+        Err(NotReplicated::TimedOut {
+            acked,
+            wanted: acks.replicas,
+            timeout_ms,
+        })
+    }
+}
+
+/// Rewrite `key` with the `value` it holds (same value, same TTL), only if it still holds
+/// exactly that; true when it did. It changes nothing a reader can see, but it is a write
+/// on this connection, so a [`confirm`] after it covers everything the primary had at that
+/// moment, `key`'s original write included.
+///
+/// Why it is needed: WAIT only covers the writes of the connection it is sent on. A
+/// request that only reads a record (a replay of an accept) has written nothing there, or
+/// something older than that record, so its WAIT would return at once with the replicas
+/// that are connected, whether or not they have the record. The first attempt of the same
+/// request may have been refused precisely because they did not.
+pub async fn rewrite_unchanged<C: ConnectionLike + Send>(
+    conn: &mut C,
+    key: &str,
+    value: &str,
+) -> redis::RedisResult<bool> {
+    let rewritten: i64 = REWRITE_UNCHANGED
+        .key(key)
+        .arg(value)
+        .invoke_async(conn)
+        .await?;
+    Ok(rewritten == 1)
+}
+
+/// KEYS[1] the key   ARGV[1] the value it is expected to hold. Compared and rewritten in
+/// one step, so a value that changed in between (expired and written anew) is never
+/// overwritten with the old one.
+static REWRITE_UNCHANGED: LazyLock<redis::Script> = LazyLock::new(|| {
+    redis::Script::new(
+        r"
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'KEEPTTL')
+  return 1
+end
+return 0
+",
+    )
+});
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_replicas_asked_means_no_wait() {
+        let mut redis = RedisTlsSettings::default();
+        assert_eq!(ReplicaAcks::from_settings(&redis), None);
+        redis.min_replicas_ack = 2;
+        redis.ack_timeout = Duration::from_millis(250);
+        assert_eq!(
+            ReplicaAcks::from_settings(&redis),
+            Some(ReplicaAcks {
+                replicas: 2,
+                timeout: Duration::from_millis(250)
+            })
+        );
+    }
+}

@@ -9,6 +9,8 @@
 # systemd (containers and CI have none). A running service is never restarted or
 # reconfigured. pg_hba.conf is only touched on a cluster this script installed or created.
 #
+# With SUMMARYD_DEPS_FUNCTIONS_ONLY=1, sourcing only defines the _deps_* helpers.
+#
 # Overrides (for CI images whose services live elsewhere):
 #   SUMMARYD_DEPS_PG_HOST / SUMMARYD_DEPS_PG_PORT          default 127.0.0.1 / 5432
 #   SUMMARYD_DEPS_REDIS_HOST / SUMMARYD_DEPS_REDIS_PORT    default 127.0.0.1 / 6379
@@ -244,6 +246,10 @@ _deps_main() {
 if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     set -euo pipefail
     _deps_main
+elif [[ "${SUMMARYD_DEPS_FUNCTIONS_ONLY:-0}" == 1 ]]; then
+    # Sourced by another script for its helpers only (e.g. _deps_apt_install), without
+    # starting or checking any service.
+    :
 else
     # Sourced: run in a subshell so strict mode and `exit` on error stay out of the caller.
     (

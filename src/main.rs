@@ -154,9 +154,10 @@ async fn admin(config: Option<&Path>, command: AdminCommand) -> ExitCode {
         Err(e) => {
             eprintln!("summaryd: {e}");
             let code = match e {
-                AdminError::Setup(_) | AdminError::NoTokensFile | AdminError::TokensFile(_) => {
-                    EXIT_CONFIG
-                }
+                AdminError::Setup(_)
+                | AdminError::NoTokensFile
+                | AdminError::TokensFile(_)
+                | AdminError::ShardedId { .. } => EXIT_CONFIG,
                 _ => EXIT_RUNTIME,
             };
             ExitCode::from(code)

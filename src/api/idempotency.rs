@@ -205,7 +205,7 @@ impl IdempotencyStore {
     /// replays and only when acks are required, and lands on the primary that owns the
     /// record's key, so it stays right on a cluster, where every shard has its own
     /// primary and offsets.
-    async fn replayed<C: redis::aio::ConnectionLike + Send>(
+    async fn replayed<C: crate::infra::redis::routed::Routable>(
         &self,
         conn: &mut C,
         key: &str,
@@ -223,7 +223,7 @@ impl IdempotencyStore {
     }
 
     /// WAIT for the replicas `acks` asks for, if any; a refusal is counted.
-    async fn confirmed<C: redis::aio::ConnectionLike + Send>(
+    async fn confirmed<C: crate::infra::redis::routed::Routable>(
         &self,
         conn: &mut C,
         key: &str,

@@ -24,7 +24,7 @@ pub struct ApiServices {
     pub(crate) settings: Arc<Settings>,
     pub(crate) keys: Shards,
     /// Dedicated connections, for readiness checks and the stream gauges at scrape time.
-    pub(crate) redis: deadpool_redis::Pool,
+    pub(crate) redis: crate::infra::redis::RedisPool,
     /// Per-thread multiplexed connections for the short commands requests make.
     pub(crate) redis_shared: SharedRedis,
     /// GET reads finished summaries; the outbox gauge reads the outbox.

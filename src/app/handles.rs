@@ -26,7 +26,7 @@ use crate::worker::{DependencyGate, WorkerServices};
 pub struct Handles {
     pub settings: Arc<Settings>,
     pub keys: Shards,
-    pub redis: deadpool_redis::Pool,
+    pub redis: crate::infra::redis::RedisPool,
     pub redis_shared: SharedRedis,
     pub pg: deadpool_postgres::Pool,
     pub metrics: Arc<Metrics>,
@@ -127,7 +127,7 @@ impl Handles {
         Ok(Self {
             keys: Shards::from_settings(&settings),
             redis: connections::redis_pool(&settings, &redis_client)?,
-            redis_shared: SharedRedis::new(redis_client),
+            redis_shared: SharedRedis::new(redis_client)?,
             log_key: Arc::new(DeploymentKey::from_postgres(pg.clone())),
             pg,
             metrics: Arc::new(Metrics::new()?),

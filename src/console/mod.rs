@@ -49,7 +49,7 @@ pub(crate) mod paths {
 #[derive(Clone)]
 pub struct Console {
     pub(crate) keys: Shards,
-    pub(crate) redis: deadpool_redis::Pool,
+    pub(crate) redis: crate::infra::redis::RedisPool,
     pub(crate) pg: deadpool_postgres::Pool,
     pub(crate) metrics: Arc<Metrics>,
     pub(crate) users: Arc<Users>,
@@ -95,7 +95,7 @@ impl Console {
     pub fn new(
         settings: Arc<Settings>,
         keys: Shards,
-        redis: deadpool_redis::Pool,
+        redis: crate::infra::redis::RedisPool,
         pg: deadpool_postgres::Pool,
         metrics: Arc<Metrics>,
         users: Arc<Users>,

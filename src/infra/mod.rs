@@ -9,7 +9,7 @@ pub mod log_key;
 pub mod metrics;
 pub mod postgres;
 pub mod redact;
-pub(crate) mod redis;
+pub mod redis;
 pub(crate) mod retry_after;
 pub mod telemetry;
 pub(crate) mod tls;
@@ -44,11 +44,7 @@ pub enum TlsFilesError {
 /// command before it connects anywhere, naming the setting (exit 2 like any other).
 pub fn check_tls_files(settings: &Settings) -> Result<(), TlsFilesError> {
     use secrecy::ExposeSecret;
-    let is_tls = settings
-        .redis_url
-        .expose_secret()
-        .trim_start()
-        .starts_with("rediss://");
+    let is_tls = redis::url_is_tls(settings.redis_url.expose_secret());
     redis::tls_certificates(&settings.redis, is_tls).map_err(TlsFilesError::Redis)?;
     // The URL's own sslmode/sslrootcert are checked where it is parsed (`PgTarget::parse`).
     if let Some(ca) = &settings.database.ca_file {

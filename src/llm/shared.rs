@@ -235,7 +235,7 @@ pub enum ProbeLease {
 /// The Redis side of every provider of one process's chain.
 #[derive(Clone)]
 pub struct SharedLimits {
-    redis: deadpool_redis::Pool,
+    redis: crate::infra::redis::RedisPool,
     keys: RedisKeys,
 }
 
@@ -246,7 +246,7 @@ impl std::fmt::Debug for SharedLimits {
 }
 
 impl SharedLimits {
-    pub fn new(redis: deadpool_redis::Pool, keys: RedisKeys) -> Self {
+    pub fn new(redis: crate::infra::redis::RedisPool, keys: RedisKeys) -> Self {
         Self { redis, keys }
     }
 
@@ -266,7 +266,7 @@ impl SharedLimits {
 
 /// One provider's shared state.
 pub struct ProviderShare {
-    redis: deadpool_redis::Pool,
+    redis: crate::infra::redis::RedisPool,
     limits: Limits,
     limit_key: String,
     cool_key: String,
@@ -287,7 +287,7 @@ pub enum ShareError {
 }
 
 impl ProviderShare {
-    async fn conn(&self) -> Result<deadpool_redis::Connection, ShareError> {
+    async fn conn(&self) -> Result<crate::infra::redis::Conn, ShareError> {
         Ok(self.redis.get().await?)
     }
 

@@ -15,7 +15,7 @@ impl Maintenance {
     /// on every replica.
     pub(super) async fn trim_finished(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         keys: &RedisKeys,
     ) -> Result<Backlog, MaintenanceError> {
         Ok(consumer_group::backlog_and_trim(conn, keys).await?)
@@ -36,7 +36,7 @@ impl Maintenance {
     /// many.
     pub(super) async fn remove_gone_consumers(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<u64, MaintenanceError> {
         let mut removed = 0;
         for keys in self.keys.all() {
@@ -47,7 +47,7 @@ impl Maintenance {
 
     async fn remove_gone_consumers_of(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         keys: &RedisKeys,
     ) -> Result<u64, MaintenanceError> {
         // Before the first worker started there is no group (and maybe no stream) yet, and

@@ -31,7 +31,7 @@ impl Maintenance {
     /// many members were removed.
     pub(super) async fn sweep_in_flight(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<u64, MaintenanceError> {
         let mut removed = 0;
         for keys in self.keys.all() {
@@ -42,7 +42,7 @@ impl Maintenance {
 
     async fn sweep_in_flight_of(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         keys: &RedisKeys,
     ) -> Result<u64, MaintenanceError> {
         let saved = &self.sweep_cursors[usize::from(keys.shard())];
@@ -74,7 +74,7 @@ impl Maintenance {
     /// Sweep one set, a batch of members at a time.
     async fn sweep_set(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         keys: &RedisKeys,
         set: &str,
     ) -> Result<u64, MaintenanceError> {
@@ -95,7 +95,7 @@ impl Maintenance {
     /// or gone (no job state, on neither stream).
     async fn leaked_among(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         keys: &RedisKeys,
         members: &[String],
     ) -> Result<Vec<Leaked>, MaintenanceError> {

@@ -112,7 +112,7 @@ pub struct Maintenance {
     pg: deadpool_postgres::Pool,
     /// With the api or worker role; a relay-only process has no Redis to read or look after,
     /// so it never exports the stream gauges.
-    redis: Option<deadpool_redis::Pool>,
+    redis: Option<crate::infra::redis::RedisPool>,
     keys: Shards,
     metrics: Arc<Metrics>,
     retention: RetentionSettings,
@@ -135,7 +135,7 @@ impl Maintenance {
     pub fn new(
         settings: &Settings,
         pg: deadpool_postgres::Pool,
-        redis: Option<deadpool_redis::Pool>,
+        redis: Option<crate::infra::redis::RedisPool>,
         keys: Shards,
         metrics: Arc<Metrics>,
     ) -> Self {
@@ -247,7 +247,7 @@ impl Maintenance {
     /// The Redis side, on one connection: a failure there skips what follows it.
     async fn retain_redis(
         &self,
-        redis: &deadpool_redis::Pool,
+        redis: &crate::infra::redis::RedisPool,
         now: DateTime<Utc>,
         report: &mut Report,
     ) -> Result<(), MaintenanceError> {

@@ -26,7 +26,7 @@ impl Maintenance {
     /// Purge dead letters older than their horizon; returns how many.
     pub(super) async fn purge_dead_letters(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         now: DateTime<Utc>,
     ) -> Result<u64, MaintenanceError> {
         if self.retention.dead_letters_s == 0 {

@@ -91,7 +91,7 @@ pub async fn rows<C: redis::aio::ConnectionLike + Send + Sync>(
 }
 
 pub async fn show(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &Shards,
     store: &TokenStore,
     args: &ShowArgs,

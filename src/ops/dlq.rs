@@ -7,7 +7,7 @@ use std::time::Duration;
 use super::AdminError;
 use super::output::parse_duration;
 use super::output::{Row, one_line, print_rows};
-use crate::infra::keys::Shards;
+use crate::infra::keys::{RedisKeys, Shards};
 use crate::stream::dead_letters::{self as dlq, DeadLetter, ReplayError, ReplayOutcome};
 
 #[derive(Debug, Subcommand)]
@@ -22,7 +22,7 @@ pub enum DlqCommand {
     },
     /// Re-enqueue with the SAME job_id and remove from the dead-letter stream.
     Replay {
-        /// Dead-letter entry ids (from `dlq list`).
+        /// Dead-letter entry ids as `dlq list` shows them (`<shard>/<id>` with several shards).
         #[arg(required_unless_present = "all", conflicts_with = "all")]
         ids: Vec<String>,
         #[arg(long)]
@@ -35,7 +35,7 @@ pub enum DlqCommand {
         #[arg(long, value_name = "DURATION", value_parser = parse_duration,
               required_unless_present = "ids")]
         older_than: Option<Duration>,
-        /// Dead-letter entry ids (from `dlq list`).
+        /// Dead-letter entry ids as `dlq list` shows them (`<shard>/<id>` with several shards).
         ids: Vec<String>,
     },
 }
@@ -54,7 +54,7 @@ impl Row for DeadLetter {
 }
 
 pub async fn list(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &Shards,
     limit: usize,
     json: bool,
@@ -67,10 +67,35 @@ pub async fn list(
         if left == 0 {
             break;
         }
-        rows.extend(dlq::list(&mut conn, shard, left).await?);
+        let mut listed = dlq::list(&mut conn, shard, left).await?;
+        if keys.count() > 1 {
+            for d in &mut listed {
+                d.id = format!("{}/{}", shard.shard(), d.id);
+            }
+        }
+        rows.extend(listed);
     }
     print_rows(out, &rows, json)?;
     Ok(())
+}
+
+/// Which shard's dead letter an id from `dlq list` is, and its entry id there: with one
+/// shard, the id as listed; with more, `<shard>/<id>`, since each shard's stream numbers
+/// its entries by its own clock and two shards may hold the same id.
+fn locate<'k>(keys: &'k Shards, listed: &str) -> Result<(&'k RedisKeys, String), AdminError> {
+    if keys.count() == 1 {
+        return Ok((keys.get(0), listed.to_owned()));
+    }
+    listed
+        .split_once('/')
+        .and_then(|(shard, id)| {
+            let shard = shard.parse::<u16>().ok()?;
+            (usize::from(shard) < keys.count()).then(|| (keys.get(shard), id.to_owned()))
+        })
+        .ok_or_else(|| AdminError::ShardedId {
+            id: listed.to_owned(),
+            shards: keys.count(),
+        })
 }
 
 /// What a replay did.
@@ -89,7 +114,7 @@ pub struct ReplayReport {
 /// An id is looked for in each shard in turn (ids are per shard; the first shard holding
 /// it replays it).
 pub async fn replay(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &Shards,
     ids: &[String],
     all: bool,
@@ -100,35 +125,31 @@ pub async fn replay(
     if all {
         for shard in keys.all() {
             let ids = dlq::all_ids(&mut conn, shard).await?;
-            targets.extend(ids.into_iter().map(|id| (id, Some(shard))));
+            let shown = |id: &String| match keys.count() {
+                1 => id.clone(),
+                _ => format!("{}/{id}", shard.shard()),
+            };
+            targets.extend(ids.into_iter().map(|id| (shard, shown(&id), id)));
         }
     } else {
-        targets.extend(ids.iter().map(|id| (id.clone(), None)));
+        for listed in ids {
+            let (shard, id) = locate(keys, listed)?;
+            targets.push((shard, listed.clone(), id));
+        }
     }
     let mut report = ReplayReport::default();
-    for (id, shard) in &targets {
-        let shards = match shard {
-            Some(shard) => std::slice::from_ref(*shard),
-            None => keys.all(),
-        };
-        let mut outcome = Ok(ReplayOutcome::NotFound);
-        for shard in shards {
-            outcome = dlq::replay(&mut conn, shard, id).await;
-            if !matches!(outcome, Ok(ReplayOutcome::NotFound)) {
-                break;
-            }
-        }
-        match outcome {
+    for (shard, shown, id) in &targets {
+        match dlq::replay(&mut conn, shard, id).await {
             Ok(ReplayOutcome::Replayed { job_id, stream_id }) => {
                 report.replayed += 1;
-                writeln!(out, "replayed {id}: job {job_id} queued as {stream_id}")?;
+                writeln!(out, "replayed {shown}: job {job_id} queued as {stream_id}")?;
             }
             Ok(ReplayOutcome::NotFound) => {
-                writeln!(out, "skipped {id}: not in the dead-letter stream")?
+                writeln!(out, "skipped {shown}: not in the dead-letter stream")?
             }
             Err(e @ ReplayError::NotAJob(_)) => {
                 report.malformed += 1;
-                writeln!(out, "skipped {id}: {e}; it stays dead-lettered")?
+                writeln!(out, "skipped {shown}: {e}; it stays dead-lettered")?
             }
             Err(e @ ReplayError::Redis(_)) => return Err(e.into()),
         }
@@ -147,7 +168,7 @@ pub async fn replay(
 /// Remove dead letters (and their job state): the given ids, or all of them, that failed
 /// longer than `older_than` ago. Returns how many were removed.
 pub async fn purge(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &Shards,
     ids: &[String],
     older_than: Option<Duration>,
@@ -159,12 +180,45 @@ pub async fn purge(
         now_ms.saturating_sub(u64::try_from(age.as_millis()).unwrap_or(u64::MAX))
     });
     let mut removed = 0;
-    for shard in keys.all() {
-        removed += match (ids.is_empty(), cutoff_ms) {
-            (true, Some(cutoff_ms)) => dlq::purge_before(&mut conn, shard, cutoff_ms).await?,
-            _ => dlq::purge_ids(&mut conn, shard, ids, cutoff_ms).await?,
-        };
+    match (ids.is_empty(), cutoff_ms) {
+        (true, Some(cutoff_ms)) => {
+            for shard in keys.all() {
+                removed += dlq::purge_before(&mut conn, shard, cutoff_ms).await?;
+            }
+        }
+        _ => {
+            for listed in ids {
+                let (shard, id) = locate(keys, listed)?;
+                removed += dlq::purge_ids(&mut conn, shard, &[id], cutoff_ms).await?;
+            }
+        }
     }
     writeln!(out, "{removed} dead letters purged")?;
     Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_names_its_shard_when_there_are_several() {
+        let one = Shards::single("p:");
+        let (keys, id) = locate(&one, "1733190000000-0").unwrap();
+        assert_eq!((keys.shard(), id.as_str()), (0, "1733190000000-0"));
+
+        let three = Shards::new("p:", 3, false);
+        let (keys, id) = locate(&three, "2/1733190000000-0").unwrap();
+        assert_eq!((keys.shard(), id.as_str()), (2, "1733190000000-0"));
+        let (keys, _) = locate(&three, "0/1-0").unwrap();
+        assert_eq!(keys.shard(), 0);
+        for bad in ["1733190000000-0", "3/1-0", "x/1-0", "-1/1-0", "/1-0"] {
+            match locate(&three, bad) {
+                Err(AdminError::ShardedId { id, shards }) => {
+                    assert_eq!((id.as_str(), shards), (bad, 3));
+                }
+                other => panic!("{bad}: {:?}", other.map(|(k, id)| (k.shard(), id))),
+            }
+        }
+    }
 }

@@ -52,6 +52,12 @@ pub enum AdminError {
     NoTokensFile,
     #[error(transparent)]
     TokensFile(#[from] crate::api::auth::AuthFileError),
+    /// With several shards, entry ids repeat across them: an id must say its shard.
+    #[error(
+        "dead-letter id {id:?}: with SUMMARYD_STREAM_SHARDS={shards}, give it as `dlq list` shows it, <shard>/<id> (shard 0 to {})",
+        shards - 1
+    )]
+    ShardedId { id: String, shards: usize },
 }
 
 /// An operator command, as the command line names it.

@@ -37,7 +37,7 @@ pub(crate) fn cli_actor() -> String {
 /// Pause consumption as `by`; returns whether this call paused it. Pausing while paused
 /// changes nothing and says who paused, when and why.
 pub async fn pause(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &RedisKeys,
     by: &str,
     reason: Option<String>,
@@ -63,7 +63,7 @@ pub async fn pause(
 
 /// Resume consumption; returns the pause that was lifted, if there was one.
 pub async fn resume(
-    redis: &deadpool_redis::Pool,
+    redis: &crate::infra::redis::RedisPool,
     keys: &RedisKeys,
     out: &mut impl Write,
 ) -> Result<Option<Pause>, AdminError> {

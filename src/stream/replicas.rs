@@ -16,6 +16,7 @@ use std::time::Duration;
 use redis::aio::ConnectionLike;
 
 use crate::config::RedisTlsSettings;
+use crate::infra::redis::routed::{Routable, wait_replicas};
 
 /// How many replicas must confirm a write, and how long to wait for them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,21 +67,17 @@ impl NotReplicated {
 /// every earlier write on the primary), for at most `acks.timeout`.
 ///
 /// `route_key` names the key whose write is being confirmed: on a single Redis node every
-/// write has the same primary and it is not used; a cluster connection must send the WAIT
-/// to the primary owning that key's slot.
-pub async fn confirm<C: ConnectionLike + Send>(
+/// write has the same primary; on a cluster the WAIT goes to the primary owning that key's
+/// slot, the one that took the write.
+pub async fn confirm<C: Routable>(
     conn: &mut C,
     route_key: &str,
     acks: ReplicaAcks,
 ) -> Result<(), NotReplicated> {
-    let _ = route_key;
     let timeout_ms = u64::try_from(acks.timeout.as_millis())
         .unwrap_or(u64::MAX)
         .max(1);
-    let acked: u32 = redis::cmd("WAIT")
-        .arg(acks.replicas)
-        .arg(timeout_ms)
-        .query_async(conn)
+    let acked = wait_replicas(conn, route_key, acks.replicas, acks.timeout)
         .await
         .map_err(|source| NotReplicated::Redis {
             wanted: acks.replicas,

@@ -24,6 +24,7 @@ use redis::{Pipeline, Script, ScriptInvocation};
 use super::job_entry;
 use crate::domain::{Email, JobId};
 use crate::infra::keys::RedisKeys;
+use crate::infra::redis::routed::{Routable, on_master_of};
 
 /// One tenant's limits; `None` is unlimited. From the tokens file (`auth`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -191,26 +192,26 @@ pub(crate) fn add_finished(pipe: &mut Pipeline, keys: &RedisKeys, tenant: &str, 
 pub(crate) const SWEEP_BATCH: usize = 200;
 
 /// One step of a SCAN over the keyspace for tenants' in-flight sets: the next cursor (0 when
-/// the scan is complete) and the set keys of this step.
-pub(crate) async fn scan_sets<C: ConnectionLike + Send + Sync>(
+/// the scan is complete) and the set keys of this step. On a cluster the SCAN goes to the
+/// node holding `keys`' shard (its stream's slot), whose keyspace holds the shard's sets.
+pub(crate) async fn scan_sets<C: Routable + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     cursor: u64,
 ) -> redis::RedisResult<(u64, Vec<String>)> {
-    redis::cmd("SCAN")
-        .arg(cursor)
+    let mut scan = redis::cmd("SCAN");
+    scan.arg(cursor)
         .arg("MATCH")
         .arg(keys.in_flight_pattern())
         .arg("COUNT")
         .arg(SWEEP_BATCH)
         .arg("TYPE")
-        .arg("set")
-        .query_async(conn)
-        .await
+        .arg("set");
+    on_master_of(conn, &keys.stream(), scan).await
 }
 
 /// Every tenant with jobs in flight and how many (the console's tenants page).
-pub(crate) async fn in_flight_by_tenant<C: ConnectionLike + Send + Sync>(
+pub(crate) async fn in_flight_by_tenant<C: Routable + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
 ) -> redis::RedisResult<std::collections::BTreeMap<String, u64>> {

@@ -24,7 +24,7 @@ impl Consumer {
     /// `Err` when Redis failed: the entry is still this consumer's then.
     pub(super) async fn carry_out(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: &Job,
         settlement: Settlement,
@@ -142,7 +142,7 @@ impl Consumer {
     /// counted, nothing more.
     async fn confirm_replicated(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         op: &'static str,
     ) {
@@ -164,7 +164,7 @@ impl Consumer {
     /// Refund a delivery (`claim_own`): what became of the refund.
     async fn refund(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         refund: RefundOf,
     ) -> Refund {
@@ -195,7 +195,7 @@ impl Consumer {
     /// would have no event at all. `job` is `None` for an entry that is no job.
     pub(super) async fn dead_letter(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: Option<&Job>,
         reason: &DeadReason,
@@ -294,7 +294,7 @@ impl Consumer {
     /// in full: a budget is never under-charged, and the job is not held up for it.
     async fn settle_of(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: &Job,
         spent: Spent,
@@ -329,7 +329,7 @@ impl Consumer {
     /// Redis that fails here fails the next step too, and the reason only says less.
     async fn note_failure(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: &Job,
         reason: &str,

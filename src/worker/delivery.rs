@@ -27,7 +27,7 @@ impl Consumer {
     /// the way: the entry is then held to retry what was left.
     pub(super) async fn deliver(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         taken: Taken,
     ) -> Result<(), WorkerError> {
         let Taken {
@@ -99,7 +99,7 @@ impl Consumer {
     /// again, not to run the job again.
     async fn settle_or_hold(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: Delivery,
         job: &Job,
         deliveries: Option<u64>,
@@ -130,7 +130,7 @@ impl Consumer {
     /// delivery got one; `deliveries` is this delivery's number.
     async fn run_job(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: &Job,
         summary: Option<ModelSummary>,
@@ -206,7 +206,7 @@ impl Consumer {
     }
 
     /// Out of deliveries: whether an earlier delivery committed the job.
-    async fn look_for_commit(&self, conn: &mut deadpool_redis::Connection, job: &Job) -> Outcome {
+    async fn look_for_commit(&self, conn: &mut crate::infra::redis::Conn, job: &Job) -> Outcome {
         match summaries::exists(&self.services.pg, job.job_id).await {
             Ok(true) => Outcome::CommittedEarlier,
             Ok(false) => {

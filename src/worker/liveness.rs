@@ -19,7 +19,7 @@ impl Consumer {
     /// now someone else's. A shutdown lets it run until just before the grace period ends.
     pub(super) async fn with_claim_extended<T>(
         &self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         work: impl Future<Output = T>,
     ) -> Ran<T> {

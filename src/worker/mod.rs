@@ -38,7 +38,7 @@ pub struct WorkerServices {
     pub(crate) settings: Arc<Settings>,
     pub keys: Shards,
     /// Dedicated connections: a consumer holds one while blocked in XREADGROUP.
-    pub redis: deadpool_redis::Pool,
+    pub redis: crate::infra::redis::RedisPool,
     pub(crate) pg: deadpool_postgres::Pool,
     /// The providers, in order, with their breakers: one per process, shared by its
     /// consumers, so one consumer's failures open a breaker for all of them.

@@ -34,7 +34,7 @@ impl Consumer {
     /// so entries that keep being held cannot starve new ones.
     pub(super) async fn take(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<Vec<Taken>, WorkerError> {
         let now = Instant::now();
         let due = self.held.iter().position(|held| held.due <= now);
@@ -75,7 +75,7 @@ impl Consumer {
     /// longer ours (finished or reclaimed elsewhere meanwhile).
     async fn retake(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         held: Held,
     ) -> Result<Vec<Taken>, WorkerError> {
         if let Work::Settle(_) = held.work {
@@ -136,7 +136,7 @@ impl Consumer {
     /// among the shards so a job on a shard nobody waits on is found within about `block`.
     async fn read_new(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         block: Duration,
     ) -> Result<Vec<Delivery>, WorkerError> {
         let shards = self.services.keys.clone();
@@ -164,7 +164,7 @@ impl Consumer {
     /// however many shards there are.
     async fn claim_idle(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
     ) -> Result<Vec<Delivery>, WorkerError> {
         let shards = self.services.keys.clone();
         let keys = shards.get(self.claim_shard);
@@ -177,7 +177,7 @@ impl Consumer {
     /// is not left waiting for another whole pass.
     async fn claim_idle_in(
         &mut self,
-        conn: &mut deadpool_redis::Connection,
+        conn: &mut crate::infra::redis::Conn,
         keys: &RedisKeys,
     ) -> Result<Vec<Delivery>, WorkerError> {
         let shard = usize::from(keys.shard());

@@ -28,6 +28,7 @@ mod properties;
 mod provider_limits;
 mod providers;
 mod recipients;
+mod redis_cluster;
 mod relay_http_mail;
 mod relay_outbox;
 mod replicas;

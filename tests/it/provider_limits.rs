@@ -31,7 +31,7 @@ async fn fleet() -> Fleet {
         .await
         .expect("redis");
     Fleet {
-        shared: SharedLimits::new(pool, keys.clone()),
+        shared: SharedLimits::new(pool.into(), keys.clone()),
         keys,
         conn,
     }
@@ -224,7 +224,7 @@ async fn without_redis_a_limited_provider_is_not_called_and_an_unlimited_one_is(
         .create_pool(Some(deadpool_redis::Runtime::Tokio1))
         .expect("pool");
     let gone = Fleet {
-        shared: SharedLimits::new(pool, RedisKeys::new("gone:")),
+        shared: SharedLimits::new(pool.into(), RedisKeys::new("gone:")),
         ..fleet().await
     };
     let deadline = || summaryd::llm::retry::Deadline::after(Duration::from_secs(10));

@@ -1,7 +1,9 @@
-//! Shards on one Redis node (`SUMMARYD_STREAM_SHARDS`, `docs/scaling.md`): each tenant's
-//! jobs, records and lanes live under its shard's hash tag; the workers drain every shard
-//! and do each job once; dead letters are listed and replayed across shards; the gauges
-//! say what each shard holds; and a process refuses a shard count that would strand work.
+//! Shards (`SUMMARYD_STREAM_SHARDS`, `docs/scaling.md`), on one Redis node and on a real
+//! local Redis Cluster (three primaries with a replica each): each tenant's jobs, records
+//! and lanes live under its shard's hash tag; the workers drain every shard and do each job
+//! once; dead letters are listed, replayed and purged by retention across shards; the
+//! gauges say what each shard holds; and a process refuses a shard count that would strand
+//! work.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -13,9 +15,11 @@ use summaryd::app::{Application, StartError};
 use summaryd::config::Settings;
 use summaryd::config::roles::{Role, Roles};
 use summaryd::infra::keys::Shards;
+use summaryd::infra::redis::routed::scan_every_master;
 use summaryd::llm::LlmError;
 use summaryd::stream::layout::LayoutError;
 
+use crate::shared::redis_cluster::RedisCluster;
 use crate::shared::running::Running;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
 
@@ -30,8 +34,12 @@ const TENANTS: [(&str, u16); 6] = [
 ];
 const PER_TENANT: usize = 4;
 
-fn sharded(env: &TestEnv, shards: u16) -> Settings {
+/// `env`'s settings with `shards`, on the env's Redis or on `cluster`.
+fn sharded(env: &TestEnv, shards: u16, cluster: Option<&RedisCluster>) -> Settings {
     let mut settings = env.settings.clone();
+    if let Some(cluster) = cluster {
+        settings.redis_url = cluster.url().into();
+    }
     settings.stream.shards = shards;
     settings.worker.consumers = 2;
     settings.maintenance.interval = Duration::from_millis(50);
@@ -100,11 +108,21 @@ fn gauge(text: &str, shard: u16, state: &str) -> Option<f64> {
 #[tokio::test]
 async fn three_shards_on_one_node_keep_each_tenant_in_its_shard_and_do_every_job_once() {
     let env = TestEnv::new().await;
-    let settings = sharded(&env, 3);
+    every_job_once_in_its_tenants_shard(&env, sharded(&env, 3, None)).await;
+}
+
+#[tokio::test]
+async fn three_shards_on_a_cluster_keep_each_tenant_in_its_shard_and_do_every_job_once() {
+    let cluster = RedisCluster::start();
+    let env = TestEnv::new().await;
+    every_job_once_in_its_tenants_shard(&env, sharded(&env, 3, Some(&cluster))).await;
+}
+
+async fn every_job_once_in_its_tenants_shard(env: &TestEnv, settings: Settings) {
     let prefix = settings.key_prefix.clone();
     let mailer = Arc::new(FakeMailer::new());
     let api = Running::start(
-        app(&env, &settings, &[Role::Api], FakeLlm::ok(), &mailer)
+        app(env, &settings, &[Role::Api], FakeLlm::ok(), &mailer)
             .await
             .unwrap(),
     );
@@ -112,7 +130,8 @@ async fn three_shards_on_one_node_keep_each_tenant_in_its_shard_and_do_every_job
     assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len());
 
     // Where the accepts went: the tenant's shard, and nowhere else.
-    let mut redis = env.redis().await;
+    let services = env.services().settings(settings.clone()).build();
+    let mut redis = services.redis.get().await.unwrap();
     for (tenant, shard) in TENANTS {
         let tag = format!("{prefix}{{s{shard}}}");
         let record: bool = redis
@@ -136,7 +155,9 @@ async fn three_shards_on_one_node_keep_each_tenant_in_its_shard_and_do_every_job
             assert!(!elsewhere, "{tenant} has no lane in shard {other}");
         }
     }
-    let untagged: Vec<String> = redis.keys(format!("{prefix}jobs:*")).await.unwrap();
+    let untagged = scan_every_master(&mut redis, &format!("{prefix}jobs:*"), None, 500)
+        .await
+        .unwrap();
     assert!(untagged.is_empty(), "no unsharded key: {untagged:?}");
 
     // The gauges: each shard's queued jobs (acme 4; globex, initech, default 12; the rest 8).
@@ -154,7 +175,7 @@ async fn three_shards_on_one_node_keep_each_tenant_in_its_shard_and_do_every_job
     // Workers drain every shard: each job one summary and one email.
     let worker = Running::start(
         app(
-            &env,
+            env,
             &settings,
             &[Role::Worker, Role::Relay],
             FakeLlm::ok(),
@@ -175,7 +196,7 @@ async fn three_shards_on_one_node_keep_each_tenant_in_its_shard_and_do_every_job
     assert_eq!(env.count("summaries").await, all as i64);
     let shards = Shards::new(&prefix, 3, false);
     let drained = eventually(Duration::from_secs(10), || async {
-        let mut redis = env.redis().await;
+        let mut redis = services.redis.get().await.unwrap();
         let mut left = 0u64;
         for keys in shards.all() {
             let n: u64 = redis.xlen(keys.stream()).await.unwrap();
@@ -197,7 +218,17 @@ async fn three_shards_on_one_node_keep_each_tenant_in_its_shard_and_do_every_job
 #[tokio::test]
 async fn dead_letters_of_every_shard_are_listed_replayed_and_then_done_once() {
     let env = TestEnv::new().await;
-    let mut settings = sharded(&env, 3);
+    dead_letters_across_shards(&env, sharded(&env, 3, None)).await;
+}
+
+#[tokio::test]
+async fn dead_letters_of_every_shard_of_a_cluster_are_listed_replayed_and_then_done_once() {
+    let cluster = RedisCluster::start();
+    let env = TestEnv::new().await;
+    dead_letters_across_shards(&env, sharded(&env, 3, Some(&cluster))).await;
+}
+
+async fn dead_letters_across_shards(env: &TestEnv, mut settings: Settings) {
     settings.worker.max_deliveries = 1;
     let mailer = Arc::new(FakeMailer::new());
     let refused = LlmError::Status {
@@ -238,6 +269,26 @@ async fn dead_letters_of_every_shard_are_listed_replayed_and_then_done_once() {
     for id in &ids {
         assert!(listed.contains(id.as_str()), "{id} listed");
     }
+    // hooli's (shard 2) are purged by id, as retention or an operator would: gone from
+    // every listing, never done.
+    let hooli: Vec<String> = listed
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|d| d["tenant"] == "hooli")
+        .map(|d| d["id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(hooli.len(), PER_TENANT, "{listed}");
+    let purged = summaryd::ops::dlq::purge(
+        &services.redis,
+        &services.keys,
+        &hooli,
+        Some(Duration::ZERO),
+        &mut Vec::new(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(purged, PER_TENANT as u64);
+    let all = all - PER_TENANT;
     let report =
         summaryd::ops::dlq::replay(&services.redis, &services.keys, &[], true, &mut Vec::new())
             .await
@@ -261,7 +312,14 @@ async fn dead_letters_of_every_shard_are_listed_replayed_and_then_done_once() {
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(mailer.sent().len(), all);
-    let mut redis = env.redis().await;
+    let pg = env.pg().await;
+    let hooli_done: i64 = pg
+        .query_one("SELECT count(*) FROM summaries WHERE tenant = 'hooli'", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(hooli_done, 0, "purged dead letters are never done");
+    let mut redis = services.redis.get().await.unwrap();
     for keys in services.keys.all() {
         let left: u64 = redis.xlen(keys.dead_letters()).await.unwrap();
         assert_eq!(left, 0, "shard {} has no dead letter left", keys.shard());
@@ -274,7 +332,7 @@ async fn a_shard_count_that_would_strand_queued_jobs_is_refused_at_start() {
     let env = TestEnv::new().await;
     let mailer = Arc::new(FakeMailer::new());
     // One job queued under the unsharded layout.
-    let one = sharded(&env, 1);
+    let one = sharded(&env, 1, None);
     let api = Running::start(
         app(&env, &one, &[Role::Api], FakeLlm::ok(), &mailer)
             .await
@@ -291,7 +349,7 @@ async fn a_shard_count_that_would_strand_queued_jobs_is_refused_at_start() {
     assert_eq!(res.status(), 202);
     api.stop().await;
 
-    let three = sharded(&env, 3);
+    let three = sharded(&env, 3, None);
     let refused = app(&env, &three, &[Role::Worker], FakeLlm::ok(), &mailer).await;
     match refused {
         Err(StartError::Layout(LayoutError::Stranded {

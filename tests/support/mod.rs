@@ -18,6 +18,7 @@ pub mod fakes;
 pub mod http_request;
 pub mod http_stub;
 pub mod log_capture;
+pub mod redis_cluster;
 pub mod replicas;
 pub mod running;
 pub mod script;

@@ -66,19 +66,58 @@ pub(crate) fn assess(config: &HashMap<String, String>) -> Vec<Risk> {
 /// Read the settings over `conn` and log what they risk; when `CONFIG` is refused (managed
 /// Redis usually renames or forbids it), say once that nothing could be checked.
 pub async fn report<C: redis::aio::ConnectionLike + Send>(conn: &mut C) {
-    let reply: redis::RedisResult<HashMap<String, String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg(&SETTINGS[..])
-        .query_async(conn)
-        .await;
+    let reply: redis::RedisResult<HashMap<String, String>> = config_get().query_async(conn).await;
+    log(reply, None);
+}
+
+/// [`report`] for each master of a cluster (each holds a share of the jobs), naming the
+/// node in every line.
+pub async fn report_masters(conn: &mut redis::cluster_async::ClusterConnection) {
+    use redis::cluster_routing::{MultipleNodeRoutingInfo, RoutingInfo};
+    let reply = conn
+        .route_command(
+            config_get(),
+            RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None)),
+        )
+        .await
+        .and_then(|v| {
+            Ok(redis::from_redis_value::<
+                HashMap<String, HashMap<String, String>>,
+            >(v)?)
+        });
+    match reply {
+        Ok(by_node) => {
+            let mut nodes: Vec<_> = by_node.into_iter().collect();
+            nodes.sort_by(|a, b| a.0.cmp(&b.0));
+            for (node, config) in nodes {
+                log(Ok(config), Some(&node));
+            }
+        }
+        Err(e) => log(Err(e), None),
+    }
+}
+
+fn config_get() -> redis::Cmd {
+    let mut cmd = redis::cmd("CONFIG");
+    cmd.arg("GET").arg(&SETTINGS[..]);
+    cmd
+}
+
+fn log(reply: redis::RedisResult<HashMap<String, String>>, node: Option<&str>) {
     match reply {
         Ok(config) => {
             let risks = assess(&config);
             for risk in &risks {
-                warn!(redis_setting = risk.setting, "{}", risk.message);
+                warn!(
+                    redis_node = node,
+                    redis_setting = risk.setting,
+                    "{}",
+                    risk.message
+                );
             }
             if risks.is_empty() {
                 info!(
+                    redis_node = node,
                     appendonly = config.get("appendonly").map(String::as_str),
                     appendfsync = config.get("appendfsync").map(String::as_str),
                     maxmemory_policy = config.get("maxmemory-policy").map(String::as_str),

@@ -7,12 +7,24 @@
 //! trust store; `SUMMARYD_REDIS_CLIENT_CERT_FILE` + `_KEY_FILE` add a client certificate for
 //! servers that require mutual TLS.
 
+//!
+//! `redis+cluster://host:port[,host:port...]` (`rediss+cluster://` with TLS), or a plain URL
+//! with `SUMMARYD_REDIS_CLUSTER`, is a Redis Cluster: the same TLS material applies to every
+//! node the cluster reports.
+
+mod cluster_url;
+pub mod conn;
 pub(crate) mod durability;
+pub mod routed;
 
 use std::time::Duration;
 
-use redis::{ClientTlsConfig, ConnectionAddr, TlsCertificates};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::{ClientTlsConfig, ConnectionAddr, ConnectionInfo, IntoConnectionInfo, TlsCertificates};
 use secrecy::ExposeSecret;
+
+pub use cluster_url::ClusterUrlError;
+pub use conn::{ClusterManager, Conn, RedisPool};
 
 use crate::config::{RedisTlsSettings, Settings};
 use crate::infra::tls::{self, TlsError};
@@ -22,6 +34,8 @@ pub enum RedisSetupError {
     /// The redis crate's parse errors name the problem, never the URL (so never its password).
     #[error("SUMMARYD_REDIS_URL is invalid: {0}")]
     Url(#[source] redis::RedisError),
+    #[error(transparent)]
+    ClusterUrl(#[from] ClusterUrlError),
     #[error(transparent)]
     Tls(#[from] TlsError),
     #[error(
@@ -43,8 +57,109 @@ pub enum RedisSetupError {
     },
 }
 
-/// The client for `settings.redis_url`, with TLS material attached for `rediss://`.
-pub(crate) fn client(settings: &Settings) -> Result<redis::Client, RedisSetupError> {
+/// What every Redis handle of a process is built from: one server's client, or a cluster's
+/// seed nodes and TLS material.
+#[derive(Clone)]
+pub enum RedisClient {
+    Single(redis::Client),
+    Cluster(ClusterSeed),
+}
+
+/// A cluster's seed nodes (credentials included) and the TLS material for every node.
+#[derive(Clone)]
+pub struct ClusterSeed {
+    nodes: Vec<ConnectionInfo>,
+    certs: Option<TlsCertificates>,
+}
+
+impl ClusterSeed {
+    /// A cluster client whose node connections use these timeouts. The response timeout is
+    /// per node and also bounds a command's redirections and retries.
+    pub fn client(
+        &self,
+        connect: Duration,
+        response: Duration,
+    ) -> redis::RedisResult<ClusterClient> {
+        let mut builder = ClusterClientBuilder::new(self.nodes.clone())
+            .connection_timeout(connect)
+            .response_timeout(response);
+        if let Some(certs) = &self.certs {
+            builder = builder.certs(certs.clone());
+        }
+        builder.build()
+    }
+}
+
+impl ClusterSeed {
+    /// A single-server client for the first seed node, with the same TLS material.
+    fn first_seed(&self) -> redis::RedisResult<redis::Client> {
+        let Some(node) = self.nodes.first().cloned() else {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::InvalidClientConfig,
+                "no seed node",
+            )));
+        };
+        match &self.certs {
+            Some(certs) => redis::Client::build_with_tls(node, certs.clone()),
+            None => redis::Client::open(node),
+        }
+    }
+}
+
+impl RedisClient {
+    /// `host:port` of the server or of each seed node: what an error may say about where it
+    /// connected (never the credentials).
+    pub fn address(&self) -> String {
+        match self {
+            RedisClient::Single(client) => address(client),
+            RedisClient::Cluster(seed) => seed
+                .nodes
+                .iter()
+                .map(|n| n.addr().to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        }
+    }
+}
+
+/// The client for `settings.redis_url` (and `settings.redis.cluster`), with TLS material
+/// attached for `rediss://`.
+pub(crate) fn client(settings: &Settings) -> Result<RedisClient, RedisSetupError> {
+    let url = settings.redis_url.expose_secret();
+    match cluster_url::target(url, settings.redis.cluster)? {
+        cluster_url::Target::Single => single_client(settings).map(RedisClient::Single),
+        cluster_url::Target::Cluster(urls) => {
+            let nodes = urls
+                .iter()
+                .map(|u| u.as_str().into_connection_info())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(RedisSetupError::Url)?;
+            let is_tls = nodes
+                .first()
+                .is_some_and(|n| matches!(n.addr(), ConnectionAddr::TcpTls { .. }));
+            let seed = ClusterSeed {
+                certs: tls_certificates(&settings.redis, is_tls)?,
+                nodes,
+            };
+            // Building checks what can be checked without connecting (the nodes agree on
+            // credentials and TLS), so a mismatch stops startup here.
+            seed.client(PROBE_TIMEOUT, PROBE_TIMEOUT)
+                .map_err(RedisSetupError::Url)?;
+            Ok(RedisClient::Cluster(seed))
+        }
+    }
+}
+
+/// Whether the URL asks for TLS, in any of its forms (`rediss://`, `rediss+cluster://`).
+pub(crate) fn url_is_tls(url: &str) -> bool {
+    let url = url.trim_start();
+    ["rediss://", "rediss+cluster://"].iter().any(|scheme| {
+        url.get(..scheme.len())
+            .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+    })
+}
+
+fn single_client(settings: &Settings) -> Result<redis::Client, RedisSetupError> {
     let plain =
         redis::Client::open(settings.redis_url.expose_secret()).map_err(RedisSetupError::Url)?;
     let is_tls = matches!(
@@ -119,8 +234,34 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// One connection attempt at startup. A TLS failure (unknown CA, wrong host name, a client
 /// certificate the server refuses) is returned as an error, because no retry will fix it;
 /// a Redis that is down or slow is only logged, since the roles cope with that already.
-/// Returns the connection when one was made, for the durability check.
-pub(crate) async fn probe(
+/// Returns the connection when one was made, for the durability check. A cluster connection
+/// connects to every node in the slot map, so TLS is checked against each of them.
+pub(crate) async fn probe(client: &RedisClient) -> Result<Option<Probed>, RedisSetupError> {
+    match client {
+        RedisClient::Single(single) => Ok(probe_single(single).await?.map(Probed::Single)),
+        RedisClient::Cluster(seed) => {
+            // The cluster client reports a failed handshake as text only, so TLS is first
+            // checked on a direct connection to the first seed, where the error stays typed.
+            let first = seed.first_seed().map_err(RedisSetupError::Url)?;
+            if probe_single(&first).await?.is_none() {
+                return Ok(None);
+            }
+            let connected = match seed.client(PROBE_TIMEOUT, PROBE_TIMEOUT) {
+                Ok(cluster) => cluster.get_async_connection().await,
+                Err(e) => Err(e),
+            };
+            match connected {
+                Ok(conn) => Ok(Some(Probed::Cluster(conn))),
+                Err(e) => {
+                    unreachable_at_startup(&client.address(), &e);
+                    Ok(None)
+                }
+            }
+        }
+    }
+}
+
+async fn probe_single(
     client: &redis::Client,
 ) -> Result<Option<redis::aio::MultiplexedConnection>, RedisSetupError> {
     let config = redis::AsyncConnectionConfig::new()
@@ -138,15 +279,25 @@ pub(crate) async fn probe(
                 source: e,
             }),
             None => {
-                tracing::warn!(
-                    redis = %address(client),
-                    error = %e,
-                    "Redis is not reachable at startup; carrying on (readiness reports it)"
-                );
+                unreachable_at_startup(&address(client), &e);
                 Ok(None)
             }
         },
     }
+}
+
+fn unreachable_at_startup(addr: &str, e: &redis::RedisError) {
+    tracing::warn!(
+        redis = %addr,
+        error = %e,
+        "Redis is not reachable at startup; carrying on (readiness reports it)"
+    );
+}
+
+/// The connection the startup probe made.
+pub(crate) enum Probed {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(redis::cluster_async::ClusterConnection),
 }
 
 /// The rustls error inside `err`, described. The redis crate keeps the I/O error behind an
@@ -179,10 +330,12 @@ pub(crate) async fn check_at_startup(
     check_durability: bool,
 ) -> Result<(), RedisSetupError> {
     let client = client(settings)?;
-    if let Some(mut conn) = probe(&client).await?
-        && check_durability
-    {
-        crate::infra::redis::durability::report(&mut conn).await;
+    match probe(&client).await? {
+        Some(Probed::Single(mut conn)) if check_durability => durability::report(&mut conn).await,
+        Some(Probed::Cluster(mut conn)) if check_durability => {
+            durability::report_masters(&mut conn).await;
+        }
+        _ => {}
     }
     Ok(())
 }
@@ -229,6 +382,58 @@ mod tests {
             tls_certificates(&RedisTlsSettings::default(), false),
             Ok(None)
         ));
+    }
+
+    fn with_url(url: &str, cluster: bool) -> Settings {
+        let mut settings = Settings {
+            redis_url: url.into(),
+            ..Settings::default()
+        };
+        settings.redis.cluster = cluster;
+        settings
+    }
+
+    #[test]
+    fn cluster_urls_and_the_cluster_setting_select_a_cluster_client() {
+        let single = client(&with_url("redis://a:1", false));
+        assert!(matches!(single, Ok(RedisClient::Single(_))));
+        for (url, flag, nodes) in [
+            ("redis+cluster://u:pw@a:1,b:2", false, "a:1,b:2"),
+            ("redis://a:1", true, "a:1"),
+            ("rediss+cluster://b:2", false, "b:2"),
+        ] {
+            match client(&with_url(url, flag)) {
+                Ok(c @ RedisClient::Cluster(_)) => assert_eq!(c.address(), nodes),
+                Ok(RedisClient::Single(_)) => panic!("{url}: single"),
+                Err(e) => panic!("{url}: {e}"),
+            }
+        }
+        assert!(url_is_tls(" rediss+cluster://b:2") && url_is_tls("rediss://b:2"));
+        assert!(!url_is_tls("redis+cluster://b:2"));
+
+        // TLS files with a plain cluster URL would be ignored: refused as for one server.
+        let mut plain = with_url("redis+cluster://a:1", false);
+        plain.redis.ca_file = Some(PathBuf::from("/etc/ca.pem"));
+        assert!(matches!(
+            client(&plain),
+            Err(RedisSetupError::TlsWithoutRediss("SUMMARYD_REDIS_CA_FILE"))
+        ));
+    }
+
+    #[test]
+    fn a_bad_cluster_url_is_reported_without_the_password() {
+        for url in [
+            "redis+cluster://user:hunter2@a:1,b:notaport",
+            "redis+cluster://user:hunter2@a:1,,b:2",
+            "redis+cluster://user:hunter2@",
+        ] {
+            let err = client(&with_url(url, false))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains("SUMMARYD_REDIS_URL"), "{url}: {err}");
+            assert!(!err.contains("hunter2"), "{err}");
+        }
     }
 
     #[test]

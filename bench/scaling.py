@@ -83,7 +83,7 @@ def plot(csv_path, out_dir):
         ("intake", "accepted POSTs/s", "Intake: api processes", "Redis ceiling (redis-benchmark, enqueue script)"),
         ("drain", "jobs/s", "Drain: worker processes", "Postgres commit ceiling (pgbench, worker txn)"),
     ):
-        fig, (ax_abs, ax_ratio) = plt.subplots(1, 2, figsize=(12, 4.6))
+        fig, (ax_abs, ax_ratio) = plt.subplots(1, 2, figsize=(13, 6))
         drawn_pg = False
         for target, (color, marker, label) in styles.items():
             pts = sorted(
@@ -121,7 +121,8 @@ def plot(csv_path, out_dir):
             ax.set_xticks(all_x or [1])
             ax.grid(True, alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=8, loc="best")
+                # Below the axes: the curves of three targets leave no empty corner.
+                ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
         ax_abs.set_ylabel(unit)
         ax_abs.set_ylim(bottom=0)
         ax_ratio.set_ylabel("throughput ÷ 1-process point")

@@ -73,6 +73,8 @@ die() {
 . scripts/deps.sh
 # shellcheck source=bench/private_redis.sh
 . bench/private_redis.sh
+# shellcheck source=bench/enqueue_call.sh
+. bench/enqueue_call.sh
 command -v wrk >/dev/null 2>&1 || _deps_apt_install wrk
 command -v redis-benchmark >/dev/null 2>&1 || _deps_apt_install redis-tools
 command -v pgbench >/dev/null 2>&1 || _deps_apt_install postgresql-client
@@ -152,32 +154,16 @@ lua_sha=$(rcli -n "$REF_DB" SCRIPT LOAD "$(cat src/stream/enqueue_once.lua)")
 [[ ${#lua_sha} -eq 40 ]] || die "SCRIPT LOAD failed: $lua_sha"
 
 # --- the POST's Redis work, alone: redis-benchmark of the very script one POST runs ------
-# Arguments shaped like the wrk request's (same text, same record), so Redis does the same
-# work per call as for a POST. __rand_int__ gives every call its own key (new-key path).
-text='Quarterly review: revenue grew 12 percent, churn fell to 3 percent. The team shipped the new billing flow and plans a pricing change next quarter. Risks: two enterprise renewals are late and support load is rising.'
-job='00000000-0000-5000-8000-000000000000'
-stamp='2025-01-01T00:00:00.000000Z'
-record="{\"state\":\"done\",\"fp\":\"$(printf %064d 0)\",\"status\":202,\"body\":{\"job_id\":\"$job\",\"status\":\"queued\"}}"
-payload="{\"notify\":\"bench@example.com\",\"text\":\"$text\"}"
-# The job-state writes the script receives, as src/stream/job_state.rs passes them: the
-# count of field/value arguments, the pairs to HSET, then the field to HDEL.
-state_args=(6 tenant bench status queued created_at "$stamp" error)
-# The budget's arguments, last (src/stream/budget.rs): no budget, so no reservation, as for
-# a tenant without one.
-budget_args=(0 0 0 0 budget_period '' budget_reserved)
-# The tenant limits the script receives (src/stream/tenant_limits.rs): emission interval in
-# µs, burst, max in flight, the time in µs, emails per recipient per hour and the time in
-# ms; 0 = no limit, as for a tenant without limits. With BENCH_LIMITS=1 the tenant has the
-# job limits, set far above what one machine can send (1,000,000 jobs/s, a burst of as many,
-# 10^9 in flight), so each check runs and none refuses. notify_per_hour stays off: every
-# benchmark job notifies one address, and a per-recipient window that never refuses would
-# have to hold millions of members.
-limit_args=(0 1 0 0 0 0)
+# bench/enqueue_call.sh builds the call, arguments shaped like the wrk request's.
+# With BENCH_LIMITS=1 the tenant has the job limits, set far above what one machine can
+# send (1,000,000 jobs/s, a burst of as many, 10^9 in flight), so each check runs and none
+# refuses. notify_per_hour stays off: every benchmark job notifies one address, and a
+# per-recipient window that never refuses would have to hold millions of members.
 tokens_file=""
 token=""
 if [[ "$LIMITS" == 1 ]]; then
     # A fixed time far in the future: the rate state never holds the next call back.
-    limit_args=(1 1000000 1000000000 4000000000000000 0 0)
+    enqueue_limit_args=(1 1000000 1000000000 4000000000000000 0 0)
     token=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
     tokens_file="$workdir/tokens.toml"
     cat >"$tokens_file" <<EOF_TOKENS
@@ -191,21 +177,12 @@ fi
 # $1 = clients, $2 = idempotency key, $3 = output file
 redis_reference() {
     rcli -n "$REF_DB" FLUSHDB >/dev/null
+    enqueue_call_args "$lua_sha" ref: "$2" 'ref:job:__rand_int__'
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \
-        -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 \
-        EVALSHA "$lua_sha" 11 "$2" ref:lane 'ref:job:__rand_int__' ref:in_flight ref:rate ref:notify \
-        ref:budget ref:lanes ref:lanes:clock ref:doorbell ref:lanes:policy \
-        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}" \
-        job_id "$job" tenant bench payload "$payload" created_at "$stamp" 1 0 bench "${budget_args[@]}" >"$3" 2>&1
+        -c "$1" -n "$REDIS_REQUESTS" -r 100000000000 "${enqueue_call[@]}" >"$3" 2>&1
     rcli -n "$REF_DB" FLUSHDB >/dev/null
 }
-# "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-# The test name is the command line, JSON commas included: count the columns from the end.
-ref_field() { # $1 = file, $2 = rps|p50|p99
-    awk -F, -v want="$2" 'NR == 2 {
-        col = (want == "rps") ? NF - 6 : (want == "p50") ? NF - 3 : NF - 1
-        gsub(/"/, "", $col); print $col; exit }' "$1"
-}
+ref_field() { redis_benchmark_field "$@"; }
 
 # --- start the service (role api) ----------------------------------------------------------
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status" 2>/dev/null || echo 0; }
@@ -285,10 +262,8 @@ for c in $CONNECTIONS; do
     # Same arguments as the new-key call; the first call stores the record, so every call
     # redis-benchmark makes only reads it. A failed store would make this a new-key run:
     # the reply is checked.
-    replay_call=(EVALSHA "$lua_sha" 11 ref:idem:fixed ref:lane ref:job:fixed ref:in_flight ref:rate ref:notify
-        ref:budget ref:lanes ref:lanes:clock ref:doorbell ref:lanes:policy
-        "$record" 86400 "$job" "${limit_args[@]}" "${state_args[@]}"
-        job_id "$job" tenant bench payload "$payload" created_at "$stamp" 1 0 bench "${budget_args[@]}")
+    enqueue_call_args "$lua_sha" ref: ref:idem:fixed ref:job:fixed
+    replay_call=("${enqueue_call[@]}")
     [[ "$(rcli -n "$REF_DB" "${replay_call[@]}" | head -n 1)" == 1 ]] ||
         die "the replay reference could not store its record"
     timeout 300 redis-benchmark -h 127.0.0.1 -p "$rport" --dbnum "$REF_DB" --csv \

@@ -164,8 +164,8 @@ struct Window {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_accepts_lost_in_a_failover_with_ack_0_are_refused_and_kept_with_ack_1() {
     let started = Instant::now();
-    let without = replication_window(0).await;
-    let with = replication_window(1).await;
+    let without = replication_window(0, false).await;
+    let with = replication_window(1, false).await;
     println!(
         "cluster replication window: MIN_REPLICAS_ACK=0 lost {} of {} accepted jobs; \
          MIN_REPLICAS_ACK=1 lost {} of {} (503s while the replica was cut off: {}); wall {:?}",
@@ -181,6 +181,27 @@ async fn cluster_accepts_lost_in_a_failover_with_ack_0_are_refused_and_kept_with
     assert!(without.lost > 0);
     // The ACK=0 accepts never left the primary, so every one of them is gone.
     assert_eq!(without.lost, without.posted);
+}
+
+/// The client retrying through the failover rather than after it: 20 concurrent POSTs of
+/// shard 0 while its replica is cut off (each first answered 503, their WAITs queued one
+/// behind another on the api's connection to the primary), retried every second while the
+/// primary is killed, its replica promoted and the old primary restarted as its replica.
+/// Every 202 must still end in a summary. Ignored because it does not yet: in three runs
+/// 1, 6 and 4 of the 20 retries were answered 202 and never done, their records absent on
+/// the promoted primary. The likely path: the accept's script ran on the old primary, the
+/// connection died before its WAIT was answered, and the cluster client sent the WAIT
+/// again on a new connection to the promoted primary, where it covered none of those
+/// writes and was answered by the rejoined replica at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "fails: a WAIT resent after its connection died confirms writes it never covered"]
+async fn cluster_retries_through_a_failover_with_ack_1_lose_nothing() {
+    let with = replication_window(1, true).await;
+    println!(
+        "cluster retries through a failover: MIN_REPLICAS_ACK=1 lost {} of {} accepted jobs",
+        with.lost, with.posted
+    );
+    assert_eq!(with.lost, 0);
 }
 
 fn signal_node(cluster: &RedisCluster, port: u16, signal: i32) {
@@ -199,7 +220,10 @@ fn signal_node(cluster: &RedisCluster, port: u16, signal: i32) {
 /// the primary, so nothing written from then on is on its way to it), post jobs of shard 0,
 /// SIGKILL the primary, resume the replica and promote it; then run workers and a relay
 /// and count the accepted jobs never summarised.
-async fn replication_window(ack: u32) -> Window {
+///
+/// With `through`, the client keeps retrying shard 0's refused jobs during the failover
+/// and the old primary's restart instead of after them.
+async fn replication_window(ack: u32, through: bool) -> Window {
     const POSTED: usize = 20;
     const CONTROL: usize = 12;
     let world = cluster_world(
@@ -250,7 +274,7 @@ async fn replication_window(ack: u32) -> Window {
         .collect();
     let mut accepted_in_window = Vec::new();
     let mut refused = 0;
-    for key in &keys {
+    for key in keys.iter().filter(|_| !through) {
         let body = shard0.body_for(key);
         let tries = if ack == 0 { 1 } else { 2 };
         for _ in 0..tries {
@@ -274,6 +298,32 @@ async fn replication_window(ack: u32) -> Window {
         }
     }
 
+    // Or the client's own retries, every POST's first answer a 503, running on through the
+    // failover.
+    let retrying: Vec<_> = keys
+        .iter()
+        .filter(|_| through)
+        .map(|key| {
+            let (client, key) = (shard0.clone(), key.clone());
+            tokio::spawn(async move { client.submit(&key, &key).await })
+        })
+        .collect();
+    if through {
+        let cut_off = eventually(Duration::from_secs(20), || async {
+            client.outcomes().get("503").copied().unwrap_or(0) >= POSTED
+        })
+        .await;
+        assert!(
+            cut_off,
+            "shard 0's accepts were not refused: {:?}",
+            client.outcomes()
+        );
+        assert!(
+            retrying.iter().all(|t| !t.is_finished()),
+            "an accept was answered 202 with no replica to confirm it"
+        );
+        refused = POSTED;
+    }
     cluster.kill_node(primary);
     signal_node(cluster, replica, libc::SIGCONT);
     promote(cluster, replica, slot).await;
@@ -290,7 +340,26 @@ async fn replication_window(ack: u32) -> Window {
         .await;
     let _relay = world.spawn("relay", "relay", &[]).await;
     let mut done = control;
-    if ack > 0 {
+    for task in retrying {
+        done.push(task.await.expect("submit"));
+    }
+    if through {
+        // Whatever the retries got, each 202 must end in a summary; one that does not
+        // within a minute was lost with the node that took it.
+        let all = done.len() as i64;
+        eventually(Duration::from_secs(60), || async {
+            world.count("SELECT count(*) FROM summaries").await >= all
+        })
+        .await;
+        let summarised = world.count("SELECT count(*) FROM summaries").await;
+        if summarised < all {
+            return Window {
+                posted: POSTED,
+                lost: (all - summarised) as usize,
+                refused,
+            };
+        }
+    } else if ack > 0 {
         // The client's retries, now that shard 0 has a primary and a replica again.
         for key in &keys {
             done.push(shard0.submit(key, key).await);

@@ -16,6 +16,7 @@ mod shared;
 mod backends;
 mod chaos;
 mod cleartext;
+mod cluster;
 mod consumer_cleanup;
 mod front_door;
 mod kill_api;

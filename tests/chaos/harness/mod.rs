@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use summaryd::infra::keys::{GROUP, RedisKeys};
+use summaryd::infra::keys::{GROUP, RedisKeys, Shards};
 
 use client::{Accepted, ApiClient};
 use mail_sink::{MailBehavior, MailSink};
@@ -27,6 +27,7 @@ use webhook_sink::{WebhookBehavior, WebhookSink};
 
 use crate::shared::cleanup;
 pub use crate::shared::http_stub::free_port;
+use crate::shared::redis_cluster::RedisCluster;
 use crate::shared::servers::PgCluster;
 use crate::shared::standard_webhooks;
 use crate::shared::test_env::{FreshNames, pg_base_url, pg_connect, redis_url};
@@ -50,6 +51,10 @@ pub struct WorldOptions {
     /// The Redis the harness itself inspects, when the processes reach it another way
     /// (e.g. they use its TLS port through `env`, the harness its plain port).
     pub harness_redis_url: Option<String>,
+    /// Run a private Redis Cluster (three primaries with a replica each) and give the
+    /// processes its `redis+cluster://` URL; the harness then inspects every shard of
+    /// `SUMMARYD_STREAM_SHARDS` through a cluster connection.
+    pub cluster: bool,
 }
 
 impl Default for WorldOptions {
@@ -62,6 +67,7 @@ impl Default for WorldOptions {
             private_postgres: false,
             env: Vec::new(),
             harness_redis_url: None,
+            cluster: false,
         }
     }
 }
@@ -91,6 +97,10 @@ pub struct World {
     pub redis: Option<RedisServer>,
     pub postgres: Option<PgCluster>,
     env: Vec<(String, String)>,
+    /// The private cluster of a world built with [`WorldOptions::cluster`].
+    pub cluster: Option<RedisCluster>,
+    /// The key layout the processes use, so the inspections look at every shard.
+    shards: Shards,
 }
 
 impl World {
@@ -109,9 +119,11 @@ impl World {
         } else {
             None
         };
-        let redis_url = match &options.harness_redis_url {
-            Some(url) => url.clone(),
-            None => redis.as_ref().map_or_else(redis_url, RedisServer::url),
+        let cluster = options.cluster.then(RedisCluster::start);
+        let redis_url = match (&options.harness_redis_url, &cluster) {
+            (Some(url), _) => url.clone(),
+            (None, Some(cluster)) => cluster.url(),
+            (None, None) => redis.as_ref().map_or_else(redis_url, RedisServer::url),
         };
         let postgres = options
             .private_postgres
@@ -164,6 +176,10 @@ impl World {
         for (k, v) in options.env {
             env.insert(k.to_owned(), v);
         }
+        let shard_count = env
+            .get("SUMMARYD_STREAM_SHARDS")
+            .map_or(1, |n| n.parse().expect("SUMMARYD_STREAM_SHARDS"));
+        let shards = Shards::new(&key_prefix, shard_count, cluster.is_some());
         let world = World {
             name: name.to_owned(),
             db_name,
@@ -177,6 +193,8 @@ impl World {
             redis,
             postgres,
             env: env.into_iter().collect(),
+            cluster,
+            shards,
         };
         let out = process::run_to_completion(&["migrate"], &world.env);
         assert!(
@@ -283,105 +301,121 @@ impl World {
             .expect("connect redis")
     }
 
-    fn keys(&self) -> RedisKeys {
-        RedisKeys::new(self.key_prefix.clone())
+    /// A connection the inspections below query every shard through: a cluster
+    /// connection in a cluster world, else one to the world's Redis.
+    async fn inspect(&self) -> Inspect {
+        match &self.cluster {
+            Some(cluster) => {
+                let nodes: Vec<String> = cluster
+                    .ports()
+                    .iter()
+                    .map(|p| cluster.node_url(*p))
+                    .collect();
+                let conn = redis::cluster::ClusterClient::new(nodes)
+                    .expect("cluster client")
+                    .get_async_connection()
+                    .await
+                    .expect("connect cluster");
+                Inspect::Cluster(Box::new(conn))
+            }
+            None => Inspect::Single(self.redis_conn().await),
+        }
     }
 
-    /// Entries delivered to some consumer and not acknowledged (0 if the group is missing).
+    /// The keys of every shard the processes use (one, unsharded, unless the world sets
+    /// `SUMMARYD_STREAM_SHARDS` or runs a cluster).
+    pub fn shards(&self) -> &Shards {
+        &self.shards
+    }
+
+    /// Entries delivered to some consumer and not acknowledged, over every shard (0 for a
+    /// shard whose group is missing).
     pub async fn stream_pending(&self) -> u64 {
-        let mut conn = self.redis_conn().await;
-        let reply: redis::RedisResult<redis::streams::StreamPendingReply> = redis::cmd("XPENDING")
-            .arg(self.keys().stream())
-            .arg(GROUP)
-            .query_async(&mut conn)
-            .await;
-        reply.map_or(0, |r| r.count() as u64)
+        let mut conn = self.inspect().await;
+        let mut pending = 0;
+        for keys in self.shards.all() {
+            let reply: redis::RedisResult<redis::streams::StreamPendingReply> =
+                redis::cmd("XPENDING")
+                    .arg(keys.stream())
+                    .arg(GROUP)
+                    .query_async(&mut conn)
+                    .await;
+            pending += reply.map_or(0, |r| r.count() as u64);
+        }
+        pending
     }
 
-    /// Every job queued or pending: the job stream's entries, then each tenant's lane's (an
-    /// api-only world's jobs all wait in lanes; nothing dispatches them).
+    /// Every job queued or pending: each shard's job stream's entries, then each of its
+    /// tenants' lanes' (an api-only world's jobs all wait in lanes; nothing dispatches them).
     pub async fn queued_entries(&self) -> Vec<redis::streams::StreamId> {
-        let keys = self.keys();
-        let mut conn = self.redis_conn().await;
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(keys.stream())
-            .arg("-")
-            .arg("+")
-            .query_async(&mut conn)
-            .await
-            .expect("XRANGE");
-        let mut entries = reply.ids;
-        let tenants: Vec<String> = redis::cmd("ZRANGE")
-            .arg(keys.lanes())
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut conn)
-            .await
-            .expect("ZRANGE");
-        for tenant in tenants {
-            let lane: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-                .arg(keys.lane(&tenant))
-                .arg("-")
-                .arg("+")
-                .query_async(&mut conn)
-                .await
-                .expect("XRANGE");
-            entries.extend(lane.ids);
+        let mut conn = self.inspect().await;
+        let mut entries = Vec::new();
+        for keys in self.shards.all() {
+            entries.extend(queued_in(&mut conn, keys).await);
         }
         entries
     }
 
-    /// Jobs queued: entries on the job stream and in the tenants' lanes.
+    /// Jobs queued: entries on the job streams and in the tenants' lanes.
     pub async fn stream_length(&self) -> u64 {
         // An accepted job waits in its tenant's lane until a worker dispatches it.
         self.queued_entries().await.len() as u64
     }
 
-    /// The delivery count of every pending entry, oldest first.
+    /// The delivery count of every pending entry, oldest first (per shard, shard by shard).
     pub async fn delivery_counts(&self) -> Vec<u64> {
-        let mut conn = self.redis_conn().await;
-        let reply: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
-            .arg(self.keys().stream())
-            .arg(GROUP)
-            .arg("-")
-            .arg("+")
-            .arg(100)
-            .query_async(&mut conn)
-            .await
-            .expect("XPENDING");
-        reply.ids.iter().map(|p| p.times_delivered as u64).collect()
+        let mut conn = self.inspect().await;
+        let mut counts = Vec::new();
+        for keys in self.shards.all() {
+            let reply: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
+                .arg(keys.stream())
+                .arg(GROUP)
+                .arg("-")
+                .arg("+")
+                .arg(100)
+                .query_async(&mut conn)
+                .await
+                .expect("XPENDING");
+            counts.extend(reply.ids.iter().map(|p| p.times_delivered as u64));
+        }
+        counts
     }
 
     pub async fn dead_letters(&self) -> u64 {
-        let mut conn = self.redis_conn().await;
-        redis::cmd("XLEN")
-            .arg(self.keys().dead_letters())
-            .query_async(&mut conn)
-            .await
-            .expect("XLEN")
+        let mut conn = self.inspect().await;
+        let mut n = 0;
+        for keys in self.shards.all() {
+            let len: u64 = redis::cmd("XLEN")
+                .arg(keys.dead_letters())
+                .query_async(&mut conn)
+                .await
+                .expect("XLEN");
+            n += len;
+        }
+        n
     }
 
     /// Each dead letter's job id and reason, for a failure message that says why.
     pub async fn dead_letter_reasons(&self) -> Vec<String> {
-        let mut conn = self.redis_conn().await;
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(self.keys().dead_letters())
-            .arg("-")
-            .arg("+")
-            .query_async(&mut conn)
-            .await
-            .expect("XRANGE dead letters");
-        reply
-            .ids
-            .iter()
-            .map(|e| {
+        let mut conn = self.inspect().await;
+        let mut reasons = Vec::new();
+        for keys in self.shards.all() {
+            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(keys.dead_letters())
+                .arg("-")
+                .arg("+")
+                .query_async(&mut conn)
+                .await
+                .expect("XRANGE dead letters");
+            reasons.extend(reply.ids.iter().map(|e| {
                 let field = |name: &str| {
                     e.get::<String>(name)
                         .unwrap_or_else(|| format!("<no {name}>"))
                 };
                 format!("{}: {}", field("job_id"), field("reason"))
-            })
-            .collect()
+            }));
+        }
+        reasons
     }
 
     /// Everything the quiescence check looks at, in one line for logs.
@@ -601,6 +635,71 @@ impl World {
     }
 }
 
+/// One shard's job stream entries, then its tenants' lanes' entries.
+async fn queued_in(conn: &mut Inspect, keys: &RedisKeys) -> Vec<redis::streams::StreamId> {
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+        .arg(keys.stream())
+        .arg("-")
+        .arg("+")
+        .query_async(conn)
+        .await
+        .expect("XRANGE");
+    let mut entries = reply.ids;
+    let tenants: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys.lanes())
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE");
+    for tenant in tenants {
+        let lane: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(keys.lane(&tenant))
+            .arg("-")
+            .arg("+")
+            .query_async(conn)
+            .await
+            .expect("XRANGE");
+        entries.extend(lane.ids);
+    }
+    entries
+}
+
+/// The harness's own connection for inspecting Redis: one server, or a cluster (which
+/// routes each command by its key's slot).
+enum Inspect {
+    Single(redis::aio::MultiplexedConnection),
+    Cluster(Box<redis::cluster_async::ClusterConnection>),
+}
+
+impl redis::aio::ConnectionLike for Inspect {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        match self {
+            Inspect::Single(c) => c.req_packed_command(cmd),
+            Inspect::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        match self {
+            Inspect::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Inspect::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
 /// The webhook-id of a job's event (`summary_completed`, `summary_failed`):
 /// `msg_<job uuid, 32 hex digits>_<event>`.
 pub fn webhook_id(job_id: &str, event: &str) -> String {
@@ -696,6 +795,8 @@ impl Drop for World {
         // Processes are dropped (killed) before the world: tests declare the world first.
         if let Some(redis) = self.redis.as_mut() {
             redis.kill9();
+        } else if self.cluster.is_some() {
+            // The cluster is stopped with the world; its keys go with it.
         } else {
             cleanup::delete_redis_prefix_blocking(self.redis_url.clone(), self.key_prefix.clone());
         }

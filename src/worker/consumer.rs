@@ -255,8 +255,11 @@ impl Consumer {
         work: Work,
         wait: Duration,
     ) {
-        // An entry is held once: a newer decision replaces an older one.
-        self.held.retain(|held| held.delivery.id != delivery.id);
+        // An entry is held once: a newer decision replaces an older one. Ids are per shard.
+        self.held.retain(|held| {
+            (held.delivery.id.as_str(), held.delivery.shard)
+                != (delivery.id.as_str(), delivery.shard)
+        });
         self.held.push_back(Held {
             delivery,
             count,

@@ -58,9 +58,12 @@ impl Consumer {
             deliveries = self.read_new(conn, block).await?;
         }
         // Our own claim of an entry we hold (it sat idle past `claim_idle`) supersedes the
-        // held retry, which would otherwise run it twice.
-        self.held
-            .retain(|held| !deliveries.iter().any(|d| d.id == held.delivery.id));
+        // held retry, which would otherwise run it twice. Ids are per shard.
+        self.held.retain(|held| {
+            !deliveries
+                .iter()
+                .any(|d| d.id == held.delivery.id && d.shard == held.delivery.shard)
+        });
         Ok(deliveries
             .into_iter()
             .map(|delivery| Taken {

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::client::{Accepted, ApiClient};
 use crate::harness::load::Load;
+use crate::harness::process::Proc;
 use crate::harness::{World, WorldOptions, eventually, eventually_every};
 use crate::shared::redis_cluster::RedisCluster;
 
@@ -49,44 +50,64 @@ fn cluster(world: &World) -> &RedisCluster {
     world.cluster.as_ref().expect("a cluster world")
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cluster_sigkilled_worker_loses_nothing_and_duplicates_nothing() {
-    const JOBS: usize = 300;
-    let started = Instant::now();
-    let world = cluster_world("cluster-kill-worker", Vec::new()).await;
+/// An api, a relay and two workers (three consumers each) on `world`, and `jobs` posted
+/// over `over` across every shard's tenant; returned once 30 are done, so whatever the
+/// scenario does next happens mid-run, with work of every shard in hand.
+struct Fleet {
+    _api: Proc,
+    _relay: Proc,
+    workers: Vec<Proc>,
+    client: ApiClient,
+    load: Load,
+}
+
+async fn fleet_under_load(world: &World, prefix: &str, jobs: usize, over: Duration) -> Fleet {
     let api = world.spawn("api", "api", &[]).await;
-    let _relay = world.spawn("relay", "relay", &[]).await;
-    let mut victim = world
-        .spawn("worker-0", "worker", &["--consumers", "3"])
-        .await;
-    let _other = world
-        .spawn("worker-1", "worker", &["--consumers", "3"])
-        .await;
+    let relay = world.spawn("relay", "relay", &[]).await;
+    let mut workers = Vec::new();
+    for n in 0..2 {
+        let name = format!("worker-{n}");
+        workers.push(world.spawn(&name, "worker", &["--consumers", "3"]).await);
+    }
     let client = ApiClient::new(api.base_url());
-    let prefix = format!("ckill-{}", crate::run_id());
+    let prefix = format!("{prefix}-{}", crate::run_id());
     let load = Load::start_shaped(
         &client,
         &prefix,
-        JOBS,
-        Duration::from_secs(6),
+        jobs,
+        over,
         10,
         Arc::new(|_| None),
         Arc::new(tenant_of),
     );
-    // Mid-run: the workers are busy with the first jobs of every shard.
     assert!(
         eventually(Duration::from_secs(30), || async {
             world.count("SELECT count(*) FROM summaries").await >= 30
         })
         .await,
-        "no progress before the kill"
+        "no progress under load"
     );
-    victim.kill9();
+    Fleet {
+        _api: api,
+        _relay: relay,
+        workers,
+        client,
+        load,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_sigkilled_worker_loses_nothing_and_duplicates_nothing() {
+    const JOBS: usize = 300;
+    let started = Instant::now();
+    let world = cluster_world("cluster-kill-worker", Vec::new()).await;
+    let mut fleet = fleet_under_load(&world, "ckill", JOBS, Duration::from_secs(6)).await;
+    fleet.workers[0].kill9();
     let _replacement = world
         .spawn("worker-2", "worker", &["--consumers", "3"])
         .await;
-    let accepted = load.finish().await;
-    let report = world.assert_exactly_once(&accepted, &client).await;
+    let accepted = fleet.load.finish().await;
+    let report = world.assert_exactly_once(&accepted, &fleet.client).await;
     assert_eq!(report.jobs, JOBS);
     println!(
         "cluster kill -9 worker: {report}; wall {:?}",
@@ -106,47 +127,21 @@ async fn cluster_failover_of_a_shards_primary_under_load_with_replica_acks_loses
         ],
     )
     .await;
-    let api = world.spawn("api", "api", &[]).await;
-    let _relay = world.spawn("relay", "relay", &[]).await;
-    let _w0 = world
-        .spawn("worker-0", "worker", &["--consumers", "3"])
-        .await;
-    let _w1 = world
-        .spawn("worker-1", "worker", &["--consumers", "3"])
-        .await;
-    let client = ApiClient::new(api.base_url());
-    let prefix = format!("cfail-{}", crate::run_id());
     let cluster = cluster(&world);
     let primary = cluster.master_of_key("{s0}").await;
-    let load_started = Instant::now();
-    let load = Load::start_shaped(
-        &client,
-        &prefix,
-        JOBS,
-        Duration::from_secs(8),
-        10,
-        Arc::new(|_| None),
-        Arc::new(tenant_of),
-    );
-    // Mid-load: accepts of every shard are confirmed and being worked on.
-    assert!(
-        eventually(Duration::from_secs(30), || async {
-            world.count("SELECT count(*) FROM summaries").await >= 30
-        })
-        .await,
-        "no progress before the failover"
-    );
+    let fleet_started = Instant::now();
+    let fleet = fleet_under_load(&world, "cfail", JOBS, Duration::from_secs(8)).await;
     let promoted = cluster.fail_over(primary).await;
-    let failed_over_at = load_started.elapsed();
+    let failed_over_at = fleet_started.elapsed();
     // The promoted primary has no replica to confirm shard 0's accepts until the old one
     // rejoins as its replica: until then they are answered 503 and retried.
     cluster.restart_node(primary).await;
-    let accepted = load.finish().await;
-    let report = world.assert_exactly_once(&accepted, &client).await;
+    let accepted = fleet.load.finish().await;
+    let report = world.assert_exactly_once(&accepted, &fleet.client).await;
     assert_eq!(report.jobs, JOBS);
     println!(
         "cluster failover (ACK=1): primary {primary} of {{s0}} killed and {promoted} promoted \
-         {failed_over_at:?} into the 8 s load; {report}; wall {:?}",
+         {failed_over_at:?} after the fleet started (8 s of load); {report}; wall {:?}",
         started.elapsed()
     );
 }

@@ -30,7 +30,7 @@ use summaryd::infra::log_key::{DeploymentKey, LogKey};
 use summaryd::llm::{BuiltinSummariser, Completion, Llm, LlmError};
 use summaryd::mail::LogMailer;
 use summaryd::shutdown::Shutdown;
-use summaryd::stream::{Admit, TenantLimits, enqueue, enqueue_once};
+use summaryd::stream::{Admit, IdempotencyRecord, TenantLimits, enqueue, enqueue_once};
 use support::{cpu_seconds, env_or};
 
 struct DelayedModel {
@@ -139,9 +139,11 @@ impl World {
                         &mut redis,
                         self.services.keys.get(0),
                         &job,
-                        &record_key,
-                        "{}",
-                        600,
+                        IdempotencyRecord {
+                            key: &record_key,
+                            value: "{}",
+                            ttl_s: 600,
+                        },
                         Admit {
                             limits: &TenantLimits::default(),
                             budget: None,

@@ -165,23 +165,33 @@ impl IdempotencyStore {
             body: response.body.clone(),
         })?;
         let mut conn = self.redis.get().await?;
-        let reply = stream::enqueue_once(
-            &mut conn,
-            self.keys.of_tenant(job.tenant.as_str()),
-            job,
+        let keys = self.keys.of_tenant(job.tenant.as_str());
+        let record = stream::IdempotencyRecord {
             key,
-            &done,
-            self.result_ttl_s,
-            stream::Admit { limits, budget },
-        )
-        .await?;
+            value: &done,
+            ttl_s: self.result_ttl_s,
+        };
+        let admit = stream::Admit { limits, budget };
+        let (reply, acked) = match self.acks {
+            None => (
+                stream::enqueue_once(&mut conn, keys, job, record, admit).await?,
+                None,
+            ),
+            Some(acks) => {
+                let (reply, acked) =
+                    stream::enqueue_once_confirmed(&mut conn, keys, job, record, admit, acks)
+                        .await?;
+                (reply, Some((acks, acked)))
+            }
+        };
         match reply {
             EnqueueOnce::Enqueued { .. } => {
                 self.count("new");
-                // The WAIT follows the script on this connection, and Redis runs one
-                // connection's commands in order, so it covers the script's writes
-                // (and those of other requests sent before it on the shared connection).
-                self.confirmed(&mut conn, key).await?;
+                // The WAIT travelled behind the script in one pipeline, so it covers the
+                // script's writes on whichever node ran it (`replicas::invoke_confirmed`).
+                if let Some((acks, acked)) = acked {
+                    acks.check(acked).map_err(|e| self.not_replicated(e))?;
+                }
                 Ok(Outcome::Fresh(response))
             }
             EnqueueOnce::Existing { record } => {
@@ -200,12 +210,14 @@ impl IdempotencyStore {
     /// (Redis 7.0 also moves a connection's offset forward on reads, but that is not part
     /// of WAIT's contract.) WAIT cannot be given an offset, so the way to make it cover the
     /// record is a write on this connection after it: the record rewritten with the value
-    /// and TTL it has (`replicas::rewrite_unchanged`). Replication is ordered, so a
-    /// replica that has that write has the record. It costs one round trip, only for
-    /// replays and only when acks are required, and lands on the primary that owns the
-    /// record's key, so it stays right on a cluster, where every shard has its own
-    /// primary and offsets.
-    async fn replayed<C: crate::infra::redis::routed::Routable>(
+    /// and TTL it has, and the WAIT behind it in the same pipeline
+    /// (`replicas::confirm_unchanged`). Replication is ordered, so a replica that has that
+    /// write has the record. It costs one round trip, only for replays and only when acks
+    /// are required, and lands on the primary that owns the record's key, so it stays
+    /// right on a cluster, where every shard has its own primary and offsets. A record no
+    /// longer there as it was read (a failover in between took it) is not confirmed: the
+    /// client's retry then finds no record and enqueues the job again, same id.
+    async fn replayed<C: redis::aio::ConnectionLike + Send>(
         &self,
         conn: &mut C,
         key: &str,
@@ -213,31 +225,21 @@ impl IdempotencyStore {
         fingerprint: &str,
     ) -> Result<Outcome, StoreError> {
         let outcome = self.existing(raw, fingerprint)?;
-        if self.acks.is_some() {
-            // A record that changed in between (expired and written anew) is not rewritten;
-            // the WAIT then covers this connection's latest write, as for any other.
-            replicas::rewrite_unchanged(conn, key, raw).await?;
-            self.confirmed(conn, key).await?;
+        if let Some(acks) = self.acks {
+            replicas::confirm_unchanged(conn, key, raw, acks)
+                .await
+                .map_err(|e| self.not_replicated(e))?;
         }
         Ok(outcome)
     }
 
-    /// WAIT for the replicas `acks` asks for, if any; a refusal is counted.
-    async fn confirmed<C: crate::infra::redis::routed::Routable>(
-        &self,
-        conn: &mut C,
-        key: &str,
-    ) -> Result<(), StoreError> {
-        let Some(acks) = self.acks else {
-            return Ok(());
-        };
-        replicas::confirm(conn, key, acks).await.map_err(|e| {
-            self.metrics
-                .replica_ack_timeouts
-                .with_label_values(&["accept"])
-                .inc();
-            StoreError::NotReplicated(e)
-        })
+    /// An accept the replicas did not confirm, counted.
+    fn not_replicated(&self, cause: NotReplicated) -> StoreError {
+        self.metrics
+            .replica_ack_timeouts
+            .with_label_values(&["accept"])
+            .inc();
+        StoreError::NotReplicated(cause)
     }
 
     /// The answer an earlier request left under `key`, if there is one, without enqueuing:

@@ -1,12 +1,13 @@
 use std::sync::LazyLock;
 
-use redis::Script;
 use redis::aio::ConnectionLike;
+use redis::{Script, ScriptInvocation};
 
 use super::budget::Admission;
 use super::job_entry;
 use super::job_state::Queued;
 use super::lanes::LanePolicy;
+use super::replicas::{self, ReplicaAcks};
 use super::tenant_limits::{self, OverLimit, TenantLimits};
 use crate::domain::Job;
 use crate::infra::keys::RedisKeys;
@@ -59,20 +60,69 @@ pub struct Admit<'a> {
     pub budget: Option<&'a Admission>,
 }
 
-/// Unless `record_key` exists: put `job` in its tenant's lane (`stream::lanes`; the
-/// workers' dispatch moves it onto the stream) with its state, and store `record` under
-/// `record_key` for `record_ttl_s`, all in one atomic script, if the tenant is within
-/// `limits` and its budget holds the job's worst case (`budget`: reserved in the same step).
-/// If it exists, return its content and write nothing (never charged).
+/// The idempotency record an accept stores: under `key`, `value`, for `ttl_s` seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct IdempotencyRecord<'a> {
+    pub key: &'a str,
+    pub value: &'a str,
+    pub ttl_s: u64,
+}
+
+/// Unless `record.key` exists: put `job` in its tenant's lane (`stream::lanes`; the
+/// workers' dispatch moves it onto the stream) with its state, and store `record`, all in
+/// one atomic script, if the tenant is within `admit.limits` and its budget holds the job's
+/// worst case (`admit.budget`: reserved in the same step). If it exists, return its content
+/// and write nothing (never charged).
 pub async fn enqueue_once<C: ConnectionLike + Send>(
     conn: &mut C,
     keys: &RedisKeys,
     job: &Job,
-    record_key: &str,
-    record: &str,
-    record_ttl_s: u64,
+    record: IdempotencyRecord<'_>,
     admit: Admit<'_>,
 ) -> redis::RedisResult<EnqueueOnce> {
+    let reply = invocation(keys, job, record, admit)
+        .invoke_async(conn)
+        .await?;
+    Ok(EnqueueOnce::from_reply(reply))
+}
+
+/// [`enqueue_once`] with a WAIT for `acks` behind it in the same pipeline
+/// ([`replicas::invoke_confirmed`] says why they must travel together): also answers how
+/// many replicas confirmed this connection's writes up to the script's. Only an
+/// `Enqueued` outcome wrote anything for that count to cover.
+pub async fn enqueue_once_confirmed<C: ConnectionLike + Send>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    job: &Job,
+    record: IdempotencyRecord<'_>,
+    admit: Admit<'_>,
+    acks: ReplicaAcks,
+) -> redis::RedisResult<(EnqueueOnce, u32)> {
+    let invocation = invocation(keys, job, record, admit);
+    let (reply, acked) = replicas::invoke_confirmed(conn, &invocation, acks).await?;
+    Ok((EnqueueOnce::from_reply(reply), acked))
+}
+
+/// The script's reply: outcome (1 enqueued, 2 refused, else existing), the entry id, the
+/// refusal or the record, and a refusal's retry hint.
+type Reply = (i64, String, i64);
+
+impl EnqueueOnce {
+    fn from_reply((outcome, text, retry_ms): Reply) -> Self {
+        match outcome {
+            1 => EnqueueOnce::Enqueued { entry_id: text },
+            2 => EnqueueOnce::Refused(OverLimit::from_script(&text, retry_ms)),
+            _ => EnqueueOnce::Existing { record: text },
+        }
+    }
+}
+
+fn invocation(
+    keys: &RedisKeys,
+    job: &Job,
+    record: IdempotencyRecord<'_>,
+    admit: Admit<'_>,
+) -> ScriptInvocation<'static> {
     let Admit { limits, budget } = admit;
     let tenant = job.tenant.as_str();
     let limits = &limits.for_recipient(job.notify.as_ref());
@@ -83,7 +133,7 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     };
     let mut invocation = ENQUEUE_ONCE.prepare_invoke();
     invocation
-        .key(record_key)
+        .key(record.key)
         .key(keys.lane(tenant))
         .key(keys.job(job.job_id))
         .key(keys.in_flight(tenant))
@@ -98,8 +148,8 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
         .key(keys.lanes_clock())
         .key(keys.doorbell())
         .key(keys.lane_policies())
-        .arg(record)
-        .arg(record_ttl_s)
+        .arg(record.value)
+        .arg(record.ttl_s)
         .arg(job.job_id.to_string());
     limits.pass_to(&mut invocation, std::time::SystemTime::now());
     Queued::of(job).pass_to(&mut invocation);
@@ -108,10 +158,5 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     }
     LanePolicy::of(limits).pass_to(&mut invocation, tenant);
     Admission::pass_to(budget, &mut invocation);
-    let (outcome, text, retry_ms): (i64, String, i64) = invocation.invoke_async(conn).await?;
-    Ok(match outcome {
-        1 => EnqueueOnce::Enqueued { entry_id: text },
-        2 => EnqueueOnce::Refused(OverLimit::from_script(&text, retry_ms)),
-        _ => EnqueueOnce::Existing { record: text },
-    })
+    invocation
 }

@@ -30,6 +30,9 @@ pub mod replicas;
 pub mod tenant_limits;
 
 pub use consumer_group::Delivery;
-pub use enqueue::{Admit, ENQUEUE_ONCE_LUA, EnqueueOnce, enqueue, enqueue_once};
+pub use enqueue::{
+    Admit, ENQUEUE_ONCE_LUA, EnqueueOnce, IdempotencyRecord, enqueue, enqueue_once,
+    enqueue_once_confirmed,
+};
 pub use job_entry::MalformedMessage;
 pub use tenant_limits::{Limit, OverLimit, TenantLimits};

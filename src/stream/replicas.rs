@@ -33,6 +33,26 @@ impl ReplicaAcks {
             timeout: redis.ack_timeout,
         })
     }
+
+    /// The timeout as WAIT takes it: milliseconds, and never 0, which would wait forever.
+    fn timeout_ms(&self) -> u64 {
+        u64::try_from(self.timeout.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+
+    /// `Ok` when `acked` replicas (a WAIT's answer) are as many as asked for.
+    pub fn check(&self, acked: u32) -> Result<(), NotReplicated> {
+        if acked >= self.replicas {
+            Ok(())
+        } else {
+            Err(NotReplicated::TimedOut {
+                acked,
+                wanted: self.replicas,
+                timeout_ms: self.timeout_ms(),
+            })
+        }
+    }
 }
 
 /// The write was made on the primary but not confirmed by enough replicas.
@@ -52,13 +72,22 @@ pub enum NotReplicated {
         #[source]
         source: redis::RedisError,
     },
+    /// The value to confirm was no longer on the primary as it had been read: it expired
+    /// and was written anew, or the primary that held it failed over to a replica that
+    /// never received it. Nothing was confirmed; a retry reads it again.
+    #[error(
+        "the record to confirm changed on the primary before {wanted} replica(s) could confirm it"
+    )]
+    Changed { wanted: u32 },
 }
 
 impl NotReplicated {
     /// How many replicas were asked for.
     pub fn wanted(&self) -> u32 {
         match self {
-            Self::TimedOut { wanted, .. } | Self::Redis { wanted, .. } => *wanted,
+            Self::TimedOut { wanted, .. }
+            | Self::Redis { wanted, .. }
+            | Self::Changed { wanted } => *wanted,
         }
     }
 }
@@ -74,23 +103,50 @@ pub async fn confirm<C: Routable>(
     route_key: &str,
     acks: ReplicaAcks,
 ) -> Result<(), NotReplicated> {
-    let timeout_ms = u64::try_from(acks.timeout.as_millis())
-        .unwrap_or(u64::MAX)
-        .max(1);
     let acked = wait_replicas(conn, route_key, acks.replicas, acks.timeout)
         .await
         .map_err(|source| NotReplicated::Redis {
             wanted: acks.replicas,
             source,
         })?;
-    if acked >= acks.replicas {
-        Ok(())
-    } else {
-        Err(NotReplicated::TimedOut {
-            acked,
-            wanted: acks.replicas,
-            timeout_ms,
-        })
+    acks.check(acked)
+}
+
+/// Run `invocation` and a WAIT for `acks` right behind it, as one pipeline: one request on
+/// one connection, to the node that owns the script's keys (the script's first key routes
+/// the pipeline on a cluster; WAIT has no key). Answers the script's reply and the
+/// number of replicas WAIT counted; [`ReplicaAcks::check`] judges it.
+///
+/// Why one pipeline rather than the script and then [`confirm`]: WAIT covers the writes
+/// of the connection it arrives on. When a primary dies while a separate WAIT is in
+/// flight, the cluster client sends that WAIT again, on a new connection to the promoted
+/// replica, where it covers none of the script's writes (which died with the old
+/// primary) and is answered at once by whatever replica is connected: a confirmation of
+/// writes that no longer exist. A pipeline is resent whole, so the script runs again on
+/// the node that answers and the WAIT behind it covers what it wrote there.
+///
+/// The script is sent as EVALSHA; after a NOSCRIPT (a node's script cache is empty after
+/// a restart or a promotion) it is loaded and the whole pipeline sent again.
+pub async fn invoke_confirmed<T, C>(
+    conn: &mut C,
+    invocation: &redis::ScriptInvocation<'_>,
+    acks: ReplicaAcks,
+) -> redis::RedisResult<(T, u32)>
+where
+    T: redis::FromRedisValue,
+    C: ConnectionLike + Send,
+{
+    let mut pipe = redis::pipe();
+    pipe.invoke_script(invocation)
+        .cmd("WAIT")
+        .arg(acks.replicas)
+        .arg(acks.timeout_ms());
+    match pipe.query_async(conn).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            invocation.load_async(conn).await?;
+            pipe.query_async(conn).await
+        }
+        answered => answered,
     }
 }
 
@@ -115,6 +171,34 @@ pub async fn rewrite_unchanged<C: ConnectionLike + Send>(
         .invoke_async(conn)
         .await?;
     Ok(rewritten == 1)
+}
+
+/// [`rewrite_unchanged`] and its WAIT as one pipeline ([`invoke_confirmed`] says why):
+/// `Ok` only when `key` still held `value` on the node that answered and `acks` replicas
+/// confirmed it. A key that no longer holds it is [`NotReplicated::Changed`]: after a
+/// failover that is a record the promoted primary never received, and answering from
+/// the copy read before would confirm a job that no longer exists.
+pub async fn confirm_unchanged<C: ConnectionLike + Send>(
+    conn: &mut C,
+    key: &str,
+    value: &str,
+    acks: ReplicaAcks,
+) -> Result<(), NotReplicated> {
+    let mut invocation = REWRITE_UNCHANGED.prepare_invoke();
+    invocation.key(key).arg(value);
+    let (rewritten, acked): (i64, u32) =
+        invoke_confirmed(conn, &invocation, acks)
+            .await
+            .map_err(|source| NotReplicated::Redis {
+                wanted: acks.replicas,
+                source,
+            })?;
+    if rewritten != 1 {
+        return Err(NotReplicated::Changed {
+            wanted: acks.replicas,
+        });
+    }
+    acks.check(acked)
 }
 
 /// KEYS[1] the key   ARGV[1] the value it is expected to hold. Compared and rewritten in

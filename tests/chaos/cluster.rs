@@ -182,14 +182,13 @@ async fn cluster_accepts_lost_in_a_failover_with_ack_0_are_refused_and_kept_with
 /// shard 0 while its replica is cut off (each first answered 503, their WAITs queued one
 /// behind another on the api's connection to the primary), retried every second while the
 /// primary is killed, its replica promoted and the old primary restarted as its replica.
-/// Every 202 must still end in a summary. Ignored because it does not yet: in three runs
-/// 1, 6 and 4 of the 20 retries were answered 202 and never done, their records absent on
-/// the promoted primary. The likely path: the accept's script ran on the old primary, the
-/// connection died before its WAIT was answered, and the cluster client sent the WAIT
-/// again on a new connection to the promoted primary, where it covered none of those
-/// writes and was answered by the rejoined replica at once.
+/// Every 202 must still end in a summary. This is the path where a WAIT sent on its own
+/// was answered for writes it never covered: the primary died with the WAIT in flight,
+/// the cluster client sent it again on a new connection to the promoted replica, where
+/// the accept's writes never arrived, and the rejoined replica answered it at once (1, 6
+/// and 4 of 20 lost in three runs). The accept's script and its WAIT now travel as one
+/// pipeline, resent whole (`stream::replicas::invoke_confirmed`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "fails: a WAIT resent after its connection died confirms writes it never covered"]
 async fn cluster_retries_through_a_failover_with_ack_1_lose_nothing() {
     let with = replication_window(1, true).await;
     println!(

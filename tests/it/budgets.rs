@@ -401,12 +401,14 @@ async fn a_new_period_admits_again() {
                 &mut r,
                 &keys,
                 &job,
-                &keys.idempotency(&summaryd::infra::keys::ScopedKey::summaries(
-                    &job.tenant,
-                    &summaryd::domain::IdempotencyKey::parse(&key(n)).unwrap(),
-                )),
-                "{}",
-                60,
+                summaryd::stream::IdempotencyRecord {
+                    key: &keys.idempotency(&summaryd::infra::keys::ScopedKey::summaries(
+                        &job.tenant,
+                        &summaryd::domain::IdempotencyKey::parse(&key(n)).unwrap(),
+                    )),
+                    value: "{}",
+                    ttl_s: 60,
+                },
                 summaryd::stream::Admit {
                     limits: &TenantLimits::default(),
                     budget: Some(&admission),

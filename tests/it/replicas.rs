@@ -350,6 +350,73 @@ async fn a_record_rewritten_unchanged_keeps_its_value_and_ttl_and_is_waited_for(
     assert_eq!(on_replica.as_deref(), Some("v1"));
 }
 
+#[tokio::test]
+async fn a_confirmation_travels_with_its_write_and_a_record_gone_is_never_confirmed() {
+    use summaryd::stream::replicas::{self, NotReplicated, ReplicaAcks};
+    let pair = ReplicaPair::start("replica-pipelined").await;
+    let mut conn = pair.primary.connection().await;
+    let acks = ReplicaAcks {
+        replicas: 1,
+        timeout: Duration::from_millis(500),
+    };
+    let _: () = conn.set_ex("record", "v1", 600).await.unwrap();
+    replicas::confirm_unchanged(&mut conn, "record", "v1", acks)
+        .await
+        .expect("the record is there and the replica runs");
+
+    // What a failover to a replica that never received the record looks like from here:
+    // the copy read before is no longer on the primary. Not confirmed, and not recreated.
+    let _: () = conn.del("record").await.unwrap();
+    let gone = replicas::confirm_unchanged(&mut conn, "record", "v1", acks).await;
+    assert!(
+        matches!(gone, Err(NotReplicated::Changed { wanted: 1 })),
+        "{gone:?}"
+    );
+    let exists: bool = conn.exists("record").await.unwrap();
+    assert!(!exists, "a record gone stays gone");
+    let _: () = conn.set_ex("record", "v2", 600).await.unwrap();
+    let changed = replicas::confirm_unchanged(&mut conn, "record", "v1", acks).await;
+    assert!(
+        matches!(changed, Err(NotReplicated::Changed { .. })),
+        "{changed:?}"
+    );
+    let value: String = conn.get("record").await.unwrap();
+    assert_eq!(value, "v2", "a record written anew is left as it is");
+
+    // A node whose script cache is empty (restarted, or a replica just promoted) answers the
+    // pipeline's EVALSHA with NOSCRIPT: the script is loaded and the pipeline sent again.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    replicas::confirm_unchanged(&mut conn, "record", "v2", acks)
+        .await
+        .expect("confirmed after loading the script again");
+
+    // With the replica frozen the write is made and the WAIT behind it counts no one.
+    // (A WAIT shorter than the test connection's own response timeout.)
+    pair.freeze_replica();
+    let _: () = conn.set_ex("record", "v3", 600).await.unwrap();
+    let short = ReplicaAcks {
+        timeout: Duration::from_millis(100),
+        ..acks
+    };
+    let refused = replicas::confirm_unchanged(&mut conn, "record", "v3", short).await;
+    assert!(
+        matches!(
+            refused,
+            Err(NotReplicated::TimedOut {
+                acked: 0,
+                wanted: 1,
+                timeout_ms: 100
+            })
+        ),
+        "{refused:?}"
+    );
+    pair.thaw_replica();
+}
+
 #[actix_web::test]
 async fn the_replay_of_a_stored_text_is_confirmed_too() {
     let pair = ReplicaPair::start("replica-stored-text").await;

@@ -169,6 +169,14 @@ impl Handles {
             model,
             metrics: self.metrics.clone(),
             gate: self.worker_gate.clone(),
+            commits: crate::worker::Committer::start(
+                self.pg.clone(),
+                crate::worker::Batching {
+                    max: self.settings.worker.commit_batch,
+                    wait: self.settings.worker.commit_wait,
+                },
+                self.metrics.clone(),
+            ),
         }
     }
 

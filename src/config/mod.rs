@@ -598,7 +598,7 @@ mod tests {
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 81, "{known:?}");
+        assert_eq!(known.len(), 83, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.

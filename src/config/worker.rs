@@ -6,6 +6,10 @@ use serde::{Deserialize, Serialize};
 
 use super::{ConfigError, Millis, invalid};
 
+/// Longest group-commit wait accepted: a finished job waits this long at most before its
+/// transaction starts; more would only hold acknowledgements and claims.
+const MAX_COMMIT_WAIT: Duration = Duration::from_secs(1);
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSettings {
@@ -18,6 +22,13 @@ pub struct WorkerSettings {
     /// XREADGROUP BLOCK: how long an idle consumer waits for new work per call.
     #[serde(rename = "block_ms", with = "Millis")]
     pub block: Duration,
+    /// Group commit: most finished jobs of a process committed in one transaction; 1 =
+    /// each job its own transaction.
+    pub commit_batch: usize,
+    /// Group commit: how long a batch that is not full waits for more jobs once it has
+    /// one; what it can add to a job's latency at low load.
+    #[serde(rename = "commit_wait_ms", with = "Millis")]
+    pub commit_wait: Duration,
 }
 
 impl Default for WorkerSettings {
@@ -28,6 +39,8 @@ impl Default for WorkerSettings {
             consumers: 4,
             consumer_gc: Duration::from_secs(600),
             block: Duration::from_secs(2),
+            commit_batch: 64,
+            commit_wait: Duration::from_millis(2),
         }
     }
 }
@@ -36,6 +49,18 @@ impl WorkerSettings {
     pub(super) fn check(&self) -> Result<(), ConfigError> {
         if self.consumers == 0 {
             return Err(invalid("SUMMARYD_WORKER_CONSUMERS", "must be at least 1"));
+        }
+        if self.commit_batch == 0 {
+            return Err(invalid(
+                "SUMMARYD_WORKER_COMMIT_BATCH",
+                "must be at least 1 (1 commits each job alone)",
+            ));
+        }
+        if self.commit_wait > MAX_COMMIT_WAIT {
+            return Err(invalid(
+                "SUMMARYD_WORKER_COMMIT_WAIT_MS",
+                "must be at most 1000: every finished job may wait this long for its commit",
+            ));
         }
         if self.max_deliveries == 0 {
             return Err(invalid(

@@ -23,6 +23,10 @@ pub enum DbError {
     Query(#[from] tokio_postgres::Error),
     #[error("migration failed: {0}")]
     Migration(#[source] refinery::Error),
+    /// A value could not be turned into the JSON a column stores: the same value fails
+    /// on every attempt.
+    #[error("could not encode a JSON column: {0}")]
+    Encode(#[source] serde_json::Error),
 }
 
 impl DbError {
@@ -55,13 +59,13 @@ impl Classify for DbError {
     /// socket). What is neither (settings that cannot work, a failed migration) is worth
     /// another attempt.
     fn disposition(&self) -> Disposition {
-        if self.refuses_the_data() {
+        if self.refuses_the_data() || matches!(self, DbError::Encode(_)) {
             return Disposition::Permanent;
         }
         let unavailable = match self {
             DbError::Pool(_) | DbError::Query(_) => true,
             DbError::Connect(e) => e.is_unavailable(),
-            DbError::Migration(_) => false,
+            DbError::Migration(_) | DbError::Encode(_) => false,
         };
         if unavailable {
             Disposition::Unavailable

@@ -145,104 +145,208 @@ pub async fn commit_with_outbox(
     job: &Job,
     summary: &ModelSummary,
 ) -> Result<CommitOutcome, DbError> {
+    let outcomes = commit_batch(pool, &[Finished { job, summary }]).await?;
+    // One job in, one outcome out; an empty answer cannot happen, and would mean nothing
+    // of this job was inserted.
+    Ok(outcomes
+        .first()
+        .copied()
+        .unwrap_or(CommitOutcome::Duplicate))
+}
+
+/// A finished job to commit: the job and the summary the model wrote for it.
+#[derive(Debug, Clone, Copy)]
+pub struct Finished<'a> {
+    pub job: &'a Job,
+    pub summary: &'a ModelSummary,
+}
+
+/// [`commit_with_outbox`] for many jobs in one transaction (the worker's group commit):
+/// one statement per table whatever the number of jobs, and one commit. Each job keeps
+/// its own decision: its summary row is inserted unless one exists (then it is a
+/// `Duplicate`, its calls kept as `model_calls` rows, and it adds no outbox row), exactly
+/// as if it had been committed alone. The same job twice in `batch` (two deliveries of
+/// one process) is inserted once, for its first entry; the later entries are duplicates.
+/// Answers one outcome per entry of `batch`, in order.
+///
+/// All or nothing: an error means no job of the batch was written. A job whose data
+/// Postgres refuses fails the whole batch; the caller commits the jobs one by one then,
+/// so that job fails alone (`worker/committer.rs`).
+pub async fn commit_batch(
+    pool: &Pool,
+    batch: &[Finished<'_>],
+) -> Result<Vec<CommitOutcome>, DbError> {
     // Postgres integer is signed; a count past i32::MAX is no real completion.
     let tokens = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
-    let prompt_tokens = summary.usage.map(|u| tokens(u.prompt));
-    let completion_tokens = summary.usage.map(|u| tokens(u.completion));
-    let parts = summary.parts.map(tokens);
-    // One instant for the row and the webhook's `completed_at`, so both say the same: to
+    // One instant for the rows and the webhooks' `completed_at`, so both say the same: to
     // the microsecond, what Postgres stores, or GET's `completed_at` (read from the row)
     // and the webhook's would differ in their last digits.
     let completed_at = Utc::now().trunc_subsecs(6);
-    let (job_id, tenant) = (job.job_id.as_uuid(), job.tenant.as_str());
+    let mut seen = std::collections::HashSet::with_capacity(batch.len());
+    // The entries whose job appears first in the batch: the only ones that may insert.
+    let first: Vec<bool> = batch.iter().map(|f| seen.insert(f.job.job_id)).collect();
+    let candidates = || {
+        batch
+            .iter()
+            .zip(&first)
+            .filter(|(_, first)| **first)
+            .map(|(f, _)| f)
+    };
+
+    let job_ids: Vec<uuid::Uuid> = candidates().map(|f| f.job.job_id.as_uuid()).collect();
+    let tenants: Vec<&str> = candidates().map(|f| f.job.tenant.as_str()).collect();
+    let texts: Vec<&str> = candidates().map(|f| f.summary.text.as_str()).collect();
+    let created: Vec<DateTime<Utc>> = candidates().map(|f| f.job.created_at).collect();
+    let models: Vec<&str> = candidates().map(|f| f.summary.model.as_str()).collect();
+    let prompt: Vec<Option<i32>> = candidates()
+        .map(|f| f.summary.usage.map(|u| tokens(u.prompt)))
+        .collect();
+    let completion: Vec<Option<i32>> = candidates()
+        .map(|f| f.summary.usage.map(|u| tokens(u.completion)))
+        .collect();
+    let parts: Vec<Option<i32>> = candidates().map(|f| f.summary.parts.map(tokens)).collect();
+    // The calls ride on the summary's row (`model_calls` jsonb): one more column in the
+    // insert the job makes anyway, so keeping the history costs no statement of its own.
+    let calls: Vec<Option<Json<&[crate::domain::ModelCall]>>> = candidates()
+        .map(|f| (!f.summary.calls.is_empty()).then_some(Json(f.summary.calls.as_slice())))
+        .collect();
+
     let mut client = pool.get().await?;
     let tx = client.transaction().await?;
-    // The calls ride on the summary's row (`model_calls` jsonb): one more value in the
-    // insert the job makes anyway, so keeping the history costs no statement of its own.
-    let calls = (!summary.calls.is_empty()).then_some(Json(&summary.calls));
-    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
-        &job_id,
-        &tenant,
-        &summary.text,
-        &job.created_at,
-        &summary.model,
-        &prompt_tokens,
-        &completion_tokens,
-        &parts,
-        &completed_at,
-        &calls,
-    ];
-    let inserted = tx
-        .query_opt(
-            "INSERT INTO summaries \
-                (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens, parts, \
-                 completed_at, model_calls) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
-             ON CONFLICT (job_id) DO NOTHING RETURNING job_id",
-            &params,
+    let insert = tx.prepare_cached(INSERT_SUMMARIES).await?;
+    let inserted: std::collections::HashSet<uuid::Uuid> = tx
+        .query(
+            &insert,
+            &[
+                &job_ids,
+                &tenants,
+                &texts,
+                &created,
+                &models,
+                &prompt,
+                &completion,
+                &parts,
+                &completed_at,
+                &calls,
+            ],
         )
-        .await?;
-    if inserted.is_none() {
-        // Another delivery committed the job first; this one paid for its calls too, and
-        // they are kept as rows of their own.
-        if summary.calls.is_empty() {
-            tx.rollback().await?;
-        } else {
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    let outcomes: Vec<CommitOutcome> = batch
+        .iter()
+        .zip(&first)
+        .map(|(f, first)| {
+            if *first && inserted.contains(&f.job.job_id.as_uuid()) {
+                CommitOutcome::Inserted
+            } else {
+                CommitOutcome::Duplicate
+            }
+        })
+        .collect();
+
+    let mut outbox = OutboxRows::default();
+    let mut stored_texts = Vec::new();
+    for (f, outcome) in batch.iter().zip(&outcomes) {
+        let Finished { job, summary } = *f;
+        if *outcome == CommitOutcome::Duplicate {
+            // Another delivery committed the job first; this one paid for its calls too,
+            // and they are kept as rows of their own.
             model_calls::insert(&tx, job.job_id, &job.tenant, &summary.calls).await?;
-            tx.commit().await?;
+            continue;
         }
-        return Ok(CommitOutcome::Duplicate);
+        if let Some(to) = &job.notify {
+            let event = SummaryReady::new(job, to.clone(), &summary.text);
+            outbox.push(
+                SummaryReady::TOPIC,
+                SummaryReady::dedupe_key(job.job_id),
+                serde_json::to_string(&event),
+            )?;
+        }
+        if let Some(url) = &job.webhook {
+            let event = WebhookEvent::completed(
+                job,
+                url.clone(),
+                &summary.text,
+                &summary.model,
+                completed_at,
+            );
+            outbox.push(
+                WebhookEvent::TOPIC,
+                event.id(),
+                serde_json::to_string(&event),
+            )?;
+        }
+        if matches!(job.text, JobText::Stored) {
+            stored_texts.push(job.job_id.as_uuid());
+        }
     }
-    // `Json` serialises each event as the statement is sent; the payload's shape is the
-    // event type's alone. An outbox row with this job's dedupe key can only exist if its
-    // summary row was removed by hand or by an older version's retention: that effect was
-    // intended already, so the job is stored and no second one is (a conflict here would be
-    // a data error, and a finished job would be dead-lettered for it).
-    if let Some(to) = &job.notify {
-        let event = SummaryReady::new(job, to.clone(), &summary.text);
-        insert_event(
-            &tx,
-            SummaryReady::TOPIC,
-            &SummaryReady::dedupe_key(job.job_id),
-            &Json(&event),
-        )
-        .await?;
-    }
-    if let Some(url) = &job.webhook {
-        let event = WebhookEvent::completed(
-            job,
-            url.clone(),
-            &summary.text,
-            &summary.model,
-            completed_at,
-        );
-        insert_event(&tx, WebhookEvent::TOPIC, &event.id(), &Json(&event)).await?;
-    }
-    if matches!(job.text, JobText::Stored) {
+    if !outbox.topics.is_empty() {
+        let stmt = tx.prepare_cached(INSERT_OUTBOX).await?;
         tx.execute(
-            "DELETE FROM job_texts WHERE job_id = $1",
-            &[&job.job_id.as_uuid()],
+            &stmt,
+            &[&outbox.topics, &outbox.dedupe_keys, &outbox.payloads],
         )
         .await?;
     }
-    tx.commit().await?;
-    Ok(CommitOutcome::Inserted)
+    if !stored_texts.is_empty() {
+        let stmt = tx
+            .prepare_cached("DELETE FROM job_texts WHERE job_id = ANY($1::uuid[])")
+            .await?;
+        tx.execute(&stmt, &[&stored_texts]).await?;
+    }
+    if outcomes.contains(&CommitOutcome::Inserted)
+        || batch.iter().any(|f| !f.summary.calls.is_empty())
+    {
+        tx.commit().await?;
+    } else {
+        // Nothing was written: every job was a duplicate without calls to keep.
+        tx.rollback().await?;
+    }
+    Ok(outcomes)
 }
 
-/// One outbox row, unless one with its dedupe key exists (see `commit_with_outbox`).
-async fn insert_event(
-    tx: &deadpool_postgres::Transaction<'_>,
-    topic: &str,
-    dedupe_key: &str,
-    payload: &(dyn tokio_postgres::types::ToSql + Sync),
-) -> Result<(), DbError> {
-    tx.execute(
-        "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3) \
-         ON CONFLICT (dedupe_key) DO NOTHING",
-        &[&topic, &dedupe_key, payload],
-    )
-    .await?;
-    Ok(())
+/// Every summary row of a batch in one statement, each column an array.
+const INSERT_SUMMARIES: &str = "INSERT INTO summaries \
+        (job_id, tenant, summary, created_at, model, prompt_tokens, completion_tokens, parts, \
+         completed_at, model_calls) \
+     SELECT j, t, s, c, m, p, o, n, $9, k \
+     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], $5::text[], \
+         $6::integer[], $7::integer[], $8::integer[], $10::jsonb[]) AS u(j, t, s, c, m, p, o, n, k) \
+     ON CONFLICT (job_id) DO NOTHING RETURNING job_id";
+
+/// Every outbox row of a batch in one statement, unless one with its dedupe key exists.
+/// Such a row can only exist if its summary row was removed by hand or by an older
+/// version's retention: that effect was intended already, so the job is stored and no
+/// second one is (a conflict here would be a data error, and a finished job would be
+/// dead-lettered for it).
+const INSERT_OUTBOX: &str = "INSERT INTO outbox (topic, dedupe_key, payload) \
+     SELECT t, d, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS u(t, d, p) \
+     ON CONFLICT (dedupe_key) DO NOTHING";
+
+/// The outbox rows of a batch, column by column. The payload's shape is the event type's
+/// alone (its `Serialize`).
+#[derive(Default)]
+struct OutboxRows {
+    topics: Vec<&'static str>,
+    dedupe_keys: Vec<String>,
+    /// JSON text, cast to jsonb by the statement: the events are of different types.
+    payloads: Vec<String>,
+}
+
+impl OutboxRows {
+    fn push(
+        &mut self,
+        topic: &'static str,
+        dedupe_key: String,
+        payload: serde_json::Result<String>,
+    ) -> Result<(), DbError> {
+        self.topics.push(topic);
+        self.dedupe_keys.push(dedupe_key);
+        self.payloads.push(payload.map_err(DbError::Encode)?);
+        Ok(())
+    }
 }
 
 /// Jobs and tokens of one tenant and model (`summaryd usage`).

@@ -24,6 +24,8 @@ pub struct Metrics {
     pub(crate) job_parts: IntCounter,
     /// `summaryd_job_model_calls`: model calls each finished job's summary took.
     pub(crate) job_model_calls: Histogram,
+    /// `summaryd_worker_commit_batch_jobs`: jobs per group-commit transaction.
+    pub(crate) commit_batch_jobs: Histogram,
     /// `summaryd_model_calls_unrecorded_total`: model calls missing from `model_calls`
     /// because Postgres could not take them.
     pub(crate) model_calls_unrecorded: IntCounter,
@@ -270,6 +272,15 @@ impl Metrics {
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0]),
         )?;
         registry.register(Box::new(job_model_calls.clone()))?;
+        // Up to SUMMARYD_WORKER_COMMIT_BATCH (64 by default).
+        let commit_batch_jobs = Histogram::with_opts(
+            HistogramOpts::new(
+                "summaryd_worker_commit_batch_jobs",
+                "Finished jobs committed together in one Postgres transaction by the worker's group commit",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+        )?;
+        registry.register(Box::new(commit_batch_jobs.clone()))?;
         let llm_breaker_open = IntGaugeVec::new(
             Opts::new(
                 "summaryd_llm_breaker_open",
@@ -311,6 +322,7 @@ impl Metrics {
             llm_tokens,
             job_parts,
             job_model_calls,
+            commit_batch_jobs,
             model_calls_unrecorded,
             llm_breaker_open,
             llm_limit_waits,

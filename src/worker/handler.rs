@@ -74,7 +74,7 @@ pub(crate) async fn handle_summary_job_from(
     calls: &CallLog,
 ) -> Result<JobOutcome, Unfinished> {
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
-    // primary key in `commit_with_outbox` is the guarantee; this only saves money.
+    // primary key in `summaries::commit_batch` is the guarantee; this only saves money.
     if summaries::exists(&services.pg, job.job_id).await? {
         if job.text == JobText::Stored {
             // A resend enqueued after the idempotency record expired stored the text
@@ -96,16 +96,17 @@ pub(crate) async fn handle_summary_job_from(
     // the job did nothing wrong, and the summary it paid for goes with the held entry, so
     // the retry after recovery commits it without another model call. Data Postgres
     // refuses is permanent.
-    match summaries::commit_with_outbox(&services.pg, job, &summary).await {
+    let committed = services.commits.commit(job, summary).await;
+    match committed.result {
         Ok(CommitOutcome::Inserted) => {
-            let calls = summary.parts.unwrap_or(1);
+            let calls = committed.summary.and_then(|s| s.parts).unwrap_or(1);
             services.metrics.job_model_calls.observe(f64::from(calls));
             Ok(JobOutcome::Done)
         }
         Ok(CommitOutcome::Duplicate) => Ok(JobOutcome::Duplicate),
         Err(error) => Err(Unfinished {
             error: error.into(),
-            summary: Some(summary),
+            summary: committed.summary,
             progressed: false,
         }),
     }

@@ -2,6 +2,7 @@
 //! the gate that stops the consumers while a dependency (Postgres, every model provider) is
 //! down or consumption is paused fleet-wide (`pause.rs`).
 
+mod committer;
 mod complete;
 mod consumer;
 mod dead_reason;
@@ -18,6 +19,7 @@ mod take;
 
 use std::sync::Arc;
 
+pub use committer::{Batching, Committed, Committer};
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name};
 pub use dead_reason::DeadReason;
 pub use gate::DependencyGate;
@@ -47,4 +49,7 @@ pub struct WorkerServices {
     /// One per process, shared by its consumers: one consumer seeing a dependency down
     /// stops them all (`docs/delivery.md`).
     pub(crate) gate: Arc<DependencyGate>,
+    /// The process's group commit: finished jobs are committed together
+    /// (`committer.rs`).
+    pub(crate) commits: Committer,
 }

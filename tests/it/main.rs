@@ -15,6 +15,7 @@ mod console;
 mod console_browser;
 mod fairness;
 mod front_door;
+mod group_commit;
 mod healthcheck;
 mod idempotency;
 mod long_documents;

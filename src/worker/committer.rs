@@ -1,0 +1,203 @@
+//! Group commit: the finished deliveries of one worker process are committed together,
+//! one Postgres transaction for whatever summaries are ready, instead of one each.
+//!
+//! Why: every transaction pays a round trip per statement and a WAL flush at its commit;
+//! at high concurrency those, not the model, bound how many jobs a process finishes per
+//! second (one transaction per job cannot beat the single-job commit ceiling). A batch
+//! pays them once for all its jobs.
+//!
+//! How: consumers hand their job and summary to one committer task per process and wait
+//! for their own outcome. The committer takes what is queued (up to `commit_batch`), and
+//! when that is less than a full batch waits at most `commit_wait` for more, then commits
+//! them in one transaction (`db::summaries::commit_batch`), each job keeping its own
+//! `ON CONFLICT DO NOTHING` decision. While a batch commits, the next one gathers, so under
+//! load batches grow by themselves; at low load a job waits at most `commit_wait`.
+//!
+//! Nothing in the guarantees changes (`docs/delivery.md`, "Group commit"): a delivery is
+//! acknowledged only after its own row is committed (its consumer waits for the outcome
+//! before it settles), a crash before the commit loses the whole batch's transaction and
+//! every job in it is redelivered, and a crash after it finds the rows and acknowledges
+//! the jobs as duplicates. A batch Postgres refuses is committed again job by job, so one
+//! job whose data is refused fails alone.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use deadpool_postgres::Pool;
+use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
+
+use crate::db::DbError;
+use crate::db::summaries::{self, CommitOutcome, Finished};
+use crate::domain::{Job, ModelSummary};
+use crate::infra::metrics::Metrics;
+
+/// Requests that may wait for the committer: enough for every consumer of a large process
+/// to queue its summary without waiting for room.
+const QUEUE: usize = 1024;
+
+/// What the committer answers a consumer: its summary back (a retry that is handed it
+/// does not pay the model again; `None` only when the process is stopping) and what
+/// became of its commit.
+#[derive(Debug)]
+pub struct Committed {
+    pub summary: Option<ModelSummary>,
+    pub result: Result<CommitOutcome, DbError>,
+}
+
+/// The handle consumers commit through; cheap to clone. Without a committer (a batch of 1
+/// asked for, or no runtime to run one on) each commit is its own transaction.
+#[derive(Clone)]
+pub struct Committer {
+    pg: Pool,
+    requests: Option<mpsc::Sender<Request>>,
+}
+
+struct Request {
+    job: Job,
+    summary: ModelSummary,
+    reply: oneshot::Sender<Committed>,
+}
+
+/// How the committer gathers a batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Batching {
+    /// Most jobs in one transaction; 1 commits each job alone, without a committer.
+    pub max: usize,
+    /// How long a batch that is not full waits for more once it has a job.
+    pub wait: Duration,
+}
+
+impl Committer {
+    /// Start the committer task of this process (on the current Tokio runtime).
+    pub fn start(pg: Pool, batching: Batching, metrics: Arc<Metrics>) -> Self {
+        let requests =
+            (batching.max > 1 && tokio::runtime::Handle::try_current().is_ok()).then(|| {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                tokio::spawn(run(pg.clone(), rx, batching, metrics));
+                tx
+            });
+        Self { pg, requests }
+    }
+
+    /// Commit `summary` of `job` (in the next batch), and answer once it is committed, or
+    /// not. Cancel-safe for the job: a request already queued is committed even if this
+    /// future is dropped (a delivery cut short), which a later delivery then finds.
+    pub async fn commit(&self, job: &Job, summary: ModelSummary) -> Committed {
+        let Some(requests) = &self.requests else {
+            let result = summaries::commit_with_outbox(&self.pg, job, &summary).await;
+            return Committed {
+                summary: Some(summary),
+                result,
+            };
+        };
+        let (reply, answer) = oneshot::channel();
+        let request = Request {
+            job: job.clone(),
+            summary,
+            reply,
+        };
+        if let Err(mpsc::error::SendError(request)) = requests.send(request).await {
+            return Committed {
+                summary: Some(request.summary),
+                result: Err(stopped()),
+            };
+        }
+        match answer.await {
+            Ok(committed) => committed,
+            // The committer ended with the request unanswered: only when the process stops,
+            // and then the request's summary is lost with it; the next delivery pays again.
+            Err(_) => Committed {
+                summary: None,
+                result: Err(stopped()),
+            },
+        }
+    }
+}
+
+/// The committer stops only with its process; to a delivery that is as if the pool had
+/// closed: Postgres unavailable, so the delivery does not count.
+fn stopped() -> DbError {
+    DbError::Pool(deadpool_postgres::PoolError::Closed)
+}
+
+async fn run(
+    pg: Pool,
+    mut requests: mpsc::Receiver<Request>,
+    batching: Batching,
+    metrics: Arc<Metrics>,
+) {
+    let mut batch = Vec::with_capacity(batching.max);
+    while let Some(first) = requests.recv().await {
+        batch.push(first);
+        gather(&mut requests, &mut batch, batching).await;
+        metrics.commit_batch_jobs.observe(batch.len() as f64);
+        commit(&pg, &mut batch).await;
+    }
+}
+
+/// Add what is queued to `batch`, then wait for more until it is full or `batching.wait`
+/// has passed since it began.
+async fn gather(
+    requests: &mut mpsc::Receiver<Request>,
+    batch: &mut Vec<Request>,
+    batching: Batching,
+) {
+    let deadline = Instant::now() + batching.wait;
+    while batch.len() < batching.max {
+        match requests.try_recv() {
+            Ok(request) => batch.push(request),
+            Err(mpsc::error::TryRecvError::Disconnected) => return,
+            Err(mpsc::error::TryRecvError::Empty) => {
+                match tokio::time::timeout_at(deadline, requests.recv()).await {
+                    Ok(Some(request)) => batch.push(request),
+                    // Every sender gone, or the wait is over: commit what there is.
+                    Ok(None) | Err(_) => return,
+                }
+            }
+        }
+    }
+}
+
+/// Commit `batch` in one transaction and answer each request; if Postgres refuses the
+/// batch, commit its jobs one by one, so the refusal reaches only the job it is about.
+async fn commit(pg: &Pool, batch: &mut Vec<Request>) {
+    let finished: Vec<Finished<'_>> = batch
+        .iter()
+        .map(|r| Finished {
+            job: &r.job,
+            summary: &r.summary,
+        })
+        .collect();
+    let together = summaries::commit_batch(pg, &finished).await;
+    drop(finished);
+    match together {
+        Ok(outcomes) => {
+            for (request, outcome) in batch.drain(..).zip(outcomes) {
+                answer(request, Ok(outcome));
+            }
+        }
+        Err(e) if batch.len() == 1 => {
+            if let Some(request) = batch.pop() {
+                answer(request, Err(e));
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, jobs = batch.len(), "group commit refused; committing its jobs one by one");
+            for request in batch.drain(..) {
+                let result =
+                    summaries::commit_with_outbox(pg, &request.job, &request.summary).await;
+                answer(request, result);
+            }
+        }
+    }
+}
+
+fn answer(request: Request, result: Result<CommitOutcome, DbError>) {
+    // A consumer that stopped waiting (its delivery cut short at shutdown) is not told;
+    // its job's row, if committed, makes the next delivery a duplicate.
+    let _ = request.reply.send(Committed {
+        summary: Some(request.summary),
+        result,
+    });
+}

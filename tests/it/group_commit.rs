@@ -1,0 +1,315 @@
+//! The worker's group commit against real Postgres: many finished jobs in one transaction,
+//! each keeping its own decision (inserted, or a duplicate that adds no effect), and a
+//! batch Postgres refuses committed again job by job so only the refused job fails.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use summaryd::db::summaries::{self, CommitOutcome, Finished};
+use summaryd::domain::{Email, Job, JobId, ModelCall, ModelSummary, TenantId};
+use summaryd::resilience::failure::{Classify, Disposition};
+use summaryd::worker::{Batching, Committer};
+
+use crate::shared::{TestEnv, model_summary};
+
+fn job(n: u32, webhook: bool) -> Job {
+    Job {
+        job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:group-{n}")),
+        tenant: TenantId::parse("acme").unwrap(),
+        text: "A long report.".into(),
+        notify: Some(Email::parse("team@example.com").unwrap()),
+        webhook: webhook.then(|| {
+            summaryd::domain::WebhookUrl::from_stored("https://hooks.example.com/in").unwrap()
+        }),
+        created_at: Utc::now(),
+    }
+}
+
+fn with_call(text: &str) -> ModelSummary {
+    let mut summary = model_summary(text);
+    summary.calls.push(ModelCall {
+        delivery: 2,
+        seq: 1,
+        provider: "builtin".into(),
+        model: "builtin".into(),
+        prompt_tokens: Some(10),
+        completion_tokens: Some(3),
+        duration_ms: 5,
+        error_class: None,
+        at: Utc::now(),
+    });
+    summary
+}
+
+/// Every job of `jobs` handed to `committer` at the same moment, with the summary text
+/// `text(i)`; the answers in the order of `jobs`.
+async fn commit_at_once(
+    committer: &Committer,
+    jobs: &[Job],
+    text: impl Fn(usize) -> &'static str,
+) -> Vec<summaryd::worker::Committed> {
+    let tasks: Vec<_> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, j)| {
+            let (committer, j, text) = (committer.clone(), j.clone(), text(i));
+            tokio::spawn(async move { committer.commit(&j, model_summary(text)).await })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.expect("commit task"));
+    }
+    answers
+}
+
+async fn rows(env: &TestEnv, sql: &str, job: &Job) -> i64 {
+    env.pg()
+        .await
+        .query_one(sql, &[&job.job_id.as_uuid()])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn a_batch_keeps_each_jobs_own_decision_and_adds_one_effect_per_new_job() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let (a, b, c) = (job(1, false), job(2, true), job(3, false));
+    // c was committed by an earlier delivery.
+    let earlier = summaries::commit_with_outbox(&services.pg, &c, &model_summary("c, first"))
+        .await
+        .unwrap();
+    assert_eq!(earlier, CommitOutcome::Inserted);
+
+    let (sa, sb, sa_again, sc) = (
+        model_summary("a"),
+        model_summary("b"),
+        with_call("a, second delivery"),
+        with_call("c, second delivery"),
+    );
+    let outcomes = summaries::commit_batch(
+        &services.pg,
+        &[
+            Finished {
+                job: &a,
+                summary: &sa,
+            },
+            Finished {
+                job: &b,
+                summary: &sb,
+            },
+            // The same job twice in one batch (two deliveries of one process): once.
+            Finished {
+                job: &a,
+                summary: &sa_again,
+            },
+            Finished {
+                job: &c,
+                summary: &sc,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        outcomes,
+        [
+            CommitOutcome::Inserted,
+            CommitOutcome::Inserted,
+            CommitOutcome::Duplicate,
+            CommitOutcome::Duplicate
+        ]
+    );
+    assert_eq!(env.count("summaries").await, 3);
+    let summary_of = |j: &Job| {
+        let id = j.job_id.as_uuid();
+        let env = &env;
+        async move {
+            env.pg()
+                .await
+                .query_one("SELECT summary FROM summaries WHERE job_id = $1", &[&id])
+                .await
+                .unwrap()
+                .get::<_, String>(0)
+        }
+    };
+    assert_eq!(summary_of(&a).await, "a", "the first entry of a job wins");
+    assert_eq!(
+        summary_of(&c).await,
+        "c, first",
+        "a committed job is never rewritten"
+    );
+    // One email per job with notify, one webhook for b; the duplicates add none.
+    let email = "SELECT count(*) FROM outbox WHERE dedupe_key = 'summary_ready:' || $1::uuid::text";
+    assert_eq!(rows(&env, email, &a).await, 1);
+    assert_eq!(rows(&env, email, &b).await, 1);
+    assert_eq!(rows(&env, email, &c).await, 1);
+    assert_eq!(env.count("outbox").await, 4);
+    let webhook = "SELECT count(*) FROM outbox WHERE topic = 'webhook' \
+                   AND strpos(payload::text, $1::uuid::text) > 0";
+    assert_eq!(rows(&env, webhook, &b).await, 1);
+    // The duplicates' calls are kept as rows of their own.
+    let calls = "SELECT count(*) FROM model_calls WHERE job_id = $1";
+    assert_eq!(rows(&env, calls, &a).await, 1);
+    assert_eq!(rows(&env, calls, &c).await, 1);
+    assert_eq!(rows(&env, calls, &b).await, 0);
+}
+
+#[tokio::test]
+async fn a_batch_of_duplicates_only_writes_nothing_but_their_calls() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let a = job(10, false);
+    summaries::commit_with_outbox(&services.pg, &a, &model_summary("a"))
+        .await
+        .unwrap();
+    let again = model_summary("a, again");
+    let outcomes = summaries::commit_batch(
+        &services.pg,
+        &[
+            Finished {
+                job: &a,
+                summary: &again,
+            },
+            Finished {
+                job: &a,
+                summary: &again,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        outcomes,
+        [CommitOutcome::Duplicate, CommitOutcome::Duplicate]
+    );
+    assert_eq!(env.count("summaries").await, 1);
+    assert_eq!(env.count("outbox").await, 1);
+    assert_eq!(env.count("model_calls").await, 0);
+}
+
+/// Jobs committed through one committer at once share a transaction; one whose data
+/// Postgres refuses (a NUL in the summary) fails the batch, and the committer commits the
+/// others one by one, so it fails alone and is the only one without a row.
+#[tokio::test]
+async fn a_refused_job_fails_alone_and_the_rest_of_its_batch_is_committed() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let committer = Committer::start(
+        services.pg.clone(),
+        Batching {
+            max: 8,
+            // Long enough that the five requests below always meet in one batch.
+            wait: Duration::from_millis(500),
+        },
+        services.metrics.clone(),
+    );
+    let jobs: Vec<Job> = (20..25).map(|n| job(n, n == 21)).collect();
+    let answers = commit_at_once(&committer, &jobs, |i| {
+        if i == 2 { "bad\0summary" } else { "fine" }
+    })
+    .await;
+    for (i, answer) in answers.iter().enumerate() {
+        match (i, &answer.result) {
+            (2, Err(e)) => assert_eq!(e.disposition(), Disposition::Permanent, "{e}"),
+            (2, other) => panic!("the refused job was answered {other:?}"),
+            (_, Ok(outcome)) => assert_eq!(*outcome, CommitOutcome::Inserted),
+            (_, Err(e)) => panic!("job {i} failed with its batch: {e}"),
+        }
+        assert!(
+            answer.summary.is_some(),
+            "each summary comes back to its delivery"
+        );
+    }
+    assert_eq!(env.count("summaries").await, 4);
+    assert_eq!(
+        rows(
+            &env,
+            "SELECT count(*) FROM summaries WHERE job_id = $1",
+            &jobs[2]
+        )
+        .await,
+        0
+    );
+    assert_eq!(env.count("outbox").await, 5, "4 emails and 1 webhook");
+    // One batch was gathered: five jobs in one transaction (refused, then one by one).
+    let metrics = services.metrics.render();
+    assert!(
+        metrics.contains("summaryd_worker_commit_batch_jobs_count 1\n")
+            && metrics.contains("summaryd_worker_commit_batch_jobs_sum 5\n"),
+        "{}",
+        metrics
+            .lines()
+            .filter(|l| l.contains("commit_batch"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Under load the committer's batches grow by themselves: 40 jobs handed over at once
+/// take far fewer transactions than jobs, and every one is committed once.
+#[tokio::test]
+async fn jobs_finishing_together_share_transactions() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let committer = Committer::start(
+        services.pg.clone(),
+        Batching {
+            max: 16,
+            wait: Duration::from_millis(50),
+        },
+        services.metrics.clone(),
+    );
+    let jobs: Vec<Job> = (100..140).map(|n| job(n, false)).collect();
+    let answers = commit_at_once(&committer, &jobs, |_| "fine").await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a.result, Ok(CommitOutcome::Inserted)))
+    );
+    assert_eq!(env.count("summaries").await, 40);
+    assert_eq!(env.count("outbox").await, 40);
+    let metrics = services.metrics.render();
+    let count: u64 = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("summaryd_worker_commit_batch_jobs_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("batch count");
+    assert!(
+        (3..=10).contains(&count),
+        "{count} transactions for 40 jobs, at most 16 each"
+    );
+}
+
+/// A batch of 1 asks for no committer: each job is its own transaction, as before group
+/// commit, and nothing is gathered.
+#[tokio::test]
+async fn a_batch_of_one_commits_each_job_alone() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let committer = Committer::start(
+        services.pg.clone(),
+        Batching {
+            max: 1,
+            wait: Duration::from_millis(500),
+        },
+        services.metrics.clone(),
+    );
+    let jobs: Vec<Job> = (200..203).map(|n| job(n, false)).collect();
+    let answers = commit_at_once(&committer, &jobs, |_| "fine").await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| matches!(a.result, Ok(CommitOutcome::Inserted)))
+    );
+    assert_eq!(env.count("summaries").await, 3);
+    assert!(
+        services
+            .metrics
+            .render()
+            .contains("summaryd_worker_commit_batch_jobs_count 0\n"),
+        "no batch was gathered"
+    );
+}

@@ -19,6 +19,7 @@ mod cleartext;
 mod cluster;
 mod consumer_cleanup;
 mod front_door;
+mod group_commit;
 mod kill_api;
 mod kill_worker;
 mod long_documents;

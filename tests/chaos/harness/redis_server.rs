@@ -38,6 +38,19 @@ impl RedisServer {
         }
     }
 
+    /// SIGSTOP (`pause: true`) or SIGCONT: a server that holds its connections open and
+    /// answers nothing, as one stalled by a long fork or a saturated host.
+    pub fn pause(&self, pause: bool) {
+        let Some(child) = &self.child else {
+            panic!("redis is not running");
+        };
+        let pid = i32::try_from(child.id()).expect("pid");
+        let signal = if pause { libc::SIGSTOP } else { libc::SIGCONT };
+        // SAFETY: kill(2) on the server this harness started; no memory is involved.
+        let rc = unsafe { libc::kill(pid, signal) };
+        assert_eq!(rc, 0, "signal {signal} to redis {pid}");
+    }
+
     /// Start (again) on the same port and directory; returns once it answers PING.
     pub async fn restart(&mut self) {
         assert!(self.child.is_none(), "redis is already running");

@@ -177,6 +177,13 @@ impl Handles {
                 },
                 self.metrics.clone(),
             ),
+            acker: crate::worker::Acker::start(
+                self.redis.clone(),
+                self.keys.clone(),
+                self.settings.worker.commit_batch,
+                crate::stream::replicas::ReplicaAcks::from_settings(&self.settings.redis),
+                self.metrics.clone(),
+            ),
         }
     }
 

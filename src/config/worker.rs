@@ -22,8 +22,8 @@ pub struct WorkerSettings {
     /// XREADGROUP BLOCK: how long an idle consumer waits for new work per call.
     #[serde(rename = "block_ms", with = "Millis")]
     pub block: Duration,
-    /// Group commit: most finished jobs of a process committed in one transaction; 1 =
-    /// each job its own transaction.
+    /// Group commit: most finished jobs of a process committed in one transaction (and
+    /// acknowledged in one Redis round trip); 1 = each job its own.
     pub commit_batch: usize,
     /// Group commit: how long a batch that is not full waits for more jobs once it has
     /// one; what it can add to a job's latency at low load.

@@ -26,6 +26,8 @@ pub struct Metrics {
     pub(crate) job_model_calls: Histogram,
     /// `summaryd_worker_commit_batch_jobs`: jobs per group-commit transaction.
     pub(crate) commit_batch_jobs: Histogram,
+    /// `summaryd_worker_ack_batch_jobs`: jobs per batched acknowledgement.
+    pub(crate) ack_batch_jobs: Histogram,
     /// `summaryd_model_calls_unrecorded_total`: model calls missing from `model_calls`
     /// because Postgres could not take them.
     pub(crate) model_calls_unrecorded: IntCounter,
@@ -281,6 +283,14 @@ impl Metrics {
             .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
         )?;
         registry.register(Box::new(commit_batch_jobs.clone()))?;
+        let ack_batch_jobs = Histogram::with_opts(
+            HistogramOpts::new(
+                "summaryd_worker_ack_batch_jobs",
+                "Finished jobs acknowledged together in one Redis round trip by the worker's batched acknowledgements",
+            )
+            .buckets(vec![1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]),
+        )?;
+        registry.register(Box::new(ack_batch_jobs.clone()))?;
         let llm_breaker_open = IntGaugeVec::new(
             Opts::new(
                 "summaryd_llm_breaker_open",
@@ -323,6 +333,7 @@ impl Metrics {
             job_parts,
             job_model_calls,
             commit_batch_jobs,
+            ack_batch_jobs,
             model_calls_unrecorded,
             llm_breaker_open,
             llm_limit_waits,

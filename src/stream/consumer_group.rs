@@ -297,15 +297,56 @@ pub async fn ack_settling<C: ConnectionLike + Send + Sync>(
     job: &Job,
     settle: Option<&Settle>,
 ) -> redis::RedisResult<()> {
-    let mut pipe = redis::pipe();
-    pipe.atomic().xack(keys.stream(), GROUP, &[msg_id]).ignore();
-    pipe.xdel(keys.stream(), &[msg_id]).ignore();
-    if let Some(settle) = settle {
-        budget::add_settle(&mut pipe, keys, job.tenant.as_str(), job.job_id, settle);
+    ack_many(
+        conn,
+        keys,
+        &[Ack {
+            msg_id,
+            job,
+            settle,
+        }],
+    )
+    .await
+}
+
+/// One finished job to acknowledge: its entry, the job, and its budget's settlement.
+#[derive(Debug, Clone, Copy)]
+pub struct Ack<'a> {
+    pub msg_id: &'a str,
+    pub job: &'a Job,
+    pub settle: Option<&'a Settle>,
+}
+
+/// [`ack_settling`] for many finished jobs of one shard, in one MULTI/EXEC and one round
+/// trip: each job's entry acknowledged and deleted, its budget settled, its state dropped
+/// and its in-flight and running counts released, exactly as one by one. All or nothing:
+/// after an error none is acknowledged and each entry is still pending.
+pub async fn ack_many<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    acks: &[Ack<'_>],
+) -> redis::RedisResult<()> {
+    if acks.is_empty() {
+        return Ok(());
     }
-    job_state::add_forget(&mut pipe, &keys.job(job.job_id));
-    tenant_limits::add_finished(&mut pipe, keys, job.tenant.as_str(), job.job_id);
-    lanes::add_finished(&mut pipe, keys, job.tenant.as_str(), msg_id);
+    let mut pipe = redis::pipe();
+    pipe.atomic();
+    let ids: Vec<&str> = acks.iter().map(|a| a.msg_id).collect();
+    pipe.xack(keys.stream(), GROUP, &ids).ignore();
+    pipe.xdel(keys.stream(), &ids).ignore();
+    for Ack {
+        msg_id,
+        job,
+        settle,
+    } in acks
+    {
+        if let Some(settle) = settle {
+            budget::add_settle(&mut pipe, keys, job.tenant.as_str(), job.job_id, settle);
+        }
+        job_state::add_forget(&mut pipe, &keys.job(job.job_id));
+        tenant_limits::add_finished(&mut pipe, keys, job.tenant.as_str(), job.job_id);
+        lanes::add_finished(&mut pipe, keys, job.tenant.as_str(), msg_id);
+    }
     pipe.query_async(conn).await
 }
 

@@ -21,12 +21,11 @@
 //! job whose data is refused fails alone.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::Instant;
 
+use super::batching::{Batching, gather};
 use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome, Finished};
 use crate::domain::{Job, ModelSummary};
@@ -59,20 +58,11 @@ struct Request {
     reply: oneshot::Sender<Committed>,
 }
 
-/// How the committer gathers a batch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Batching {
-    /// Most jobs in one transaction; 1 commits each job alone, without a committer.
-    pub max: usize,
-    /// How long a batch that is not full waits for more once it has a job.
-    pub wait: Duration,
-}
-
 impl Committer {
     /// Start the committer task of this process (on the current Tokio runtime).
     pub fn start(pg: Pool, batching: Batching, metrics: Arc<Metrics>) -> Self {
         let requests =
-            (batching.max > 1 && tokio::runtime::Handle::try_current().is_ok()).then(|| {
+            (batching.batches() && tokio::runtime::Handle::try_current().is_ok()).then(|| {
                 let (tx, rx) = mpsc::channel(QUEUE);
                 tokio::spawn(run(pg.clone(), rx, batching, metrics));
                 tx
@@ -133,29 +123,6 @@ async fn run(
         gather(&mut requests, &mut batch, batching).await;
         metrics.commit_batch_jobs.observe(batch.len() as f64);
         commit(&pg, &mut batch).await;
-    }
-}
-
-/// Add what is queued to `batch`, then wait for more until it is full or `batching.wait`
-/// has passed since it began.
-async fn gather(
-    requests: &mut mpsc::Receiver<Request>,
-    batch: &mut Vec<Request>,
-    batching: Batching,
-) {
-    let deadline = Instant::now() + batching.wait;
-    while batch.len() < batching.max {
-        match requests.try_recv() {
-            Ok(request) => batch.push(request),
-            Err(mpsc::error::TryRecvError::Disconnected) => return,
-            Err(mpsc::error::TryRecvError::Empty) => {
-                match tokio::time::timeout_at(deadline, requests.recv()).await {
-                    Ok(Some(request)) => batch.push(request),
-                    // Every sender gone, or the wait is over: commit what there is.
-                    Ok(None) | Err(_) => return,
-                }
-            }
-        }
     }
 }
 

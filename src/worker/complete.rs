@@ -32,15 +32,8 @@ impl Consumer {
         match settlement {
             Settlement::Ack(finish) => {
                 let settle = self.settle_of(conn, delivery, job, Spent::Summary).await?;
-                group::ack_settling(
-                    conn,
-                    self.services.keys.get(delivery.shard),
-                    &delivery.id,
-                    job,
-                    settle.as_ref(),
-                )
-                .await?;
-                self.confirm_replicated(conn, delivery, "ack").await;
+                // With the others of its group commit, in one round trip (`acker.rs`).
+                self.services.acker.ack(conn, delivery, job, settle).await?;
                 match finish {
                     Finish::Summarised => {
                         self.services
@@ -134,12 +127,9 @@ impl Consumer {
     }
 
     /// With `SUMMARYD_REDIS_MIN_REPLICAS_ACK` set, wait for the replicas to confirm the
-    /// finishing write just made on `conn` (`op`: `ack` or `dead_letter`). A write they do
-    /// not confirm in time stays done: the job's effects are committed in Postgres exactly
-    /// once, and doing it again would not make the acknowledgement any safer. The risk left
-    /// is a failover before the replicas catch up, which redelivers the job; its next
-    /// delivery finds the summary and acknowledges it as a duplicate. So it is logged and
-    /// counted, nothing more.
+    /// dead letter just made on `conn` (`op`: `dead_letter`; acknowledgements are
+    /// confirmed by `acker.rs`, one WAIT per batch). A write they do not confirm in time
+    /// stays done, as for an acknowledgement: logged and counted, nothing more.
     async fn confirm_replicated(
         &self,
         conn: &mut crate::infra::redis::Conn,

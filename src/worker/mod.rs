@@ -2,6 +2,8 @@
 //! the gate that stops the consumers while a dependency (Postgres, every model provider) is
 //! down or consumption is paused fleet-wide (`pause.rs`).
 
+mod acker;
+mod batching;
 mod committer;
 mod complete;
 mod consumer;
@@ -19,7 +21,9 @@ mod take;
 
 use std::sync::Arc;
 
-pub use committer::{Batching, Committed, Committer};
+pub(crate) use acker::Acker;
+pub use batching::Batching;
+pub use committer::{Committed, Committer};
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name};
 pub use dead_reason::DeadReason;
 pub use gate::DependencyGate;
@@ -52,4 +56,6 @@ pub struct WorkerServices {
     /// The process's group commit: finished jobs are committed together
     /// (`committer.rs`).
     pub(crate) commits: Committer,
+    /// The process's batched acknowledgements (`acker.rs`).
+    pub(crate) acker: Acker,
 }

@@ -14,13 +14,16 @@ const JOBS: usize = 8;
 const CONSUMERS: &str = "8";
 /// Long enough that the batch gathers every consumer's summary into one transaction.
 const COMMIT_WAIT_MS: &str = "1000";
-const CLAIM_IDLE_MS: &str = "2000";
+const CLAIM_IDLE_MS: &str = "3000";
+const MODEL_MS: u64 = 1_500;
 
 async fn world(name: &str, private_redis: bool) -> World {
     World::new(
         name,
         WorldOptions {
-            model: ModelBehavior::fast(),
+            // Every consumer in a model call at once, so their summaries are ready within
+            // the commit wait of each other and meet in one batch.
+            model: ModelBehavior::slow(MODEL_MS),
             private_redis,
             env: vec![
                 ("SUMMARYD_WORKER_CLAIM_IDLE_MS", CLAIM_IDLE_MS.into()),
@@ -129,6 +132,11 @@ impl BatchHeld {
         let worker = world
             .spawn("worker-a", "worker", &["--consumers", CONSUMERS])
             .await;
+        let all_held = eventually(Duration::from_secs(20), || async {
+            world.model.in_flight() == JOBS
+        })
+        .await;
+        assert!(all_held, "in flight: {}", world.model.in_flight());
         let waiting = eventually(Duration::from_secs(20), || async {
             world
                 .count(

@@ -313,3 +313,60 @@ async fn a_batch_of_one_commits_each_job_alone() {
         "no batch was gathered"
     );
 }
+
+/// One MULTI/EXEC acknowledges a batch: every entry acknowledged and deleted, every job
+/// state dropped and every in-flight count released, as one by one; an entry of another
+/// job stays.
+#[tokio::test]
+async fn one_step_acknowledges_a_batch_of_finished_jobs() {
+    use redis::AsyncCommands;
+    use summaryd::stream::consumer_group::{self as group, Ack};
+
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let keys = services.keys.get(0);
+    let mut redis = env.redis().await;
+    group::ensure_group(&mut redis, keys).await.unwrap();
+    let jobs: Vec<Job> = (300..304).map(|n| job(n, false)).collect();
+    for j in &jobs {
+        summaryd::stream::enqueue(&mut redis, keys, j)
+            .await
+            .unwrap();
+    }
+    let taken = group::read_new(&mut redis, keys, "c", 4, Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 4);
+    let in_flight = |redis: &mut redis::aio::MultiplexedConnection| {
+        let key = keys.in_flight("acme");
+        let mut redis = redis.clone();
+        async move { redis.scard::<_, usize>(key).await.unwrap() }
+    };
+    assert_eq!(in_flight(&mut redis).await, 4);
+
+    let finished: Vec<Ack<'_>> = taken[..3]
+        .iter()
+        .zip(&jobs)
+        .map(|(d, j)| Ack {
+            msg_id: &d.id,
+            job: j,
+            settle: None,
+        })
+        .collect();
+    group::ack_many(&mut redis, keys, &finished).await.unwrap();
+
+    let pending: redis::streams::StreamPendingReply = redis
+        .xpending(keys.stream(), summaryd::infra::keys::GROUP)
+        .await
+        .unwrap();
+    assert_eq!(pending.count(), 1, "the fourth entry is still pending");
+    let left: usize = redis.xlen(keys.stream()).await.unwrap();
+    assert_eq!(left, 1, "acknowledged entries are deleted with their ack");
+    for j in &jobs[..3] {
+        let state: bool = redis.exists(keys.job(j.job_id)).await.unwrap();
+        assert!(!state, "the job state of a finished job is gone");
+    }
+    let state: bool = redis.exists(keys.job(jobs[3].job_id)).await.unwrap();
+    assert!(state, "the unfinished job keeps its state");
+    assert_eq!(in_flight(&mut redis).await, 1);
+}

@@ -130,6 +130,27 @@ pub async fn mark_sent(pool: &Pool, id: i64) -> Result<bool, DbError> {
     mark_delivered(pool, id, None).await
 }
 
+/// [`mark_sent`] for every row of `ids` in one statement (the relay records a pass's sent
+/// rows together): answers the ids this call recorded, leaving out those already recorded.
+pub async fn mark_sent_many(pool: &Pool, ids: &[i64]) -> Result<Vec<i64>, DbError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let client = pool.get().await?;
+    let stmt = client
+        .prepare_cached(
+            "UPDATE outbox SET sent_at = now(), claimed_until = NULL, claim_token = NULL \
+              WHERE id = ANY($1::bigint[]) AND sent_at IS NULL RETURNING id",
+        )
+        .await?;
+    Ok(client
+        .query(&stmt, &[&ids])
+        .await?
+        .iter()
+        .map(|row| row.get(0))
+        .collect())
+}
+
 /// [`mark_sent`], with the HTTP status the receiver answered (`webhook deliveries`).
 pub async fn mark_delivered(pool: &Pool, id: i64, status: Option<i32>) -> Result<bool, DbError> {
     let client = pool.get().await?;

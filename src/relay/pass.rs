@@ -67,7 +67,10 @@ pub(super) async fn mail_pass(services: &RelayServices) -> Result<PassReport, Re
         claimed: rows.len(),
         ..PassReport::default()
     };
-    let mut first_error = None;
+    // Sent but not recorded (Postgres failed): their leases run out and they are sent
+    // again, with the same dedupe key, which the provider recognises. The pass still
+    // judges the provider on what it answered.
+    let mut first_error = record_sent(services, &rows, &outcomes).await.err();
     let mut misconfigured = None;
     // A probe claims one row: its outcome is the probe's verdict.
     let mut verdict = None;
@@ -80,7 +83,7 @@ pub(super) async fn mail_pass(services: &RelayServices) -> Result<PassReport, Re
             }
         };
         match &outcome {
-            Outcome::Sent => report.sent += 1,
+            Outcome::Sent | Outcome::Accepted { .. } => report.sent += 1,
             Outcome::Retrying => report.retrying += 1,
             Outcome::Stuck => report.stuck += 1,
             Outcome::LostClaim => report.lost_claims += 1,
@@ -130,7 +133,7 @@ fn judge_probe(
             services.metrics.set_mail_breaker(Some(&reason));
             ticket.failed(now, &reason);
         }
-        Some(Outcome::Sent | Outcome::Retrying) => {
+        Some(Outcome::Sent | Outcome::Accepted { .. } | Outcome::Retrying) => {
             ticket.passed();
             services.metrics.set_mail_breaker(None);
             info!("the mail provider accepts the relay again; the relay resumed");
@@ -140,7 +143,13 @@ fn judge_probe(
 }
 
 pub(super) enum Outcome {
+    /// Handed over and recorded as sent.
     Sent,
+    /// The mail provider accepted the email; the row is recorded as sent with the pass's
+    /// other accepted rows (`record_sent`). `accepted_at`: when the API accepted its job.
+    Accepted {
+        accepted_at: Option<chrono::DateTime<chrono::Utc>>,
+    },
     Retrying,
     Stuck,
     LostClaim,
@@ -178,22 +187,11 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
     let relay = &services.settings.relay;
     let pg = &services.pg;
     let failed = match send(services, row).await {
+        // Recorded with the pass's other sent rows, in one statement (`record_sent`).
         Ok(event) => {
-            if outbox::mark_sent(pg, row.id).await? {
-                services.metrics.outbox_sent.inc();
-                if let Some(accepted_at) = event.accepted_at {
-                    services
-                        .metrics
-                        .job_latency
-                        .with_label_values(&["emailed"])
-                        .observe(crate::infra::metrics::seconds_since(accepted_at));
-                }
-                info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent");
-            } else {
-                // Another relay (whose lease we outlived, or who outlived ours) recorded it.
-                info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent again; already recorded");
-            }
-            return Ok(Outcome::Sent);
+            return Ok(Outcome::Accepted {
+                accepted_at: event.accepted_at,
+            });
         }
         Err(failed) => failed,
     };
@@ -261,6 +259,43 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Outcome, R
     }
 }
 
+/// Record the pass's sent rows in one statement, then count and log each. Until this
+/// returns they are leased and unrecorded: a crash in between sends them again after
+/// their leases, with the same dedupe key (the provider's idempotency key).
+async fn record_sent(
+    services: &RelayServices,
+    rows: &[OutboxRow],
+    outcomes: &[Result<Outcome, RelayError>],
+) -> Result<(), RelayError> {
+    let sent: Vec<(&OutboxRow, Option<chrono::DateTime<chrono::Utc>>)> = rows
+        .iter()
+        .zip(outcomes)
+        .filter_map(|(row, outcome)| match outcome {
+            Ok(Outcome::Accepted { accepted_at }) => Some((row, *accepted_at)),
+            _ => None,
+        })
+        .collect();
+    let ids: Vec<i64> = sent.iter().map(|(row, _)| row.id).collect();
+    let recorded = outbox::mark_sent_many(&services.pg, &ids).await?;
+    for (row, accepted_at) in sent {
+        if recorded.contains(&row.id) {
+            services.metrics.outbox_sent.inc();
+            if let Some(accepted_at) = accepted_at {
+                services
+                    .metrics
+                    .job_latency
+                    .with_label_values(&["emailed"])
+                    .observe(crate::infra::metrics::seconds_since(accepted_at));
+            }
+            info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent");
+        } else {
+            // Another relay (whose lease we outlived, or who outlived ours) recorded it.
+            info!(id = row.id, dedupe_key = %row.dedupe_key, "outbox row sent again; already recorded");
+        }
+    }
+    Ok(())
+}
+
 /// Per row, from `relay.backoff_ms` doubling up to `relay.max_backoff_ms`. Equal jitter: a row
 /// has a limited number of attempts (see [`Jitter::Equal`]).
 pub(super) fn row_backoff(relay: &RelaySettings) -> Backoff {
@@ -290,7 +325,7 @@ async fn send(services: &RelayServices, row: &OutboxRow) -> Result<SummaryReady,
     // trickles bytes would otherwise hold the row past its lease.
     let timeout = mail.timeout;
     // The dedupe key is the provider's idempotency key: the same row always sends the same
-    // key, so a resend after a crash between send and mark_sent is recognisably a duplicate.
+    // key, so a resend after a crash between send and its record is recognisably a duplicate.
     match tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key)).await {
         Ok(result) => Ok(result.map(|()| event)?),
         Err(_) => Err(MailError::Timeout { after: timeout }.into()),

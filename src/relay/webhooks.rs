@@ -34,7 +34,7 @@ pub(super) async fn webhook_pass(services: &RelayServices) -> Result<PassReport,
     let mut first_error = None;
     for outcome in outcomes {
         match outcome {
-            Ok(Sent::Row(Outcome::Sent)) => report.sent += 1,
+            Ok(Sent::Row(Outcome::Sent | Outcome::Accepted { .. })) => report.sent += 1,
             Ok(Sent::Row(Outcome::Retrying)) => report.retrying += 1,
             Ok(Sent::Row(Outcome::Stuck)) => report.stuck += 1,
             Ok(Sent::Row(Outcome::LostClaim | Outcome::Waiting { .. })) => {

@@ -566,6 +566,60 @@ async fn a_stale_relays_successful_send_is_still_recorded() {
     assert_eq!(mailer.attempts(), 0);
 }
 
+/// A pass records its sent rows in one statement; a row another relay recorded already is
+/// left as it is and not reported as recorded again.
+#[tokio::test]
+async fn a_pass_records_its_sent_rows_together_and_each_only_once() {
+    let env = TestEnv::new().await;
+    let settings = fast_settings(&env);
+    let lease = settings.relay.lease;
+    let mailer = Arc::new(FakeMailer::new());
+    let svc = services(&env, settings, &mailer);
+    let jobs = [
+        commit_job(&svc, 21).await,
+        commit_job(&svc, 22).await,
+        commit_job(&svc, 23).await,
+    ];
+    let rows = outbox::claim_due(&svc.pg, SummaryReady::TOPIC, 10, lease)
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 3);
+    assert!(outbox::mark_sent(&svc.pg, rows[1].id).await.unwrap());
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    let mut recorded = outbox::mark_sent_many(&svc.pg, &ids).await.unwrap();
+    recorded.sort_unstable();
+    assert_eq!(recorded, vec![rows[0].id, rows[2].id]);
+    for job in jobs {
+        let row = outbox_row(&env, job).await;
+        assert!(row.sent && !row.leased, "{row:?}");
+    }
+    assert!(
+        outbox::mark_sent_many(&svc.pg, &ids)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert!(
+        outbox::mark_sent_many(&svc.pg, &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    // And the relay's own pass: three more rows, sent and recorded, none sent twice.
+    let more = [
+        commit_job(&svc, 24).await,
+        commit_job(&svc, 25).await,
+        commit_job(&svc, 26).await,
+    ];
+    assert_eq!(relay_once(&svc).await.unwrap(), 3);
+    assert_eq!(mailer.attempts(), 3);
+    for job in more {
+        assert!(outbox_row(&env, job).await.sent);
+    }
+    assert_eq!(relay_once(&svc).await.unwrap(), 0);
+    assert_eq!(mailer.attempts(), 3);
+}
+
 #[tokio::test]
 async fn the_email_names_the_job_and_carries_the_summary() {
     let env = TestEnv::new().await;

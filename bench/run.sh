@@ -368,7 +368,7 @@ if [[ -n "${CONSUMERS// /}" ]] && ((MONITOR_C > 0)); then
     e2e_run "$MONITOR_C" "$workdir/e2e-monitor-run.txt"
     redis_monitor_stop
     read -r sent scripted top < <(redis_monitor_summary "$workdir/e2e-monitor.txt" "$(e2e_jobs_for "$MONITOR_C")" 8)
-    monitor_line="Requests sent to Redis per job (MONITOR over one more, untimed run at C = $MONITOR_C, $(e2e_jobs_for "$MONITOR_C") jobs; a MULTI … EXEC block counts once, commands a script runs apart): **$sent** sent, $scripted run by scripts; most sent: $top."
+    monitor_line="Requests sent to Redis per job (MONITOR over one more, untimed run at C = $MONITOR_C, $(e2e_jobs_for "$MONITOR_C") jobs; a MULTI … EXEC block counts once, commands a script runs apart): **$sent** sent, $scripted run by scripts; most sent: ${top//,/ }."
 fi
 
 # --- report ---------------------------------------------------------------------------------

@@ -321,7 +321,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
     paste -d' ' <(tail -n 1 "$workdir/base.runs") <(tail -n 1 "$workdir/new.runs") |
         awk '{ printf "%.3f %.3f %.3f\n", $7 / $1, $9 / $3, $3 / $9 }' >>"$workdir/ratios.txt"
     read -r q_rate q_cpu q_core < <(tail -n 1 "$workdir/ratios.txt")
-    printf 'round %s  new/base: jobs/s %s, worker CPU ms/job %s, jobs/s per core %s\n' "$r" "$q_rate" "$q_cpu" "$q_core"
+    printf 'round %s  new/base: jobs/s %s, worker CPU ms/job %s, jobs/s per core %s; ÷ this round'"'"'s ceiling: base %s, new %s\n' \
+        "$r" "$q_rate" "$q_cpu" "$q_core" \
+        "$(awk -v a="$(tail -n 1 "$workdir/base.runs" | cut -d' ' -f1)" -v c="$(tail -n 1 "$workdir/ceiling.runs")" 'BEGIN { printf "%.3f", a / c }')" \
+        "$(awk -v a="$(tail -n 1 "$workdir/new.runs" | cut -d' ' -f1)" -v c="$(tail -n 1 "$workdir/ceiling.runs")" 'BEGIN { printf "%.3f", a / c }')"
 done
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }

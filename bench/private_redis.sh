@@ -1,6 +1,6 @@
 # The private Redis every benchmark script runs against: a redis-server on a free loopback
 # port, without persistence (like the shared one), that no other client loads. Sourced by
-# bench/run.sh, bench/ab_intake.sh and bench/ab_e2e.sh after scripts/deps.sh.
+# bench/run.sh, bench/ab_intake.sh, bench/ab_e2e.sh and bench/ab_drain.sh after scripts/deps.sh.
 
 # First loopback port in [$1, $1 + 200) that nothing listens on (bounded: 200 tries).
 free_port() {

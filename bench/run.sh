@@ -27,6 +27,8 @@
 #                            run this short)
 #   BENCH_PG_SSLMODE         sslmode of the end-to-end runs' Postgres connections (default
 #                            disable; require measures TLS to Postgres)
+#   BENCH_MONITOR_C          C of the one extra, untimed end-to-end run watched with Redis
+#                            MONITOR for the requests sent per job (default 8; 0 skips it)
 #
 # Everything runs on loopback. Redis is a private redis-server started here on a free port
 # (same version and persistence settings as the shared one: none), so the service and
@@ -48,6 +50,7 @@ OUT=${BENCH_OUT:-bench/results}
 LIMITS=${BENCH_LIMITS:-0}
 RETENTION_S=${BENCH_RETENTION_S:-1}
 PG_SSLMODE=${BENCH_PG_SSLMODE:-disable}
+MONITOR_C=${BENCH_MONITOR_C:-8}
 PG_PORT=${SUMMARYD_DEPS_PG_PORT:-5432}
 PG_BASE="postgres://postgres@127.0.0.1:$PG_PORT"
 BENCH_DB=summaryd_bench
@@ -75,6 +78,8 @@ die() {
 . bench/private_redis.sh
 # shellcheck source=bench/enqueue_call.sh
 . bench/enqueue_call.sh
+# shellcheck source=bench/redis_counts.sh
+. bench/redis_counts.sh
 command -v wrk >/dev/null 2>&1 || _deps_apt_install wrk
 command -v redis-benchmark >/dev/null 2>&1 || _deps_apt_install redis-tools
 command -v pgbench >/dev/null 2>&1 || _deps_apt_install postgresql-client
@@ -99,6 +104,7 @@ prefix="bench:${nonce}:"
 workdir=$(mktemp -d "${TMPDIR:-/tmp}/summaryd-bench.XXXXXX")
 pid=""
 redis_pid=""
+monitor_pid=""
 mkdir -p "$OUT"
 
 # GET http://127.0.0.1:$1$2 and print the status code; bash's /dev/tcp, so no curl needed.
@@ -130,6 +136,7 @@ psql_admin() { psql -X -q -w -h 127.0.0.1 -p "$PG_PORT" -U postgres -d postgres 
 
 cleanup() {
     local rc=$?
+    redis_monitor_stop
     # The service drains for SUMMARYD_SHUTDOWN_GRACE_MS (5 s below); 15 s in all.
     stop_pid "$pid" 15
     # Everything in it was written here; no save, no AOF: nothing is left on disk.
@@ -324,20 +331,45 @@ done
 psql_admin -c "DROP DATABASE IF EXISTS $PGBENCH_DB WITH (FORCE)" >/dev/null
 
 # --- end to end: N jobs, model latency L, C consumers -----------------------------------------
-for c in $CONSUMERS; do
-    jobs=$((c * JOBS_PER_CONSUMER))
-    ((jobs < 20)) && jobs=20
-    log "end to end: $jobs jobs, L = $LATENCY_MS ms, C = $c"
-    BENCH_JOBS=$jobs BENCH_CONSUMERS=$c BENCH_LATENCY_MS=$LATENCY_MS \
+# Nothing else uses the private Redis now, so what it ran between two snapshots around a
+# point (bench/redis_counts.sh) is that point's: the enqueue (one MULTI … EXEC per job), the
+# worker, the relay, and the benchmark's cleanup (one KEYS and one DEL per run).
+e2e_jobs_for() {
+    local jobs=$(($1 * JOBS_PER_CONSUMER))
+    echo $((jobs < 20 ? 20 : jobs))
+}
+e2e_run() { # $1 = consumers, $2 = output file
+    BENCH_JOBS=$(e2e_jobs_for "$1") BENCH_CONSUMERS=$1 BENCH_LATENCY_MS=$LATENCY_MS \
         BENCH_RETENTION_S=$RETENTION_S BENCH_PG_SSLMODE=$PG_SSLMODE \
         BENCH_PG_URL="$PG_BASE" BENCH_REDIS_URL="$redis_url" \
-        timeout 400 cargo bench --locked --bench e2e_jobs >"$workdir/e2e-$c.txt" 2>&1 ||
-        die "end-to-end run failed (C = $c): $(tail -n 5 "$workdir/e2e-$c.txt")"
-    grep -q '^BENCH ' "$workdir/e2e-$c.txt" || die "no BENCH line (C = $c): $(tail -n 5 "$workdir/e2e-$c.txt")"
+        timeout 400 cargo bench --locked --bench e2e_jobs >"$2" 2>&1 ||
+        die "end-to-end run failed (C = $1): $(tail -n 5 "$2")"
+    grep -q '^BENCH ' "$2" || die "no BENCH line (C = $1): $(tail -n 5 "$2")"
+}
+for c in $CONSUMERS; do
+    log "end to end: $(e2e_jobs_for "$c") jobs, L = $LATENCY_MS ms, C = $c"
+    redis_counts_snapshot "$rport" "$workdir/e2e-redis-before-$c.txt"
+    e2e_run "$c" "$workdir/e2e-$c.txt"
+    redis_counts_snapshot "$rport" "$workdir/e2e-redis-after-$c.txt"
+    redis_counts_delta "$workdir/e2e-redis-before-$c.txt" "$workdir/e2e-redis-after-$c.txt" \
+        >"$workdir/e2e-redis-delta-$c.txt"
 done
 e2e_field() { # $1 = consumers, $2 = key
     sed -n 's/^BENCH //p' "$workdir/e2e-$1.txt" | tr ' ' '\n' | sed -n "s/^$2=//p"
 }
+# "cmds_per_job reads_per_job redis_cpu_ms_per_job top" of the point with C = $1.
+e2e_redis() { redis_counts_summary "$workdir/e2e-redis-delta-$1.txt" "$(e2e_jobs_for "$1")" "${2:-6}"; }
+# The requests sent per job: MONITOR slows Redis down, so it watches one more run at
+# C = MONITOR_C whose time is not reported.
+monitor_line=""
+if [[ -n "${CONSUMERS// /}" ]] && ((MONITOR_C > 0)); then
+    log "end to end under MONITOR (untimed): $(e2e_jobs_for "$MONITOR_C") jobs, C = $MONITOR_C"
+    redis_monitor_start "$rport" "$workdir/e2e-monitor.txt"
+    e2e_run "$MONITOR_C" "$workdir/e2e-monitor-run.txt"
+    redis_monitor_stop
+    read -r sent scripted top < <(redis_monitor_summary "$workdir/e2e-monitor.txt" "$(e2e_jobs_for "$MONITOR_C")" 8)
+    monitor_line="Requests sent to Redis per job (MONITOR over one more, untimed run at C = $MONITOR_C, $(e2e_jobs_for "$MONITOR_C") jobs; a MULTI … EXEC block counts once, commands a script runs apart): **$sent** sent, $scripted run by scripts; most sent: ${top//,/ }."
+fi
 
 # --- report ---------------------------------------------------------------------------------
 mib() { awk -v k="$1" 'BEGIN { printf "%.1f", k / 1024 }'; }
@@ -377,19 +409,31 @@ report="$workdir/latest.md"
     fi
     echo "Postgres connections: sslmode=${PG_SSLMODE}. CPU ms/job = the process's user + system CPU (worker, relay, maintenance and the enqueueing loop) ÷ jobs; at small C the polling of idle consumers and relays dominates it."
     echo
-    echo "| C | jobs | jobs/s | ideal C/L | ratio to C/L | commit ceiling tps | ratio to min(C/L, ceiling) | peak RSS MiB | CPU ms/job | deleted |"
-    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    echo "Redis per job, between snapshots around each point (INFO commandstats, commands a script runs included; read events = requests as they reached Redis, a pipeline or a multiplexed batch once): cmds, reads, Redis CPU."
+    echo
+    echo "| C | jobs | jobs/s | ideal C/L | ratio to C/L | commit ceiling tps | ratio to min(C/L, ceiling) | peak RSS MiB | CPU ms/job | deleted | Redis cmds/job | Redis reads/job | Redis CPU ms/job |"
+    echo "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     for c in $CONSUMERS; do
         clients=$((c < PG_POOL_CAP ? c : PG_POOL_CAP))
         rate=$(e2e_field "$c" jobs_per_s)
         ideal=$(e2e_field "$c" ideal)
         ceiling=${pg_tps[$clients]}
         bound=$(awk -v a="$ideal" -v b="$ceiling" 'BEGIN { print (a < b) ? a : b }')
-        printf '| %s | %s | %s | %s | **%s** | %.0f | %s | %s | %s | %s |\n' "$c" "$(e2e_field "$c" jobs)" "$rate" \
+        read -r cmds reads redis_cpu _ < <(e2e_redis "$c")
+        printf '| %s | %s | %s | %s | **%s** | %.0f | %s | %s | %s | %s | %s | %s | %s |\n' "$c" "$(e2e_field "$c" jobs)" "$rate" \
             "$ideal" "$(ratio "$rate" "$ideal")" "$ceiling" "$(ratio "$rate" "$bound")" \
             "$(mib "$(e2e_field "$c" peak_rss_kib)")" "$(e2e_field "$c" cpu_ms_per_job)" \
-            "$(e2e_field "$c" retention_deleted)"
+            "$(e2e_field "$c" retention_deleted)" "$cmds" "$reads" "$redis_cpu"
     done
+    if [[ -n "${CONSUMERS// /}" ]]; then
+        mix_e2e=$(awk '{ print $NF }' <<<"$CONSUMERS")
+        echo
+        echo "Redis commands per job at C = $mix_e2e (commandstats ÷ jobs, script-run ones included): $(e2e_redis "$mix_e2e" 10 | cut -d' ' -f4 | tr ',' ' ')"
+    fi
+    if [[ -n "$monitor_line" ]]; then
+        echo
+        echo "$monitor_line"
+    fi
     echo
     echo "## Memory (VmRSS from /proc)"
     echo

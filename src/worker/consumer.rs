@@ -43,8 +43,6 @@ const MAINTENANCE_EVERY: Duration = Duration::from_secs(60);
 /// refund (one Redis call) reaches Redis before the task is aborted. At most a quarter of
 /// the grace.
 const STOP_MARGIN: Duration = Duration::from_millis(500);
-/// Longest pause between two looks for idle entries (`ConsumerConfig::claim_every`).
-const MAX_CLAIM_EVERY: Duration = Duration::from_secs(1);
 /// Floor on how often a running delivery extends its claim, so a tiny `claim_idle` (as
 /// in tests that reclaim at once) does not turn the extension into a busy loop.
 const MIN_EXTEND_EVERY: Duration = Duration::from_millis(10);
@@ -121,14 +119,6 @@ impl ConsumerConfig {
         (self.claim_idle / 3).max(MIN_EXTEND_EVERY)
     }
 
-    /// After an XAUTOCLAIM that found nothing idle, the next waits this long: a quarter of
-    /// `claim_idle`, at most a second. A dead worker's entry is then taken over within
-    /// `claim_idle` plus this (plus a take per shard), and a busy consumer sends about one
-    /// XAUTOCLAIM a second instead of one per job.
-    pub(crate) fn claim_every(&self) -> Duration {
-        (self.claim_idle / 4).min(MAX_CLAIM_EVERY)
-    }
-
     /// Consumer cleanup runs this often, so a gone consumer is removed within about two
     /// `consumer_gc` of its last mark.
     pub(crate) fn maintenance_every(&self) -> Duration {
@@ -164,8 +154,6 @@ pub struct Consumer {
     pub(super) next_shard: u16,
     /// The shard whose idle entries the next take looks for.
     pub(super) claim_shard: u16,
-    /// Not before this does a take look for idle entries again (`ConsumerConfig::claim_every`).
-    pub(super) next_claim: Instant,
     /// Entries in this consumer's PEL to retry: a dependency outage (or a Redis error) kept
     /// them from being finished, or their counted retry waits a backoff. Retried as soon as
     /// they are due and the gate is open, so they wait seconds after a recovery, not
@@ -232,7 +220,6 @@ impl Consumer {
             services,
             next_shard: first_shard(&name, shards),
             claim_shard: first_shard(&name, shards),
-            next_claim: Instant::now(),
             name,
             config,
             cursors: vec![CURSOR_START.into(); shards],
@@ -282,31 +269,5 @@ impl Consumer {
             work,
             due: Instant::now() + wait,
         });
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn config(claim_idle_ms: u64) -> ConsumerConfig {
-        ConsumerConfig {
-            claim_idle: Duration::from_millis(claim_idle_ms),
-            max_deliveries: 5,
-            block: Duration::from_secs(2),
-            consumer_gc: Duration::from_secs(600),
-        }
-    }
-
-    #[test]
-    fn idle_entries_are_looked_for_every_quarter_claim_idle_and_at_least_every_second() {
-        assert_eq!(config(120_000).claim_every(), Duration::from_secs(1));
-        assert_eq!(config(4_000).claim_every(), Duration::from_secs(1));
-        assert_eq!(config(2_000).claim_every(), Duration::from_millis(500));
-        assert_eq!(
-            config(0).claim_every(),
-            Duration::ZERO,
-            "tests that reclaim at once"
-        );
     }
 }

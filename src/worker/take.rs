@@ -45,11 +45,7 @@ impl Consumer {
             return self.retake(conn, held).await;
         }
         self.took_held = false;
-        let mut deliveries = if now >= self.next_claim {
-            self.claim_idle(conn).await?
-        } else {
-            Vec::new()
-        };
+        let mut deliveries = self.claim_idle(conn).await?;
         if deliveries.is_empty() {
             // Wait for new work only until the next held entry is due (not at all when one
             // is due already).
@@ -168,8 +164,7 @@ impl Consumer {
 
     /// XAUTOCLAIM from one shard per take, the shards in turn: an entry a dead worker left
     /// is found within as many takes as there are shards, and a take costs one XAUTOCLAIM
-    /// however many shards there are. After a look that found nothing the next one waits
-    /// [`ConsumerConfig::claim_every`](super::consumer::ConsumerConfig::claim_every).
+    /// however many shards there are.
     async fn claim_idle(
         &mut self,
         conn: &mut crate::infra::redis::Conn,
@@ -177,14 +172,7 @@ impl Consumer {
         let shards = self.services.keys.clone();
         let keys = shards.get(self.claim_shard);
         self.claim_shard = next(self.claim_shard, shards.count());
-        let claimed = self.claim_idle_in(conn, keys).await?;
-        if claimed.is_empty() {
-            // Nothing idle: an entry becomes claimable only `claim_idle` after its last
-            // claim, so looking again at every take (one XAUTOCLAIM per job) finds it no
-            // sooner than looking now and then does.
-            self.next_claim = Instant::now() + self.config.claim_every();
-        }
-        Ok(claimed)
+        self.claim_idle_in(conn, keys).await
     }
 
     /// XAUTOCLAIM from the shard's kept cursor. When that scan reaches the end without

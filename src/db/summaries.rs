@@ -9,8 +9,12 @@ use chrono::{DateTime, SubsecRound, Utc};
 use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
 
+use tracing::Instrument;
+
 use super::{DbError, model_calls};
 use crate::domain::{Job, JobId, JobText, ModelSummary, SummaryReady, WebhookEvent};
+use crate::infra::telemetry::{self, otel_span};
+use crate::resilience::failure::Classify;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SummaryRow {
@@ -145,6 +149,28 @@ pub async fn commit_with_outbox(
     job: &Job,
     summary: &ModelSummary,
 ) -> Result<CommitOutcome, DbError> {
+    // The outbox rows store this span's context: the relay's sends become its children.
+    let span = otel_span!(
+        "commit",
+        "client",
+        job.job_id,
+        job.tenant,
+        "db.system.name" = "postgresql"
+    );
+    let committed = commit_in_one_transaction(pool, job, summary)
+        .instrument(span.clone())
+        .await;
+    if let Err(e) = &committed {
+        telemetry::fail(&span, e.disposition().class());
+    }
+    committed
+}
+
+async fn commit_in_one_transaction(
+    pool: &Pool,
+    job: &Job,
+    summary: &ModelSummary,
+) -> Result<CommitOutcome, DbError> {
     // Postgres integer is signed; a count past i32::MAX is no real completion.
     let tokens = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
     let prompt_tokens = summary.usage.map(|u| tokens(u.prompt));
@@ -236,10 +262,11 @@ async fn insert_event(
     dedupe_key: &str,
     payload: &(dyn tokio_postgres::types::ToSql + Sync),
 ) -> Result<(), DbError> {
+    let (traceparent, tracestate) = super::trace_columns();
     tx.execute(
-        "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3) \
-         ON CONFLICT (dedupe_key) DO NOTHING",
-        &[&topic, &dedupe_key, payload],
+        "INSERT INTO outbox (topic, dedupe_key, payload, traceparent, tracestate) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (dedupe_key) DO NOTHING",
+        &[&topic, &dedupe_key, payload, &traceparent, &tracestate],
     )
     .await?;
     Ok(())

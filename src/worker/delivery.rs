@@ -144,7 +144,7 @@ impl Consumer {
         deliveries: u64,
     ) -> Outcome {
         let services = self.services.clone();
-        let calls = CallLog::new(deliveries);
+        let calls = CallLog::new(deliveries).for_job(job.job_id, job.tenant.clone());
         let ran = self
             .with_claim_extended(
                 conn,

@@ -22,6 +22,7 @@ mod maintenance;
 mod model_api_retries;
 mod model_calls;
 mod model_chain;
+mod otlp_receiver;
 mod outages;
 mod pause;
 mod properties;

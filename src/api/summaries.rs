@@ -183,7 +183,7 @@ pub(crate) async fn create(
             Ok(response) => response.status(),
             Err(e) => actix_web::ResponseError::status_code(e),
         };
-        span.record("http.response.status_code", status.as_u16());
+        span.record("http.response.status_code", i64::from(status.as_u16()));
         // A 4xx is the client's to fix; only the server's own failures mark the span.
         if status.is_server_error() {
             telemetry::fail(&span, Disposition::Unavailable.class());

@@ -95,3 +95,75 @@ impl TraceContext {
         u8::from_str_radix(&self.traceparent[53..55], 16).is_ok_and(|flags| flags & 1 == 1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const VALID: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+    #[test]
+    fn a_valid_traceparent_parses_into_its_parts() {
+        let trace =
+            TraceContext::parse(VALID, Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")).unwrap();
+        assert_eq!(trace.traceparent(), VALID);
+        assert_eq!(trace.trace_id(), "4bf92f3577b34da6a3ce929d0e0e4736");
+        assert_eq!(trace.span_id(), "00f067aa0ba902b7");
+        assert!(trace.sampled());
+        assert_eq!(
+            trace.tracestate(),
+            Some("rojo=00f067aa0ba902b7,congo=t61rcWkgMzE")
+        );
+        let unsampled = TraceContext::parse(&VALID.replace("-01", "-00"), None).unwrap();
+        assert!(!unsampled.sampled());
+        assert_eq!(unsampled.tracestate(), None);
+        // Surrounding whitespace (a header value's) is not part of it.
+        assert_eq!(
+            TraceContext::parse(&format!(" {VALID} "), None)
+                .unwrap()
+                .traceparent(),
+            VALID
+        );
+    }
+
+    #[test]
+    fn a_later_version_is_read_as_version_00_fields() {
+        let later = "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-what-comes-next";
+        let trace = TraceContext::parse(later, None).unwrap();
+        assert_eq!(
+            trace.traceparent(),
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+        );
+    }
+
+    #[test]
+    fn malformed_traceparents_are_refused() {
+        for bad in [
+            "",
+            "00",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7",
+            // Version ff is forbidden; version 00 has exactly four fields.
+            "ff-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01-extra",
+            // All-zero ids, uppercase or non-hex digits, wrong lengths.
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-0000000000000000-01",
+            "00-4BF92F3577B34DA6A3CE929D0E0E4736-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e473g-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e47-00f067aa0ba902b7-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902-01",
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-1",
+            "0-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+        ] {
+            assert!(TraceContext::parse(bad, None).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn an_unusable_tracestate_is_dropped_and_the_traceparent_kept() {
+        for state in ["", "   ", "a=b\u{7}", &"k=v,".repeat(200), "caf\u{e9}=1"] {
+            let trace = TraceContext::parse(VALID, Some(state)).unwrap();
+            assert_eq!(trace.tracestate(), None, "{state:?}");
+        }
+    }
+}

@@ -281,7 +281,8 @@ fn deliver_span(job: &Job, deliveries: u64, fields: &HashMap<String, redis::Valu
         "consumer",
         job.job_id,
         job.tenant,
-        "summaryd.deliveries" = deliveries,
+        // As an int attribute: the OpenTelemetry layer writes u64 values as strings.
+        "summaryd.deliveries" = i64::try_from(deliveries).unwrap_or(i64::MAX),
         "messaging.system" = "redis"
     );
     if let Some(accepted) = job_entry::trace_context(fields) {

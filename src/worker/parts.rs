@@ -173,7 +173,8 @@ impl Run<'_> {
     /// A `part` or `combine` span for `prompt` at `place` (the whole document's first try
     /// has none: it is the delivery's own work).
     fn step_span(&self, prompt: &Prompt, place: PartPlace) -> tracing::Span {
-        let (level, index) = (place.level, place.part);
+        // i64: the OpenTelemetry layer writes unsigned values as strings.
+        let (level, index) = (i64::from(place.level), i64::from(place.part));
         match prompt.kind() {
             PromptKind::Part => otel_span!(
                 "part",

@@ -38,6 +38,7 @@ mod retry_policy;
 mod shards;
 mod stalls;
 mod tenant_limits;
+mod tracing;
 mod webhook_admin;
 mod webhook_example;
 mod webhook_verifier;

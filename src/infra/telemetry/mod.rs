@@ -190,8 +190,14 @@ fn provider_and_layer<P: SpanProcessor + 'static>(
         .with_resource(export::resource())
         .build();
     let tracer = provider.tracer("summaryd");
+    // Only the attributes the call sites give (docs/tracing.md): no source locations,
+    // threads, busy/idle times or targets on every span.
     let layer = tracing_opentelemetry::layer()
         .with_tracer(tracer)
+        .with_location(false)
+        .with_threads(false)
+        .with_tracked_inactivity(false)
+        .with_target(false)
         .with_filter(Targets::new().with_target(TARGET, tracing::Level::TRACE));
     (provider, layer)
 }

@@ -1,0 +1,130 @@
+//! Traces of the real binary, exported over OTLP/HTTP to the receiver the suite starts
+//! (`tests/support/otlp.rs`): kill -9 of the worker in the middle of a delivery, and the
+//! redelivery is a trace of its own, linked to the accept's, carried on to the email.
+
+use std::time::Duration;
+
+use crate::harness::client::ApiClient;
+use crate::harness::model_server::ModelBehavior;
+use crate::harness::{World, WorldOptions, eventually};
+use crate::shared::otlp::{OtlpReceiver, Spans, TEST_SCHEDULE_DELAY_MS};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_after_kill_9_is_a_new_trace_linked_to_the_accept() {
+    let otlp = OtlpReceiver::start().await;
+    let world = World::new(
+        "tracing",
+        WorldOptions {
+            // Slow enough that the worker is surely mid-call when killed.
+            model: ModelBehavior::slow(1_000),
+            env: vec![("SUMMARYD_WORKER_CLAIM_IDLE_MS", "2000".into())],
+            ..Default::default()
+        },
+    )
+    .await;
+    let env = world.env_with(&[
+        ("SUMMARYD_OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint()),
+        (
+            "OTEL_BSP_SCHEDULE_DELAY",
+            TEST_SCHEDULE_DELAY_MS.to_string(),
+        ),
+    ]);
+    let api = world.spawn_with_env("api", "api", &env).await;
+    let _relay = world.spawn_with_env("relay", "relay", &env).await;
+    let mut worker_a = world.spawn_with_env("worker-a", "worker", &env).await;
+    let client = ApiClient::new(api.base_url());
+    let run = crate::run_id();
+    // The exactly-once check finds each email by its key, so the key is the marker too.
+    let marker = format!("trace-{run}-key-0001");
+    let accepted = client.submit(&marker, &marker).await;
+    let job_id = accepted.job_id.clone();
+
+    assert!(
+        eventually(Duration::from_secs(15), || async {
+            world.model.in_flight() == 1
+        })
+        .await,
+        "worker A never called the model"
+    );
+    worker_a.kill9();
+    let _worker_b = world.spawn_with_env("worker-b", "worker", &env).await;
+    let of_job = |s: &crate::shared::otlp::Span| s.attr_str("summaryd.job_id") == Some(&job_id);
+    let spans = otlp
+        .wait_for(
+            |spans| spans.iter().any(|s| s.name == "send" && of_job(s)),
+            Duration::from_secs(40),
+        )
+        .await;
+    let spans: Vec<_> = spans.into_iter().filter(|s| of_job(s)).collect();
+
+    let post = spans.one("POST /v1/summaries");
+    assert_eq!(post.kind, "SPAN_KIND_SERVER");
+    assert_eq!(
+        post.resource.get("service.name").and_then(|v| v.as_str()),
+        Some("summaryd")
+    );
+    let enqueue = spans.one("enqueue");
+    assert_eq!(
+        enqueue.parent_span_id.as_deref(),
+        Some(post.span_id.as_str())
+    );
+    assert_eq!(enqueue.trace_id, post.trace_id);
+
+    // Worker A's delivery died with it; worker B's is the second and starts a new trace
+    // that links back to the accept.
+    let deliver = spans.one("deliver");
+    assert_eq!(
+        deliver.attr_i64("summaryd.deliveries"),
+        Some(2),
+        "{}",
+        spans.render()
+    );
+    assert_eq!(deliver.kind, "SPAN_KIND_CONSUMER");
+    assert!(deliver.is_root(), "{}", spans.render());
+    assert_ne!(deliver.trace_id, post.trace_id);
+    assert!(enqueue.is_linked_from(deliver), "{}", spans.render());
+
+    // The rest of the job goes on in the redelivery's trace: the model call, the commit and
+    // the email's send (the outbox row carried the commit's context to the relay).
+    let chats: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert!(!chats.is_empty(), "{}", spans.render());
+    for chat in &chats {
+        assert_eq!(
+            chat.parent_span_id.as_deref(),
+            Some(deliver.span_id.as_str())
+        );
+        assert_eq!(chat.kind, "SPAN_KIND_CLIENT");
+        assert_eq!(chat.attr_str("gen_ai.operation.name"), Some("chat"));
+        assert_eq!(chat.attr_str("gen_ai.provider.name"), Some("openai"));
+        assert!(chat.attr_str("gen_ai.request.model").is_some());
+    }
+    let commit = spans.one("commit");
+    assert_eq!(
+        commit.parent_span_id.as_deref(),
+        Some(deliver.span_id.as_str())
+    );
+    let send = spans.one("send");
+    assert_eq!(
+        send.parent_span_id.as_deref(),
+        Some(commit.span_id.as_str())
+    );
+    assert_eq!(send.trace_id, deliver.trace_id);
+    assert_eq!(send.attr_str("summaryd.topic"), Some("email.summary_ready"));
+
+    // The marker is in the text, the summary and the recipient; no span carries it.
+    for span in &spans {
+        assert_eq!(
+            span.attr_str("summaryd.tenant"),
+            Some("chaos"),
+            "{}",
+            span.name
+        );
+        for s in span.strings() {
+            assert!(!s.contains(&marker), "{} carries {s:?}", span.name);
+        }
+    }
+    world.assert_exactly_once(&[accepted], &client).await;
+}

@@ -80,8 +80,10 @@ impl Consumer {
         };
         let limits = self.limits();
         let deliver = deliver_span(&job, deliveries, &delivery.fields);
-        let span =
-            tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries);
+        // Inside `deliver`, so a log line of the delivery finds its trace through it.
+        let span = deliver.in_scope(
+            || tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries),
+        );
         async {
             let outcome = match admit(deliveries, &limits) {
                 Admission::Run => {

@@ -22,16 +22,17 @@ pub(super) fn current_span_context() -> Option<SpanContext> {
     if !on() {
         return None;
     }
-    tracing::dispatcher::get_default(|dispatch| {
-        let current = dispatch.current_span();
-        let id = current.id()?;
-        let registry = dispatch.downcast_ref::<Registry>()?;
-        let span = registry.span(id)?;
-        span.scope().find_map(|span| {
-            let cx = tracing_opentelemetry::get_otel_context(&span.id(), dispatch)?;
-            let context = cx.span().span_context().clone();
-            context.is_valid().then_some(context)
-        })
+    // The installed subscriber itself, not `dispatcher::get_default`: the log formatter
+    // asks from inside the subscriber, where `get_default` answers with a no-op.
+    let dispatch = super::installed()?;
+    let current = dispatch.current_span();
+    let id = current.id()?;
+    let registry = dispatch.downcast_ref::<Registry>()?;
+    let span = registry.span(id)?;
+    span.scope().find_map(|span| {
+        let cx = tracing_opentelemetry::get_otel_context(&span.id(), &dispatch)?;
+        let context = cx.span().span_context().clone();
+        context.is_valid().then_some(context)
     })
 }
 

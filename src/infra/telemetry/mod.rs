@@ -7,6 +7,7 @@ mod export;
 mod logs;
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -69,6 +70,21 @@ const PAYLOAD_LOGGERS: [&str; 1] = ["tokio_postgres=info"];
 const FLUSH_WAIT: Duration = Duration::from_secs(3);
 
 static ON: AtomicBool = AtomicBool::new(false);
+/// The subscriber installed with export on (see `context::current_span_context`).
+static INSTALLED: OnceLock<tracing::dispatcher::WeakDispatch> = OnceLock::new();
+
+fn installed() -> Option<tracing::Dispatch> {
+    INSTALLED.get()?.upgrade()
+}
+
+/// Export is on from here: remember the subscriber just installed.
+fn switch_on(capture_content: bool) {
+    tracing::dispatcher::get_default(|dispatch| {
+        let _ = INSTALLED.set(dispatch.downgrade());
+    });
+    CAPTURE_CONTENT.store(capture_content, Ordering::Relaxed);
+    ON.store(true, Ordering::Relaxed);
+}
 static CAPTURE_CONTENT: AtomicBool = AtomicBool::new(false);
 
 /// Whether spans are exported. Call sites create their spans only then, so with export off
@@ -158,8 +174,7 @@ pub fn init_with_traces(format: Option<LogFormat>, otel: &OtelSettings) -> Optio
     if installed.is_err() {
         return None;
     }
-    ON.store(true, Ordering::Relaxed);
-    CAPTURE_CONTENT.store(otel.capture_content, Ordering::Relaxed);
+    switch_on(otel.capture_content);
     Some(Tracing { provider })
 }
 
@@ -174,8 +189,7 @@ pub fn init_traces_only<P: SpanProcessor + 'static>(
         .with(otel_layer)
         .try_init()
         .ok()?;
-    ON.store(true, Ordering::Relaxed);
-    CAPTURE_CONTENT.store(capture_content, Ordering::Relaxed);
+    switch_on(capture_content);
     Some(Tracing { provider })
 }
 

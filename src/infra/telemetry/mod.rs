@@ -26,7 +26,7 @@ pub use export::{Bounded, ExportError, bounded, spans_dropped};
 /// The target of every exported span, and only of those: the exporter's layer takes this
 /// target and no other, and the log formatter leaves these spans out, so the log lines of
 /// a process with export on read as they do with it off (plus the trace ids).
-pub const TARGET: &str = "summaryd::otel";
+pub const TARGET: &str = concat!(env!("CARGO_CRATE_NAME"), "::otel");
 
 /// An exported span ([`TARGET`]) of kind `$kind` for job `$job` of tenant `$tenant`, with
 /// room for the status a failure records ([`fail`]) and any further fields; with export

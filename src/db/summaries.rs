@@ -8,7 +8,6 @@
 use chrono::{DateTime, SubsecRound, Utc};
 use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
-
 use tracing::Instrument;
 
 use super::{DbError, model_calls};

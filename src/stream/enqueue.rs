@@ -2,6 +2,7 @@ use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation};
+use tracing::Instrument;
 
 use super::budget::Admission;
 use super::job_entry;
@@ -9,8 +10,6 @@ use super::job_state::Queued;
 use super::lanes::LanePolicy;
 use super::replicas::{self, ReplicaAcks};
 use super::tenant_limits::{self, OverLimit, TenantLimits};
-use tracing::Instrument;
-
 use crate::domain::Job;
 use crate::infra::keys::RedisKeys;
 use crate::infra::telemetry::{self, otel_span};
@@ -190,7 +189,7 @@ fn invocation(
     for (name, value) in job_entry::to_fields(job) {
         invocation.arg(name).arg(value);
     }
-    // The accept's own span (see `traced`): the worker's delivery continues from it.
+    // The `enqueue` span around this: the worker's delivery continues from it.
     for (name, value) in job_entry::trace_fields(telemetry::current().as_ref()) {
         invocation.arg(name).arg(value);
     }

@@ -150,7 +150,7 @@ async fn one_job_with_a_model_retry_is_one_trace_from_the_post_to_the_email() {
         ),
     ]);
     let all = world.spawn_with_env("all", "api,worker,relay", &env).await;
-    let client = ApiClient::new(all.base_url());
+    let client = ApiClient::new(all.base_url()).with_webhook(world.webhooks.url());
     let run = crate::run_id();
     let marker = format!("retry-{run}-key-0001");
     let accepted = client.submit(&marker, &marker).await;
@@ -166,7 +166,13 @@ async fn one_job_with_a_model_retry_is_one_trace_from_the_post_to_the_email() {
     let of_job = |s: &crate::shared::otlp::Span| s.attr_str("summaryd.job_id") == Some(&job_id);
     let spans = otlp
         .wait_for(
-            |spans| spans.iter().any(|s| s.name == "send" && of_job(s)),
+            |spans| {
+                spans
+                    .iter()
+                    .filter(|s| s.name == "send" && of_job(s))
+                    .count()
+                    == 2
+            },
             Duration::from_secs(30),
         )
         .await;
@@ -216,10 +222,35 @@ async fn one_job_with_a_model_retry_is_one_trace_from_the_post_to_the_email() {
         commit.parent_span_id.as_deref(),
         Some(deliver.span_id.as_str())
     );
-    let send = spans.one("send");
-    assert_eq!(
-        send.parent_span_id.as_deref(),
-        Some(commit.span_id.as_str())
+    // The email and the webhook: each row's send continues the commit that wrote it, and
+    // the webhook request carries its send span's context.
+    let sends = spans.named("send");
+    assert_eq!(sends.len(), 2, "{}", spans.render());
+    for send in &sends {
+        assert_eq!(
+            send.parent_span_id.as_deref(),
+            Some(commit.span_id.as_str())
+        );
+    }
+    let topics: Vec<_> = sends
+        .iter()
+        .filter_map(|s| s.attr_str("summaryd.topic"))
+        .collect();
+    assert!(
+        topics.contains(&"email.summary_ready") && topics.contains(&"webhook"),
+        "{topics:?}"
+    );
+    let webhook_send = sends
+        .iter()
+        .find(|s| s.attr_str("summaryd.topic") == Some("webhook"))
+        .unwrap();
+    let expected = format!("00-{}-{}-01", webhook_send.trace_id, webhook_send.span_id);
+    let received = world.webhooks.received();
+    assert!(
+        received
+            .iter()
+            .any(|r| r.request.header("traceparent") == Some(expected.as_str())),
+        "no webhook request carries {expected}"
     );
     for span in &spans {
         assert_eq!(

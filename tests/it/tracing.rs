@@ -11,29 +11,63 @@ use std::time::Duration;
 
 use opentelemetry::trace::{SpanKind, Status};
 use opentelemetry::{KeyValue, Value as OtelValue};
-use opentelemetry_sdk::trace::{InMemorySpanExporter, SimpleSpanProcessor, SpanData};
+use opentelemetry_sdk::trace::{
+    InMemorySpanExporter, SimpleSpanProcessor, SpanData, SpanProcessor,
+};
 use serde_json::{Value, json};
 use summaryd::config::roles::Roles;
-use summaryd::domain::TraceContext;
+use summaryd::db::outbox;
+use summaryd::db::summaries;
+use summaryd::domain::{Email, Job, JobId, SummaryReady, TenantId, TraceContext};
 use summaryd::infra::telemetry;
 use summaryd::llm::LlmError;
+use tracing::Instrument;
 
 use crate::shared::fakes::Step;
 use crate::shared::running::Running;
 use crate::shared::{FakeLlm, FakeMailer, TestEnv, eventually};
 
-/// The exporter every span of this binary goes to, once the first test here asked.
+/// The tenant of this file's jobs: only their spans are kept (the tracer is process-wide,
+/// so every test running beside these makes spans too).
+const TENANT: &str = "traced";
+
+/// The exporter this file's spans go to, once the first test here asked.
 fn exporter() -> &'static InMemorySpanExporter {
     static EXPORTER: OnceLock<InMemorySpanExporter> = OnceLock::new();
     EXPORTER.get_or_init(|| {
         let exporter = InMemorySpanExporter::default();
         // Exported as each span ends, so a test never waits for a batch.
-        let installed =
-            telemetry::init_traces_only(SimpleSpanProcessor::new(exporter.clone()), false);
+        let processor = OnlyTraced(SimpleSpanProcessor::new(exporter.clone()));
+        let installed = telemetry::init_traces_only(processor, false);
         // Leaked on purpose: the provider must outlive every test of the binary.
         std::mem::forget(installed.expect("no other global subscriber in this binary"));
         exporter
     })
+}
+
+/// Passes on the spans of [`TENANT`] (and the spans of no tenant, the tests' own) only.
+#[derive(Debug)]
+struct OnlyTraced<P>(P);
+
+impl<P: SpanProcessor> SpanProcessor for OnlyTraced<P> {
+    fn on_start(&self, span: &mut opentelemetry_sdk::trace::Span, cx: &opentelemetry::Context) {
+        self.0.on_start(span, cx);
+    }
+
+    fn on_end(&self, span: SpanData) {
+        match attr_str(&span, "summaryd.tenant") {
+            Some(tenant) if tenant != TENANT => {}
+            _ => self.0.on_end(span),
+        }
+    }
+
+    fn force_flush(&self) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> opentelemetry_sdk::error::OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
 }
 
 fn attr<'a>(span: &'a SpanData, key: &str) -> Option<&'a OtelValue> {
@@ -102,7 +136,7 @@ async fn one_job_is_one_trace_from_the_post_to_the_email() {
     let answer = reqwest::Client::new()
         .post(format!("{}/v1/summaries", app.base))
         .header("Idempotency-Key", "tracing-test-key-00001")
-        .header("X-Tenant-Id", "acme")
+        .header("X-Tenant-Id", TENANT)
         .header("traceparent", caller)
         .header("tracestate", "congo=t61rcWkgMzE")
         .json(&json!({"text": text, "notify": recipient}))
@@ -207,7 +241,7 @@ async fn one_job_is_one_trace_from_the_post_to_the_email() {
     for span in &spans {
         assert_eq!(
             attr_str(span, "summaryd.tenant").as_deref(),
-            Some("acme"),
+            Some(TENANT),
             "{}",
             span.name
         );
@@ -218,4 +252,65 @@ async fn one_job_is_one_trace_from_the_post_to_the_email() {
             }
         }
     }
+}
+
+/// The outbox row carries the context of the commit that wrote it, and the relay's claim
+/// reads it back.
+#[tokio::test]
+async fn an_outbox_row_carries_its_commits_trace_context_to_the_claim() {
+    exporter();
+    let env = TestEnv::new().await;
+    let services = env.services().build().relay();
+    let commit = |n: u32| {
+        let job = Job {
+            job_id: JobId::from_scoped_key(&format!("idem:acme:POST:/v1/summaries:traced-{n}")),
+            tenant: TenantId::parse(TENANT).unwrap(),
+            text: "A traced report.".into(),
+            notify: Some(Email::parse("traced@example.com").unwrap()),
+            webhook: None,
+            created_at: chrono::Utc::now(),
+        };
+        let pg = services.pg.clone();
+        async move {
+            summaries::commit_with_outbox(&pg, &job, &crate::shared::model_summary("Traced."))
+                .await
+                .unwrap();
+            job.job_id
+        }
+    };
+    let parent = tracing::info_span!(target: telemetry::TARGET, "test parent");
+    let (traced, expected) = async {
+        let job_id = commit(1).await;
+        (job_id, telemetry::current().unwrap())
+    }
+    .instrument(parent)
+    .await;
+    commit(2).await;
+
+    let rows = outbox::claim_due(
+        &services.pg,
+        SummaryReady::TOPIC,
+        10,
+        Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2);
+    // Oldest first: the traced commit's row, then the other.
+    let stored = rows[0].trace.clone().expect("a traced row");
+    // The commit span's own context: the parent's trace, another span.
+    assert_eq!(stored.trace_id(), expected.trace_id());
+    assert_ne!(stored.span_id(), expected.span_id());
+    assert!(stored.sampled());
+    let commit_span = spans_of(&traced.to_string())
+        .into_iter()
+        .find(|s| s.name == "commit")
+        .expect("the commit span");
+    assert_eq!(
+        commit_span.span_context.span_id().to_string(),
+        stored.span_id()
+    );
+    // Outside every span the commit's own span starts a trace, and the row carries that.
+    let own = rows[1].trace.clone().expect("the commit span's own trace");
+    assert_ne!(own.trace_id(), expected.trace_id());
 }

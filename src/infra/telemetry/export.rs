@@ -232,3 +232,51 @@ impl HttpClient for OnRuntime {
         Ok(response)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::{Span as _, Tracer as _, TracerProvider as _};
+    use opentelemetry_sdk::error::OTelSdkError;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+
+    use super::*;
+
+    /// A collector that refuses every export.
+    #[derive(Debug)]
+    struct Refusing;
+
+    impl SpanExporter for Refusing {
+        async fn export(&self, _batch: Vec<SpanData>) -> OTelSdkResult {
+            Err(OTelSdkError::InternalFailure("refused".into()))
+        }
+    }
+
+    #[test]
+    fn every_span_that_is_not_exported_is_counted_once() {
+        let before = spans_dropped();
+        let provider = SdkTracerProvider::builder()
+            .with_span_processor(bounded(Refusing, 4))
+            .build();
+        let tracer = provider.tracer("test");
+        // More than the queue holds, ended at once: some are refused at the gate, the
+        // rest fail in export; each is counted, none twice.
+        for _ in 0..10 {
+            tracer.start("span").end();
+        }
+        let _ = provider.force_flush();
+        let _ = provider.shutdown();
+        assert_eq!(spans_dropped() - before, 10);
+    }
+
+    #[test]
+    fn the_endpoint_setting_is_a_base_url() {
+        assert_eq!(
+            traces_url(Some("http://127.0.0.1:4318/")),
+            Some(Some("http://127.0.0.1:4318/v1/traces".to_owned()))
+        );
+        assert_eq!(
+            traces_url(Some(" http://collector:4318 ")),
+            Some(Some("http://collector:4318/v1/traces".to_owned()))
+        );
+    }
+}

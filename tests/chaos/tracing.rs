@@ -279,3 +279,49 @@ async fn one_job_with_a_model_retry_is_one_trace_from_the_post_to_the_email() {
             .join("\n")
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_content_capture_only_the_model_spans_carry_the_prompt_and_completion() {
+    let otlp = OtlpReceiver::start().await;
+    let world = World::new("tracing-content", WorldOptions::default()).await;
+    let env = world.env_with(&[
+        ("SUMMARYD_OTEL_EXPORTER_OTLP_ENDPOINT", otlp.endpoint()),
+        (
+            "OTEL_BSP_SCHEDULE_DELAY",
+            TEST_SCHEDULE_DELAY_MS.to_string(),
+        ),
+        ("SUMMARYD_OTEL_CAPTURE_CONTENT", "1".into()),
+    ]);
+    let all = world.spawn_with_env("all", "api,worker,relay", &env).await;
+    let client = ApiClient::new(all.base_url());
+    let marker = format!("content-{}-key-0001", crate::run_id());
+    let accepted = client.submit(&marker, &marker).await;
+    let job_id = accepted.job_id.clone();
+    let of_job = |s: &crate::shared::otlp::Span| s.attr_str("summaryd.job_id") == Some(&job_id);
+    let spans = otlp
+        .wait_for(
+            |spans| spans.iter().any(|s| s.name == "send" && of_job(s)),
+            Duration::from_secs(30),
+        )
+        .await;
+    let spans: Vec<_> = spans.into_iter().filter(|s| of_job(s)).collect();
+    let chats: Vec<_> = spans
+        .iter()
+        .filter(|s| s.name.starts_with("chat "))
+        .collect();
+    assert_eq!(chats.len(), 1, "{}", spans.render());
+    let input = chats[0]
+        .attr_str("gen_ai.input.messages")
+        .unwrap_or_default();
+    let output = chats[0]
+        .attr_str("gen_ai.output.messages")
+        .unwrap_or_default();
+    assert!(input.contains(&marker), "the prompt: {input}");
+    assert!(output.contains(&marker), "the completion: {output}");
+    for span in spans.iter().filter(|s| !s.name.starts_with("chat ")) {
+        for s in span.strings() {
+            assert!(!s.contains(&marker), "{} carries {s:?}", span.name);
+        }
+    }
+    world.assert_exactly_once(&[accepted], &client).await;
+}

@@ -90,7 +90,7 @@ async fn serve(config: Option<&Path>, args: ServeArgs) -> ExitCode {
         Ok(s) => s,
         Err(code) => return code,
     };
-    summaryd::infra::telemetry::init(settings.log.format);
+    let tracing = summaryd::infra::telemetry::init_with_traces(settings.log.format, &settings.otel);
     // Installed before startup, so a SIGTERM during migrations or right after "summaryd
     // started" ends the run through the drain rather than by the default disposition.
     let signalled = os_signal();
@@ -112,7 +112,13 @@ async fn serve(config: Option<&Path>, args: ServeArgs) -> ExitCode {
         signalled.await;
         trigger.trigger();
     });
-    match app.run(shutdown).await {
+    let ran = app.run(shutdown).await;
+    // The spans of the drain included; bounded, so a collector that is down costs the exit
+    // a few seconds at most.
+    if let Some(tracing) = tracing {
+        tracing.shutdown().await;
+    }
+    match ran {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");

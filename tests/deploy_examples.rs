@@ -294,6 +294,6 @@ fn images_are_pinned_by_digest() {
         assert!(is_pinned(image), "compose.yaml: {name:?} uses {image}");
         pulled += 1;
     }
-    assert_eq!(pulled, 2, "redis and postgres");
+    assert_eq!(pulled, 3, "redis, postgres and jaeger");
     assert!(!is_pinned("redis:7.2-bookworm") && !is_pinned("x@sha256:abc"));
 }

@@ -6,6 +6,7 @@ use actix_web::http::header::{CONTENT_TYPE, HeaderMap, LOCATION};
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Timelike, Utc};
 use serde::{Deserialize, Serialize};
+use tracing::Instrument;
 use utoipa::ToSchema;
 use uuid::Uuid;
 
@@ -17,8 +18,12 @@ use super::state::ApiServices;
 use super::state::ApiState;
 use super::tenant::{Tenant, single_header};
 use crate::db;
-use crate::domain::{IdempotencyKey, Job, JobId, JobText, TenantId, WebhookRules, WebhookUrl};
+use crate::domain::{
+    IdempotencyKey, Job, JobId, JobText, TenantId, TraceContext, WebhookRules, WebhookUrl,
+};
 use crate::infra::keys::ScopedKey;
+use crate::infra::telemetry;
+use crate::resilience::failure::Disposition;
 use crate::stream::budget::Admission;
 use crate::stream::job_state::{self, Status};
 use crate::stream::{self, Limit};
@@ -169,6 +174,63 @@ pub(crate) async fn create(
     tenant: Tenant,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
+    let span = post_span(&req, &tenant.id);
+    let answer = accept(req, state, tenant, payload, &span)
+        .instrument(span.clone())
+        .await;
+    if !span.is_none() {
+        let status = match &answer {
+            Ok(response) => response.status(),
+            Err(e) => actix_web::ResponseError::status_code(e),
+        };
+        span.record("http.response.status_code", i64::from(status.as_u16()));
+        // A 4xx is the client's to fix; only the server's own failures mark the span.
+        if status.is_server_error() {
+            telemetry::fail(&span, Disposition::Unavailable.class());
+        }
+    }
+    answer
+}
+
+/// The `POST /v1/summaries` span, continuing the caller's trace when the request carries a
+/// valid `traceparent` (an invalid one is ignored, as W3C asks: the trace starts here).
+fn post_span(req: &HttpRequest, tenant: &TenantId) -> tracing::Span {
+    if !telemetry::on() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        target: telemetry::TARGET,
+        "POST /v1/summaries",
+        "otel.kind" = "server",
+        "http.request.method" = "POST",
+        "http.route" = "/v1/summaries",
+        "http.response.status_code" = tracing::field::Empty,
+        "summaryd.job_id" = tracing::field::Empty,
+        "summaryd.tenant" = %tenant,
+        "otel.status_code" = tracing::field::Empty,
+        "otel.status_description" = tracing::field::Empty,
+        "error.type" = tracing::field::Empty,
+    );
+    let header = |name: &str| {
+        req.headers()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+    };
+    if let Some(traceparent) = header("traceparent")
+        && let Ok(parent) = TraceContext::parse(traceparent, header("tracestate"))
+    {
+        telemetry::continue_from(&span, &parent);
+    }
+    span
+}
+
+async fn accept(
+    req: HttpRequest,
+    state: web::Data<ApiState>,
+    tenant: Tenant,
+    payload: web::Payload,
+    span: &tracing::Span,
+) -> Result<HttpResponse, ApiError> {
     let api = &state.services.settings.api;
     // The head has arrived; the body gets the same time again (per 256 KiB it declares),
     // then the request is cut.
@@ -209,6 +271,7 @@ pub(crate) async fn create(
     let scoped = ScopedKey::summaries(&tenant.id, &key);
     let fingerprint = request.fingerprint();
     let job_id = scoped.job_id(&fingerprint);
+    span.record("summaryd.job_id", tracing::field::display(job_id));
     let redis_key = state
         .services
         .keys

@@ -21,6 +21,7 @@ mod mail;
 mod maintenance;
 mod notify;
 mod ops;
+mod otel;
 mod redis;
 mod relay;
 mod retention;
@@ -42,6 +43,7 @@ pub use mail::{MailProvider, MailSettings, SmtpSecurity, smtp_url_has_credential
 pub use maintenance::MaintenanceSettings;
 pub use notify::{DomainList, NotifySettings};
 pub use ops::OpsSettings;
+pub use otel::OtelSettings;
 pub use redis::RedisTlsSettings;
 pub use relay::RelaySettings;
 pub use retention::RetentionSettings;
@@ -136,6 +138,8 @@ pub struct Settings {
     pub webhook: WebhookSettings,
     pub console: ConsoleSettings,
     pub log: LogSettings,
+    /// Trace export (`SUMMARYD_OTEL_*`).
+    pub otel: OtelSettings,
     pub shutdown: ShutdownSettings,
     /// Which of [`WITHOUT_EFFECT`] the file or the environment gave, remembered by `load`
     /// because the warning can only be logged once logging is set up. Not a setting.
@@ -168,6 +172,7 @@ impl Default for Settings {
             webhook: WebhookSettings::default(),
             console: ConsoleSettings::default(),
             log: LogSettings::default(),
+            otel: OtelSettings::default(),
             shutdown: ShutdownSettings::default(),
             given_without_effect: Vec::new(),
         }
@@ -593,12 +598,14 @@ mod tests {
             "console.users_file",
             "console.session_idle_s",
             "log.format",
+            "otel.exporter_otlp_endpoint",
+            "otel.capture_content",
         ] {
             assert!(known.contains(path), "{path} missing from {known:?}");
         }
         assert!(!known.contains("llm.fallback"), "file only");
         assert!(!known.contains("given_without_effect"), "not a setting");
-        assert_eq!(known.len(), 83, "{known:?}");
+        assert_eq!(known.len(), 85, "{known:?}");
     }
 
     /// The documented example file must stay loadable and equal to the built-in defaults.

@@ -10,6 +10,7 @@ pub mod webhooks;
 
 use deadpool_postgres::Pool;
 
+use crate::domain::TraceContext;
 use crate::infra::postgres::PostgresError;
 use crate::resilience::failure::{Classify, Disposition};
 
@@ -88,6 +89,26 @@ async fn delete_batch_before(
     let client = pool.get().await?;
     let stmt = client.prepare_cached(delete).await?;
     Ok(client.execute(&stmt, &[&cutoff, &batch]).await?)
+}
+
+/// A stored context that no longer parses (written by hand) only loses the row its trace.
+pub(crate) fn trace_context(
+    traceparent: Option<String>,
+    tracestate: Option<String>,
+) -> Option<TraceContext> {
+    TraceContext::parse(&traceparent?, tracestate.as_deref()).ok()
+}
+
+/// The columns an outbox row's trace context is written to, from the innermost exported
+/// span (`None`s with export off).
+pub(crate) fn trace_columns() -> (Option<String>, Option<String>) {
+    match crate::infra::telemetry::current() {
+        Some(trace) => (
+            Some(trace.traceparent().to_owned()),
+            trace.tracestate().map(str::to_owned),
+        ),
+        None => (None, None),
+    }
 }
 
 #[cfg(test)]

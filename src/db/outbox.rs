@@ -19,7 +19,7 @@ use uuid::Uuid;
 use super::DbError;
 use tokio_postgres::types::Json;
 
-use crate::domain::{EventType, JobId, SummaryReady, WebhookEvent};
+use crate::domain::{EventType, JobId, SummaryReady, TraceContext, WebhookEvent};
 
 /// One claimed row, leased to the relay that claimed it.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,6 +32,8 @@ pub struct OutboxRow {
     pub(crate) attempts: i32,
     /// Proof of this claim; the marks that could undo a newer claim require it.
     pub claim_token: Uuid,
+    /// The trace of the step that wrote the row, for the send to join.
+    pub trace: Option<TraceContext>,
 }
 
 /// A row that needs a person (`summaryd outbox stuck`): failed permanently, or failed
@@ -97,7 +99,7 @@ pub async fn claim_due(
                      ORDER BY id \
                      LIMIT $1 \
                      FOR UPDATE SKIP LOCKED) \
-          RETURNING id, topic, dedupe_key, payload, attempts, claim_token"
+          RETURNING id, topic, dedupe_key, payload, attempts, claim_token, traceparent, tracestate"
         ))
         .await?;
     let rows = client
@@ -117,6 +119,7 @@ fn outbox_row(row: &Row) -> Result<OutboxRow, DbError> {
         payload: row.try_get(3)?,
         attempts: row.try_get(4)?,
         claim_token: row.try_get(5)?,
+        trace: super::trace_context(row.try_get(6)?, row.try_get(7)?),
     })
 }
 
@@ -355,12 +358,22 @@ pub async fn record_event(pool: &Pool, event: &WebhookEvent) -> Result<(), DbErr
     let client = pool.get().await?;
     let stmt = client
         .prepare_cached(
-            "INSERT INTO outbox (topic, dedupe_key, payload) VALUES ($1, $2, $3) \
-             ON CONFLICT (dedupe_key) DO NOTHING",
+            "INSERT INTO outbox (topic, dedupe_key, payload, traceparent, tracestate) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (dedupe_key) DO NOTHING",
         )
         .await?;
+    let (traceparent, tracestate) = super::trace_columns();
     client
-        .execute(&stmt, &[&WebhookEvent::TOPIC, &event.id(), &Json(event)])
+        .execute(
+            &stmt,
+            &[
+                &WebhookEvent::TOPIC,
+                &event.id(),
+                &Json(event),
+                &traceparent,
+                &tracestate,
+            ],
+        )
         .await?;
     Ok(())
 }

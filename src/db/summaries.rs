@@ -8,9 +8,12 @@
 use chrono::{DateTime, SubsecRound, Utc};
 use deadpool_postgres::Pool;
 use tokio_postgres::types::Json;
+use tracing::Instrument;
 
 use super::{DbError, model_calls};
-use crate::domain::{Job, JobId, JobText, ModelSummary, SummaryReady, WebhookEvent};
+use crate::domain::{Job, JobId, JobText, ModelSummary, SummaryReady, TraceContext, WebhookEvent};
+use crate::infra::telemetry::{self, otel_span};
+use crate::resilience::failure::Classify;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SummaryRow {
@@ -145,20 +148,44 @@ pub async fn commit_with_outbox(
     job: &Job,
     summary: &ModelSummary,
 ) -> Result<CommitOutcome, DbError> {
-    let outcomes = commit_batch(pool, &[Finished { job, summary }]).await?;
-    // One job in, one outcome out; an empty answer cannot happen, and would mean nothing
-    // of this job was inserted.
-    Ok(outcomes
-        .first()
-        .copied()
-        .unwrap_or(CommitOutcome::Duplicate))
+    // The outbox rows store this span's context: the relay's sends become its children.
+    let span = otel_span!(
+        "commit",
+        "client",
+        job.job_id,
+        job.tenant,
+        "db.system.name" = "postgresql"
+    );
+    let trace = span.in_scope(telemetry::current);
+    let finished = Finished {
+        job,
+        summary,
+        trace: trace.as_ref(),
+    };
+    let committed = commit_batch(pool, &[finished])
+        .instrument(span.clone())
+        .await
+        // One job in, one outcome out; an empty answer cannot happen, and would mean
+        // nothing of this job was inserted.
+        .map(|outcomes| {
+            outcomes
+                .first()
+                .copied()
+                .unwrap_or(CommitOutcome::Duplicate)
+        });
+    if let Err(e) = &committed {
+        telemetry::fail(&span, e.disposition().class());
+    }
+    committed
 }
 
-/// A finished job to commit: the job and the summary the model wrote for it.
+/// A finished job to commit: the job, the summary the model wrote for it, and the trace
+/// its outbox rows join (its `commit` span's; `None` with export off).
 #[derive(Debug, Clone, Copy)]
 pub struct Finished<'a> {
     pub job: &'a Job,
     pub summary: &'a ModelSummary,
+    pub trace: Option<&'a TraceContext>,
 }
 
 /// [`commit_with_outbox`] for many jobs in one transaction (the worker's group commit):
@@ -167,7 +194,8 @@ pub struct Finished<'a> {
 /// `Duplicate`, its calls kept as `model_calls` rows, and it adds no outbox row), exactly
 /// as if it had been committed alone. The same job twice in `batch` (two deliveries of
 /// one process) is inserted once, for its first entry; the later entries are duplicates.
-/// Answers one outcome per entry of `batch`, in order.
+/// Answers one outcome per entry of `batch`, in order. Each job's outbox rows carry its
+/// own trace context.
 ///
 /// All or nothing: an error means no job of the batch was written. A job whose data
 /// Postgres refuses fails the whole batch; the caller commits the jobs one by one then,
@@ -249,7 +277,11 @@ pub async fn commit_batch(
     let mut outbox = OutboxRows::default();
     let mut stored_texts = Vec::new();
     for (f, outcome) in batch.iter().zip(&outcomes) {
-        let Finished { job, summary } = *f;
+        let Finished {
+            job,
+            summary,
+            trace,
+        } = *f;
         if *outcome == CommitOutcome::Duplicate {
             // Another delivery committed the job first; this one paid for its calls too,
             // and they are kept as rows of their own.
@@ -262,6 +294,7 @@ pub async fn commit_batch(
                 SummaryReady::TOPIC,
                 SummaryReady::dedupe_key(job.job_id),
                 serde_json::to_string(&event),
+                trace,
             )?;
         }
         if let Some(url) = &job.webhook {
@@ -276,6 +309,7 @@ pub async fn commit_batch(
                 WebhookEvent::TOPIC,
                 event.id(),
                 serde_json::to_string(&event),
+                trace,
             )?;
         }
         if matches!(job.text, JobText::Stored) {
@@ -286,7 +320,13 @@ pub async fn commit_batch(
         let stmt = tx.prepare_cached(INSERT_OUTBOX).await?;
         tx.execute(
             &stmt,
-            &[&outbox.topics, &outbox.dedupe_keys, &outbox.payloads],
+            &[
+                &outbox.topics,
+                &outbox.dedupe_keys,
+                &outbox.payloads,
+                &outbox.traceparents,
+                &outbox.tracestates,
+            ],
         )
         .await?;
     }
@@ -321,8 +361,9 @@ const INSERT_SUMMARIES: &str = "INSERT INTO summaries \
 /// version's retention: that effect was intended already, so the job is stored and no
 /// second one is (a conflict here would be a data error, and a finished job would be
 /// dead-lettered for it).
-const INSERT_OUTBOX: &str = "INSERT INTO outbox (topic, dedupe_key, payload) \
-     SELECT t, d, p::jsonb FROM unnest($1::text[], $2::text[], $3::text[]) AS u(t, d, p) \
+const INSERT_OUTBOX: &str = "INSERT INTO outbox (topic, dedupe_key, payload, traceparent, tracestate) \
+     SELECT t, d, p::jsonb, tp, ts \
+     FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) AS u(t, d, p, tp, ts) \
      ON CONFLICT (dedupe_key) DO NOTHING";
 
 /// The outbox rows of a batch, column by column. The payload's shape is the event type's
@@ -333,6 +374,9 @@ struct OutboxRows {
     dedupe_keys: Vec<String>,
     /// JSON text, cast to jsonb by the statement: the events are of different types.
     payloads: Vec<String>,
+    /// The W3C context of the commit each row belongs to, for the relay's send to join.
+    traceparents: Vec<Option<String>>,
+    tracestates: Vec<Option<String>>,
 }
 
 impl OutboxRows {
@@ -341,9 +385,14 @@ impl OutboxRows {
         topic: &'static str,
         dedupe_key: String,
         payload: serde_json::Result<String>,
+        trace: Option<&TraceContext>,
     ) -> Result<(), DbError> {
         self.topics.push(topic);
         self.dedupe_keys.push(dedupe_key);
+        self.traceparents
+            .push(trace.map(|t| t.traceparent().to_owned()));
+        self.tracestates
+            .push(trace.and_then(|t| t.tracestate()).map(str::to_owned));
         self.payloads.push(payload.map_err(DbError::Encode)?);
         Ok(())
     }

@@ -2,7 +2,8 @@
 //! that cross the seams between stages: `Job` (api → stream → worker → db), `ModelSummary`
 //! and the `ModelCall`s it took (worker → db), the events the relay delivers: `SummaryReady`
 //! (db → relay → mail) and `WebhookEvent` (db → relay → a client's endpoint), and `Pause`
-//! (an operator → every worker). Every module may import these; they import nothing of
+//! (an operator → every worker), and the `TraceContext` that goes along with a job and its
+//! outbox rows. Every module may import these; they import nothing of
 //! the service.
 
 mod budget;
@@ -19,6 +20,7 @@ mod reason_class;
 mod summary_ready;
 mod summary_request;
 mod tenant;
+mod trace_context;
 mod webhook;
 mod webhook_event;
 
@@ -36,6 +38,7 @@ pub use reason_class::ReasonClass;
 pub use summary_ready::{InvalidEvent, SummaryReady};
 pub use summary_request::{SummaryRequest, ValidSummaryRequest};
 pub use tenant::TenantId;
+pub use trace_context::{InvalidTraceContext, TraceContext};
 pub use webhook::{
     NonPublicAddress, WebhookRules, WebhookSecret, WebhookSecrets, WebhookUrl, check_addresses,
     is_public,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use super::TokenUsage;
+use super::{JobId, TenantId, TokenUsage};
 
 /// One attempt against a provider.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -40,6 +40,8 @@ pub struct ModelCall {
 pub struct CallLog {
     delivery: u32,
     calls: Mutex<Vec<ModelCall>>,
+    /// The job the calls are for, which the calls' spans name.
+    job: Option<(JobId, TenantId)>,
 }
 
 impl CallLog {
@@ -49,7 +51,19 @@ impl CallLog {
         Self {
             delivery: u32::try_from(delivery).unwrap_or(u32::MAX),
             calls: Mutex::new(Vec::new()),
+            job: None,
         }
+    }
+
+    /// The log of the calls made for `job_id` of `tenant`.
+    pub fn for_job(mut self, job_id: JobId, tenant: TenantId) -> Self {
+        self.job = Some((job_id, tenant));
+        self
+    }
+
+    /// The job the calls are for, when the log was made [`for_job`](Self::for_job).
+    pub fn job(&self) -> Option<(&JobId, &TenantId)> {
+        self.job.as_ref().map(|(id, tenant)| (id, tenant))
     }
 
     /// One attempt that just ended, after `elapsed`: `usage` when it succeeded and the

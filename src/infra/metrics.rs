@@ -63,6 +63,10 @@ pub struct Metrics {
     pub webhook_deliveries: IntCounterVec,
     pub(crate) gauges_refreshed: MeasuredGauge<AtomicF64>,
     pub outbox_sent: IntCounter,
+    /// `summaryd_otel_spans_dropped_total`: spans not exported (queue full, export
+    /// failed). The count is the process's (`telemetry::spans_dropped`), copied in at
+    /// each scrape.
+    otel_spans_dropped: IntCounter,
     /// `summaryd_loop_errors_total{role,kind}`: failed passes of the worker and relay loops.
     pub loop_errors: IntCounterVec,
     /// Per role, the current run of consecutive failed passes and the last reason.
@@ -250,6 +254,11 @@ impl Metrics {
         )?;
         let outbox_sent = IntCounter::new("summaryd_outbox_sent_total", "Outbox rows sent")?;
         registry.register(Box::new(outbox_sent.clone()))?;
+        let otel_spans_dropped = IntCounter::new(
+            "summaryd_otel_spans_dropped_total",
+            "Trace spans dropped instead of exported: the bounded export queue was full (collector slow or down) or their export failed",
+        )?;
+        registry.register(Box::new(otel_spans_dropped.clone()))?;
         let llm_tokens = counter_vec(
             "summaryd_llm_tokens_total",
             "Tokens the model providers reported, by configured model name and kind (prompt, completion); probes included",
@@ -352,6 +361,7 @@ impl Metrics {
             webhook_deliveries,
             gauges_refreshed,
             outbox_sent,
+            otel_spans_dropped,
             loop_errors,
             loop_streaks: Mutex::new(BTreeMap::new()),
             mail_breaker_open,
@@ -425,6 +435,11 @@ impl Metrics {
 
     /// Prometheus text exposition format.
     pub fn render(&self) -> String {
+        let dropped = super::telemetry::spans_dropped();
+        let shown = self.otel_spans_dropped.get();
+        if dropped > shown {
+            self.otel_spans_dropped.inc_by(dropped - shown);
+        }
         let mut buf = Vec::new();
         // Encoding into a Vec only fails on a metric with invalid names, which `new` rules out.
         if TextEncoder::new()

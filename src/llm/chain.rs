@@ -30,6 +30,7 @@ use super::{
 use crate::config::LlmSettings;
 use crate::domain::{CallLog, ModelSummary, TokenUsage};
 use crate::infra::metrics::Metrics;
+use crate::infra::telemetry::{self, otel_span};
 use crate::llm::retry::{self, AttemptObserver, Deadline, RetryError, RetryPolicy};
 
 /// After a provider said a prompt is over its context, the pieces it is split into are a
@@ -772,6 +773,59 @@ impl AttemptObserver for Counted<'_> {
         self.provider.rate_limited(retry_after).await;
     }
 
+    fn call_span(&self, prompt: &Prompt) -> tracing::Span {
+        // Calls for a job only: a probe is nobody's job, and its span would name none.
+        let Some((job_id, tenant)) = self.log.and_then(CallLog::job) else {
+            return tracing::Span::none();
+        };
+        let model = &self.provider.model;
+        let span = otel_span!(
+            "chat",
+            "client",
+            job_id,
+            tenant,
+            "otel.name" = %format!("chat {model}"),
+            "gen_ai.operation.name" = "chat",
+            "gen_ai.provider.name" = gen_ai_provider(&self.provider.label),
+            "gen_ai.request.model" = %model,
+            "gen_ai.response.model" = tracing::field::Empty,
+            "gen_ai.usage.input_tokens" = tracing::field::Empty,
+            "gen_ai.usage.output_tokens" = tracing::field::Empty,
+            "gen_ai.input.messages" = tracing::field::Empty,
+            "gen_ai.output.messages" = tracing::field::Empty
+        );
+        if telemetry::capture_content() && !span.is_none() {
+            let messages = serde_json::json!([
+                {"role": "system", "parts": [{"type": "text", "content": prompt.kind().system()}]},
+                {"role": "user", "parts": [{"type": "text", "content": prompt.user_message()}]},
+            ]);
+            span.record("gen_ai.input.messages", messages.to_string());
+        }
+        span
+    }
+
+    fn end_span(&self, span: &tracing::Span, result: &Result<Completion, LlmError>) {
+        if span.is_none() {
+            return;
+        }
+        match result {
+            Ok(completion) => {
+                span.record("gen_ai.response.model", self.provider.model.as_str());
+                if let Some(usage) = completion.usage {
+                    span.record("gen_ai.usage.input_tokens", i64::from(usage.prompt));
+                    span.record("gen_ai.usage.output_tokens", i64::from(usage.completion));
+                }
+                if telemetry::capture_content() {
+                    let messages = serde_json::json!([
+                        {"role": "assistant", "parts": [{"type": "text", "content": completion.summary}]},
+                    ]);
+                    span.record("gen_ai.output.messages", messages.to_string());
+                }
+            }
+            Err(e) => telemetry::fail(span, &error_class(e)),
+        }
+    }
+
     fn observe(&self, result: &Result<Completion, LlmError>, elapsed: Duration) {
         self.calls.fetch_add(1, Ordering::Relaxed);
         self.provider.observe(result, elapsed);
@@ -788,6 +842,15 @@ impl AttemptObserver for Counted<'_> {
                 error_class,
             );
         }
+    }
+}
+
+/// `gen_ai.provider.name` of a provider labelled `openai:<model>` or `builtin`: the
+/// well-known name where the GenAI conventions have one, else ours, namespaced.
+fn gen_ai_provider(label: &str) -> &'static str {
+    match label.split(':').next() {
+        Some("openai") => "openai",
+        _ => "summaryd.builtin",
     }
 }
 

@@ -10,6 +10,7 @@
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::config::LlmSettings;
 use crate::llm::{Completion, Llm, LlmError, Prompt};
@@ -105,6 +106,14 @@ pub trait AttemptObserver: Send + Sync {
 
     /// The provider answered 429 and asked for `retry_after`.
     async fn rate_limited(&self, _retry_after: Duration) {}
+
+    /// The span one attempt of `prompt` runs in (none unless traces are exported).
+    fn call_span(&self, _prompt: &Prompt) -> tracing::Span {
+        tracing::Span::none()
+    }
+
+    /// What the attempt in `span` came to, recorded on it.
+    fn end_span(&self, _span: &tracing::Span, _result: &Result<Completion, LlmError>) {}
 }
 
 /// Why `complete_with_retries` gave up.
@@ -224,8 +233,12 @@ async fn call_once(
     observer: Option<&dyn AttemptObserver>,
 ) -> Result<Completion, LlmError> {
     let started = Instant::now();
-    let result = bounded(timeout, llm.complete(prompt)).await;
+    let span = observer.map_or_else(tracing::Span::none, |o| o.call_span(prompt));
+    let result = bounded(timeout, llm.complete(prompt))
+        .instrument(span.clone())
+        .await;
     if let Some(o) = observer {
+        o.end_span(&span, &result);
         o.observe(&result, started.elapsed());
         if let Some(after) = rate_limited_for(&result) {
             o.rate_limited(after).await;

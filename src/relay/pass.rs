@@ -4,14 +4,15 @@ use std::time::Duration;
 
 use futures_util::future::join_all;
 use tokio::time::Instant;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
 use super::mail_breaker::{Admission, ProbeTicket};
 use super::{RelayError, RelayServices};
 use crate::config::RelaySettings;
 use crate::db::outbox::{self, OutboxRow};
-use crate::domain::{InvalidEvent, SummaryReady};
+use crate::domain::{InvalidEvent, JobId, SummaryReady, TenantId};
 use crate::infra::redact;
+use crate::infra::telemetry::{self, otel_span};
 use crate::mail::{MailError, summary_ready_email};
 use crate::resilience::backoff::{Backoff, Jitter};
 use crate::resilience::failure::{Classify, Disposition};
@@ -326,8 +327,33 @@ async fn send(services: &RelayServices, row: &OutboxRow) -> Result<SummaryReady,
     let timeout = mail.timeout;
     // The dedupe key is the provider's idempotency key: the same row always sends the same
     // key, so a resend after a crash between send and its record is recognisably a duplicate.
-    match tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key)).await {
-        Ok(result) => Ok(result.map(|()| event)?),
+    let span = send_span(row, event.job_id, &event.tenant);
+    let sent = tokio::time::timeout(timeout, services.mailer.send(&email, &row.dedupe_key))
+        .instrument(span.clone())
+        .await;
+    let sent = match sent {
+        Ok(result) => result.map(|()| event).map_err(SendError::from),
         Err(_) => Err(MailError::Timeout { after: timeout }.into()),
+    };
+    if let Err(e) = &sent {
+        telemetry::fail(&span, e.disposition().class());
     }
+    sent
+}
+
+/// The `send` span of one outbox row, a child of the step that wrote the row (the commit),
+/// so the email or webhook is the last step of the job's trace.
+pub(super) fn send_span(row: &OutboxRow, job_id: JobId, tenant: &TenantId) -> tracing::Span {
+    let span = otel_span!(
+        "send",
+        "producer",
+        job_id,
+        tenant,
+        "summaryd.topic" = %row.topic,
+        "summaryd.outbox_id" = row.id
+    );
+    if let Some(trace) = &row.trace {
+        telemetry::continue_from(&span, trace);
+    }
+    span
 }

@@ -3,13 +3,14 @@
 //! has failed every delivery for `SUMMARYD_WEBHOOK_DISABLE_AFTER_S`.
 
 use futures_util::future::join_all;
-use tracing::{error, info, warn};
+use tracing::{Instrument, error, info, warn};
 
-use super::pass::{Outcome, PassReport, lost_claim, row_backoff};
+use super::pass::{Outcome, PassReport, lost_claim, row_backoff, send_span};
 use super::{RelayError, RelayServices};
 use crate::db::outbox::{self, Failure, OutboxRow};
 use crate::db::webhooks;
 use crate::domain::WebhookEvent;
+use crate::infra::telemetry;
 use crate::resilience::failure::{Classify, Disposition};
 use crate::webhook::WebhookError;
 
@@ -87,12 +88,23 @@ async fn deliver(services: &RelayServices, row: &OutboxRow) -> Result<Sent, Rela
         };
         return skip(services, row, failure).await;
     }
+    let span = send_span(row, event.body.data.job_id, &event.tenant);
     let sent = match services.signing.secrets(&event.tenant) {
-        Some(secrets) => services.webhooks.send(&event, id, &secrets).await,
+        // The request carries this span's context as its `traceparent`.
+        Some(secrets) => {
+            services
+                .webhooks
+                .send(&event, id, &secrets)
+                .instrument(span.clone())
+                .await
+        }
         None => Err(WebhookError::NoSecrets {
             tenant: event.tenant.to_string(),
         }),
     };
+    if let Err(e) = &sent {
+        telemetry::fail(&span, e.disposition().class());
+    }
     let failed = match sent {
         Ok(delivered) => {
             let status = Some(i32::from(delivered.status));

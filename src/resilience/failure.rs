@@ -42,6 +42,15 @@ impl Disposition {
         matches!(self, Self::Unavailable)
     }
 
+    /// The failure class a span's `error.type` names (`docs/tracing.md`).
+    pub fn class(&self) -> &'static str {
+        match self {
+            Self::Transient { .. } => "transient",
+            Self::Unavailable => "unavailable",
+            Self::Permanent => "permanent",
+        }
+    }
+
     /// An HTTP error status: every 5xx and the [`TRANSIENT_4XX`] may pass later; any other
     /// status is the request's fault.
     pub(crate) fn of_http_status(status: u16, retry_after: Option<Duration>) -> Self {

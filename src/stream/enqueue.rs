@@ -2,6 +2,7 @@ use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
 use redis::{Script, ScriptInvocation};
+use tracing::Instrument;
 
 use super::budget::Admission;
 use super::job_entry;
@@ -11,6 +12,8 @@ use super::replicas::{self, ReplicaAcks};
 use super::tenant_limits::{self, OverLimit, TenantLimits};
 use crate::domain::Job;
 use crate::infra::keys::RedisKeys;
+use crate::infra::telemetry::{self, otel_span};
+use crate::resilience::failure::Disposition;
 
 /// XADD the job and record it as queued, in one MULTI/EXEC: a job is never on the stream
 /// without its state, nor the other way round. Returns the stream entry id.
@@ -80,10 +83,34 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     record: IdempotencyRecord<'_>,
     admit: Admit<'_>,
 ) -> redis::RedisResult<EnqueueOnce> {
-    let reply = invocation(keys, job, record, admit)
-        .invoke_async(conn)
-        .await?;
-    Ok(EnqueueOnce::from_reply(reply))
+    let span = enqueue_span(job);
+    let reply = async {
+        invocation(keys, job, record, admit)
+            .invoke_async(conn)
+            .await
+    }
+    .instrument(span.clone())
+    .await;
+    traced(&span, reply.map(EnqueueOnce::from_reply))
+}
+
+/// The `enqueue` span: the accept's one round trip to Redis, whose context the entry stores.
+fn enqueue_span(job: &Job) -> tracing::Span {
+    otel_span!(
+        "enqueue",
+        "client",
+        job.job_id,
+        job.tenant,
+        "db.system.name" = "redis"
+    )
+}
+
+/// `result`, with a failure (Redis's, always transient to the client) marked on `span`.
+fn traced<T>(span: &tracing::Span, result: redis::RedisResult<T>) -> redis::RedisResult<T> {
+    if result.is_err() {
+        telemetry::fail(span, Disposition::TRANSIENT.class());
+    }
+    result
 }
 
 /// [`enqueue_once`] with a WAIT for `acks` behind it in the same pipeline
@@ -98,8 +125,14 @@ pub async fn enqueue_once_confirmed<C: ConnectionLike + Send>(
     admit: Admit<'_>,
     acks: ReplicaAcks,
 ) -> redis::RedisResult<(EnqueueOnce, u32)> {
-    let invocation = invocation(keys, job, record, admit);
-    let (reply, acked) = replicas::invoke_confirmed(conn, &invocation, acks).await?;
+    let span = enqueue_span(job);
+    let confirmed = async {
+        let invocation = invocation(keys, job, record, admit);
+        replicas::invoke_confirmed(conn, &invocation, acks).await
+    }
+    .instrument(span.clone())
+    .await;
+    let (reply, acked) = traced(&span, confirmed)?;
     Ok((EnqueueOnce::from_reply(reply), acked))
 }
 
@@ -154,6 +187,10 @@ fn invocation(
     limits.pass_to(&mut invocation, std::time::SystemTime::now());
     Queued::of(job).pass_to(&mut invocation);
     for (name, value) in job_entry::to_fields(job) {
+        invocation.arg(name).arg(value);
+    }
+    // The `enqueue` span around this: the worker's delivery continues from it.
+    for (name, value) in job_entry::trace_fields(telemetry::current().as_ref()) {
         invocation.arg(name).arg(value);
     }
     LanePolicy::of(limits).pass_to(&mut invocation, tenant);

@@ -10,7 +10,7 @@ use redis::Value;
 use serde::Deserialize;
 use serde_json::Map;
 
-use crate::domain::{Email, Job, JobId, JobText, TenantId, WebhookUrl};
+use crate::domain::{Email, Job, JobId, JobText, TenantId, TraceContext, WebhookUrl};
 
 pub(crate) const JOB_ID: &str = "job_id";
 pub(crate) const TENANT: &str = "tenant";
@@ -19,6 +19,10 @@ pub(crate) const TENANT: &str = "tenant";
 /// target URL as a string).
 pub(crate) const PAYLOAD: &str = "payload";
 pub(crate) const CREATED_AT: &str = "created_at";
+/// The W3C trace context of the accept (optional: absent with trace export off, and on
+/// entries of older versions). A delivery continues that trace, a redelivery links to it.
+pub(crate) const TRACEPARENT: &str = "traceparent";
+pub(crate) const TRACESTATE: &str = "tracestate";
 
 /// Every field of a job entry, in the order they are written.
 pub(crate) const FIELDS: [&str; 4] = [JOB_ID, TENANT, PAYLOAD, CREATED_AT];
@@ -111,6 +115,25 @@ pub fn from_fields(fields: &HashMap<String, Value>) -> Result<Job, MalformedMess
         webhook,
         created_at,
     })
+}
+
+/// The fields that carry `trace`, written after the job's own ([`to_fields`]).
+pub fn trace_fields(trace: Option<&TraceContext>) -> Vec<(&'static str, String)> {
+    let Some(trace) = trace else {
+        return Vec::new();
+    };
+    let mut fields = vec![(TRACEPARENT, trace.traceparent().to_owned())];
+    if let Some(state) = trace.tracestate() {
+        fields.push((TRACESTATE, state.to_owned()));
+    }
+    fields
+}
+
+/// The trace context an entry carries. One that is absent or does not parse is no reason
+/// to refuse the job: the delivery then starts a trace of its own.
+pub fn trace_context(fields: &HashMap<String, Value>) -> Option<TraceContext> {
+    let text = |name| String::from_utf8(field_bytes(fields, name)?).ok();
+    TraceContext::parse(&text(TRACEPARENT)?, text(TRACESTATE).as_deref()).ok()
 }
 
 /// The job id of an entry, if it has a valid one (a malformed entry may not).
@@ -218,6 +241,29 @@ mod tests {
             from_fields(&as_entry(fields)).unwrap().text,
             JobText::Stored
         );
+    }
+
+    #[test]
+    fn the_trace_context_travels_beside_the_job_and_is_optional() {
+        let trace = TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            Some("congo=t61rcWkgMzE"),
+        )
+        .unwrap();
+        let mut entry = as_entry(to_fields(&job()));
+        for (name, value) in trace_fields(Some(&trace)) {
+            entry.insert(name.into(), Value::BulkString(value.into_bytes()));
+        }
+        assert_eq!(trace_context(&entry), Some(trace));
+        assert_eq!(from_fields(&entry).map(|j| j.job_id), Ok(job().job_id));
+        // Entries of older producers, and a context that does not parse, carry none.
+        let mut old = as_entry(to_fields(&job()));
+        assert_eq!(trace_context(&old), None);
+        assert!(from_fields(&old).is_ok());
+        old.insert(TRACEPARENT.into(), Value::BulkString(b"garbage".to_vec()));
+        assert_eq!(trace_context(&old), None);
+        assert!(from_fields(&old).is_ok());
+        assert!(trace_fields(None).is_empty());
     }
 
     #[test]

@@ -13,6 +13,7 @@ use crate::domain::{
 };
 use crate::infra::http_client::{describe, excerpt};
 use crate::infra::retry_after;
+use crate::infra::telemetry;
 use crate::resilience::failure::{Classify, Disposition};
 
 /// Names summaryd and its version, so a receiver's logs say who called.
@@ -154,6 +155,14 @@ impl WebhookClient {
             let value = HeaderValue::from_str(&value)
                 .map_err(|e| WebhookError::Target(format!("{name}: {e}")))?;
             headers.insert(name, value);
+        }
+        // The relay's `send` span: the receiver can join the job's trace.
+        if let Some(trace) = telemetry::current() {
+            for (name, value) in telemetry::headers(&trace) {
+                if let Ok(value) = HeaderValue::from_str(&value) {
+                    headers.insert(name, value);
+                }
+            }
         }
         let request = self
             .http

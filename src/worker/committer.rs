@@ -24,12 +24,15 @@ use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
+use tracing::Instrument;
 
 use super::batching::{Batching, gather};
 use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome, Finished};
-use crate::domain::{Job, ModelSummary};
+use crate::domain::{Job, ModelSummary, TraceContext};
 use crate::infra::metrics::Metrics;
+use crate::infra::telemetry::{self, otel_span};
+use crate::resilience::failure::Classify;
 
 /// Requests that may wait for the committer: enough for every consumer of a large process
 /// to queue its summary without waiting for room.
@@ -55,7 +58,19 @@ pub struct Committer {
 struct Request {
     job: Job,
     summary: ModelSummary,
+    /// The job's `commit` span's context, for its outbox rows.
+    trace: Option<TraceContext>,
     reply: oneshot::Sender<Committed>,
+}
+
+impl Request {
+    fn finished(&self) -> Finished<'_> {
+        Finished {
+            job: &self.job,
+            summary: &self.summary,
+            trace: self.trace.as_ref(),
+        }
+    }
 }
 
 impl Committer {
@@ -81,27 +96,47 @@ impl Committer {
                 result,
             };
         };
+        // The job's `commit` span covers its wait for the batch and the batch's
+        // transaction; its outbox rows carry this span's context, so the relay's send
+        // joins the job's own trace whatever batch it was committed in.
+        let span = otel_span!(
+            "commit",
+            "client",
+            job.job_id,
+            job.tenant,
+            "db.system.name" = "postgresql"
+        );
         let (reply, answer) = oneshot::channel();
         let request = Request {
             job: job.clone(),
             summary,
+            trace: span.in_scope(telemetry::current),
             reply,
         };
-        if let Err(mpsc::error::SendError(request)) = requests.send(request).await {
-            return Committed {
-                summary: Some(request.summary),
-                result: Err(stopped()),
-            };
+        let committed = async {
+            if let Err(mpsc::error::SendError(request)) = requests.send(request).await {
+                return Committed {
+                    summary: Some(request.summary),
+                    result: Err(stopped()),
+                };
+            }
+            match answer.await {
+                Ok(committed) => committed,
+                // The committer ended with the request unanswered: only when the process
+                // stops, and then the request's summary is lost with it; the next delivery
+                // pays again.
+                Err(_) => Committed {
+                    summary: None,
+                    result: Err(stopped()),
+                },
+            }
         }
-        match answer.await {
-            Ok(committed) => committed,
-            // The committer ended with the request unanswered: only when the process stops,
-            // and then the request's summary is lost with it; the next delivery pays again.
-            Err(_) => Committed {
-                summary: None,
-                result: Err(stopped()),
-            },
+        .instrument(span.clone())
+        .await;
+        if let Err(e) = &committed.result {
+            telemetry::fail(&span, e.disposition().class());
         }
+        committed
     }
 }
 
@@ -129,13 +164,7 @@ async fn run(
 /// Commit `batch` in one transaction and answer each request; if Postgres refuses the
 /// batch, commit its jobs one by one, so the refusal reaches only the job it is about.
 async fn commit(pg: &Pool, batch: &mut Vec<Request>) {
-    let finished: Vec<Finished<'_>> = batch
-        .iter()
-        .map(|r| Finished {
-            job: &r.job,
-            summary: &r.summary,
-        })
-        .collect();
+    let finished: Vec<Finished<'_>> = batch.iter().map(Request::finished).collect();
     let together = summaries::commit_batch(pg, &finished).await;
     drop(finished);
     match together {
@@ -152,8 +181,13 @@ async fn commit(pg: &Pool, batch: &mut Vec<Request>) {
         Err(e) => {
             tracing::warn!(error = %e, jobs = batch.len(), "group commit refused; committing its jobs one by one");
             for request in batch.drain(..) {
-                let result =
-                    summaries::commit_with_outbox(pg, &request.job, &request.summary).await;
+                let alone = summaries::commit_batch(pg, &[request.finished()]).await;
+                let result = alone.map(|outcomes| {
+                    outcomes
+                        .first()
+                        .copied()
+                        .unwrap_or(CommitOutcome::Duplicate)
+                });
                 answer(request, result);
             }
         }

@@ -2,9 +2,10 @@
 //! look for an earlier commit), and ask a dependency it stopped at whether it is down. What
 //! that comes to is an [`Outcome`]; `settle` decides what it means and `complete.rs` acts.
 
-use tracing::Instrument;
-
+use std::collections::HashMap;
 use std::time::Duration;
+
+use tracing::{Instrument, Span};
 
 use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
@@ -17,7 +18,8 @@ use super::settle::{
 };
 use super::take::Taken;
 use crate::db::summaries;
-use crate::domain::{CallLog, Job, ModelSummary};
+use crate::domain::{CallLog, Job, ModelSummary, ReasonClass};
+use crate::infra::telemetry::{self, otel_span};
 use crate::resilience::failure::{Classify, Disposition};
 use crate::stream::consumer_group::{self as group, Delivery};
 use crate::stream::{job_entry, job_state};
@@ -77,8 +79,11 @@ impl Consumer {
             },
         };
         let limits = self.limits();
-        let span =
-            tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries);
+        let deliver = deliver_span(&job, deliveries, &delivery.fields);
+        // Inside `deliver`, so a log line of the delivery finds its trace through it.
+        let span = deliver.in_scope(
+            || tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries),
+        );
         async {
             let outcome = match admit(deliveries, &limits) {
                 Admission::Run => {
@@ -87,11 +92,15 @@ impl Consumer {
                 }
                 Admission::GiveUp => self.look_for_commit(conn, &job).await,
             };
+            if let Some(class) = failure_class(&outcome) {
+                telemetry::fail(&deliver, class);
+            }
             let settlement = settle(outcome, deliveries, &limits);
             self.settle_or_hold(conn, delivery, &job, Some(deliveries), settlement)
                 .await
         }
         .instrument(span)
+        .instrument(deliver.clone())
         .await
     }
 
@@ -137,7 +146,7 @@ impl Consumer {
         deliveries: u64,
     ) -> Outcome {
         let services = self.services.clone();
-        let calls = CallLog::new(deliveries);
+        let calls = CallLog::new(deliveries).for_job(job.job_id, job.tenant.clone());
         let ran = self
             .with_claim_extended(
                 conn,
@@ -261,5 +270,43 @@ impl Consumer {
             Ok(()) => Probe::Answers,
             Err(e) => Probe::Down(e.to_string()),
         }
+    }
+}
+
+/// The `deliver` span. The first delivery continues the accept's trace (the context the
+/// entry carries); a redelivery starts a trace of its own, linked to that one, so the
+/// accept's trace is not stretched over the hours a job may wait between deliveries and
+/// each delivery reads as one whole trace (`docs/tracing.md`).
+fn deliver_span(job: &Job, deliveries: u64, fields: &HashMap<String, redis::Value>) -> Span {
+    let span = otel_span!(
+        "deliver",
+        "consumer",
+        job.job_id,
+        job.tenant,
+        // As an int attribute: the OpenTelemetry layer writes u64 values as strings.
+        "summaryd.deliveries" = i64::try_from(deliveries).unwrap_or(i64::MAX),
+        "messaging.system" = "redis"
+    );
+    if let Some(accepted) = job_entry::trace_context(fields) {
+        if deliveries <= 1 {
+            telemetry::continue_from(&span, &accepted);
+        } else {
+            telemetry::link_to(&span, &accepted);
+        }
+    }
+    span
+}
+
+/// The class a delivery that did not finish its job is marked with.
+fn failure_class(outcome: &Outcome) -> Option<&'static str> {
+    match outcome {
+        Outcome::Finished(_) | Outcome::CommittedEarlier => None,
+        Outcome::Failed(_) | Outcome::Progressed(_) => Some(Disposition::TRANSIENT.class()),
+        Outcome::Unavailable { .. } => Some(Disposition::Unavailable.class()),
+        Outcome::Rejected(reason) => Some(reason.class.as_str()),
+        Outcome::CutShort => Some("cut_short"),
+        Outcome::ClaimLost => Some("claim_lost"),
+        Outcome::Exhausted(_) => Some(ReasonClass::MaxDeliveries.as_str()),
+        Outcome::Unchecked(_) => Some(Disposition::TRANSIENT.class()),
     }
 }

@@ -22,15 +22,18 @@ use std::sync::{Mutex, PoisonError};
 
 use futures_util::future::{BoxFuture, FutureExt, join_all};
 use tokio::sync::Semaphore;
+use tracing::Instrument;
 
 use super::WorkerServices;
 use super::dead_reason::DeadReason;
 use super::job_error::JobError;
 use crate::db::parts::{self, PartPlace, StoredPart};
-use crate::domain::{CallLog, Job, JobId, ModelSummary, TokenUsage};
+use crate::domain::{CallLog, Job, JobId, ModelSummary, TenantId, TokenUsage};
 use crate::infra::keys::RedisKeys;
+use crate::infra::telemetry::{self, otel_span};
 use crate::llm::retry::Deadline;
-use crate::llm::{ChainError, Prompt, TokenCounter, split};
+use crate::llm::{ChainError, Prompt, PromptKind, TokenCounter, split};
+use crate::resilience::failure::Classify;
 use crate::stream::job_state;
 
 /// Splits within splits a job may need: each level shrinks the data at least by half,
@@ -68,6 +71,8 @@ fn unsplittable(why: String) -> Stop {
 struct Run<'a> {
     services: &'a WorkerServices,
     job_id: JobId,
+    /// The job's tenant, which the part and combine spans name.
+    tenant: &'a TenantId,
     /// The shard holding the job's state, where its progress is noted.
     keys: &'a RedisKeys,
     stored: HashMap<[u8; 32], StoredPart>,
@@ -108,6 +113,7 @@ pub(crate) async fn summarise_in_parts(
     let run = Run {
         services,
         job_id,
+        tenant: &job.tenant,
         keys: services.keys.of_tenant(job.tenant.as_str()),
         stored,
         calls: Semaphore::new(llm.parallel_parts.max(1)),
@@ -145,6 +151,52 @@ impl Run<'_> {
     /// The summary of `prompt`: stored already, or one call; split when it does not fit.
     /// `root`: the job's own summary, which is committed with the job, not stored as a part.
     fn solve(
+        &self,
+        prompt: Prompt,
+        place: PartPlace,
+        root: bool,
+        depth: u32,
+    ) -> BoxFuture<'_, Result<ModelSummary, Stop>> {
+        let span = self.step_span(&prompt, place);
+        let traced = span.clone();
+        async move {
+            let solved = self.solve_here(prompt, place, root, depth).await;
+            if let Err(Stop::Failed(e)) = &solved {
+                telemetry::fail(&traced, e.disposition().class());
+            }
+            solved
+        }
+        .instrument(span)
+        .boxed()
+    }
+
+    /// A `part` or `combine` span for `prompt` at `place` (the whole document's first try
+    /// has none: it is the delivery's own work).
+    fn step_span(&self, prompt: &Prompt, place: PartPlace) -> tracing::Span {
+        // i64: the OpenTelemetry layer writes unsigned values as strings.
+        let (level, index) = (i64::from(place.level), i64::from(place.part));
+        match prompt.kind() {
+            PromptKind::Part => otel_span!(
+                "part",
+                "internal",
+                self.job_id,
+                self.tenant,
+                "summaryd.part.level" = level,
+                "summaryd.part.index" = index
+            ),
+            PromptKind::Combine => otel_span!(
+                "combine",
+                "internal",
+                self.job_id,
+                self.tenant,
+                "summaryd.part.level" = level,
+                "summaryd.part.index" = index
+            ),
+            PromptKind::Document => tracing::Span::none(),
+        }
+    }
+
+    fn solve_here(
         &self,
         prompt: Prompt,
         place: PartPlace,

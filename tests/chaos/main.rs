@@ -32,6 +32,7 @@ mod recipients;
 mod redis_restart;
 mod sigterm;
 mod slow_heads;
+mod tracing;
 mod webhooks;
 
 /// A fresh run id for idempotency keys, so keys never repeat across runs or tests.

@@ -95,19 +95,23 @@ async fn a_batch_keeps_each_jobs_own_decision_and_adds_one_effect_per_new_job() 
             Finished {
                 job: &a,
                 summary: &sa,
+                trace: None,
             },
             Finished {
                 job: &b,
                 summary: &sb,
+                trace: None,
             },
             // The same job twice in one batch (two deliveries of one process): once.
             Finished {
                 job: &a,
                 summary: &sa_again,
+                trace: None,
             },
             Finished {
                 job: &c,
                 summary: &sc,
+                trace: None,
             },
         ],
     )
@@ -172,10 +176,12 @@ async fn a_batch_of_duplicates_only_writes_nothing_but_their_calls() {
             Finished {
                 job: &a,
                 summary: &again,
+                trace: None,
             },
             Finished {
                 job: &a,
                 summary: &again,
+                trace: None,
             },
         ],
     )

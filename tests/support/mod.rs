@@ -2,9 +2,10 @@
 //! included by path from each: the isolated world a test runs in (its own database and Redis
 //! key prefix), the one services/application builder, the loopback HTTP and SMTP servers,
 //! the fake providers, the request helpers for the in-process API, the Standard Webhooks
-//! reference verifier for recorded webhook requests, the private Redis and Postgres
-//! servers (with certificates made per test) the TLS and durability tests start, and a
-//! headless Chromium for browser tests.
+//! reference verifier for recorded webhook requests, an OTLP trace receiver decoding what is
+//! exported with the OpenTelemetry protobuf classes, the private Redis and Postgres servers
+//! (with certificates made per test) the TLS and durability tests start, and a headless
+//! Chromium for browser tests.
 
 #![allow(dead_code, unused_imports)] // each test binary uses a different part of this module
 
@@ -18,6 +19,7 @@ pub mod fakes;
 pub mod http_request;
 pub mod http_stub;
 pub mod log_capture;
+pub mod otlp;
 pub mod redis_cluster;
 pub mod replicas;
 pub mod running;

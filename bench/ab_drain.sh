@@ -33,7 +33,7 @@
 #
 # Prints each run, each round's ratios new/base, then medians and the median of the
 # rounds' ratios. "jobs/s per core" is 1000 ÷ CPU ms per job: what one core of the worker
-# process would drain; the goal of issue #27 is twice the baseline's. "÷ ceiling" is jobs/s
+# process would drain; the goal is twice the baseline's. "÷ ceiling" is jobs/s
 # ÷ the round's pgbench tps.
 #
 # Settings (environment): AB_ROUNDS (5), BENCH_JOBS (3000), AB_CONSUMERS (16),

@@ -149,13 +149,7 @@ pub async fn commit_with_outbox(
     summary: &ModelSummary,
 ) -> Result<CommitOutcome, DbError> {
     // The outbox rows store this span's context: the relay's sends become its children.
-    let span = otel_span!(
-        "commit",
-        "client",
-        job.job_id,
-        job.tenant,
-        "db.system.name" = "postgresql"
-    );
+    let span = commit_span(job);
     let trace = span.in_scope(telemetry::current);
     let finished = Finished {
         job,
@@ -177,6 +171,18 @@ pub async fn commit_with_outbox(
         telemetry::fail(&span, e.disposition().class());
     }
     committed
+}
+
+/// The `commit` span of `job`: its outbox rows carry this span's context, so the relay's
+/// send joins the job's trace (`worker/committer.rs` makes it for a group commit).
+pub(crate) fn commit_span(job: &Job) -> tracing::Span {
+    otel_span!(
+        "commit",
+        "client",
+        job.job_id,
+        job.tenant,
+        "db.system.name" = "postgresql"
+    )
 }
 
 /// A finished job to commit: the job, the summary the model wrote for it, and the trace

@@ -31,7 +31,7 @@ use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome, Finished};
 use crate::domain::{Job, ModelSummary, TraceContext};
 use crate::infra::metrics::Metrics;
-use crate::infra::telemetry::{self, otel_span};
+use crate::infra::telemetry;
 use crate::resilience::failure::Classify;
 
 /// Requests that may wait for the committer: enough for every consumer of a large process
@@ -99,13 +99,7 @@ impl Committer {
         // The job's `commit` span covers its wait for the batch and the batch's
         // transaction; its outbox rows carry this span's context, so the relay's send
         // joins the job's own trace whatever batch it was committed in.
-        let span = otel_span!(
-            "commit",
-            "client",
-            job.job_id,
-            job.tenant,
-            "db.system.name" = "postgresql"
-        );
+        let span = summaries::commit_span(job);
         let (reply, answer) = oneshot::channel();
         let request = Request {
             job: job.clone(),

@@ -22,7 +22,8 @@ const MIN_SHARD_WAIT: Duration = Duration::from_millis(100);
 /// An entry handed to this consumer.
 pub(super) struct Taken {
     pub(super) delivery: Delivery,
-    /// Its delivery count, when taking it told us (re-claiming a held entry does).
+    /// Its delivery count, when taking it told us: 1 for an entry read new, the count a
+    /// re-claim of a held entry set; `None` for an idle entry claimed (the PEL says).
     pub(super) deliveries: Option<u64>,
     pub(super) work: Work,
 }
@@ -46,6 +47,10 @@ impl Consumer {
         }
         self.took_held = false;
         let mut deliveries = self.claim_idle(conn).await?;
+        // An entry read new (XREADGROUP `>`, which every read here is) has been delivered
+        // exactly once, by this read; only a claim moves the count to something the PEL
+        // must be asked for. Known, it saves the delivery its XPENDING round trip.
+        let mut first_delivery = None;
         if deliveries.is_empty() {
             // Wait for new work only until the next held entry is due (not at all when one
             // is due already).
@@ -56,6 +61,7 @@ impl Consumer {
                 .min()
                 .map_or(self.config.block, |until| until.min(self.config.block));
             deliveries = self.read_new(conn, block).await?;
+            first_delivery = Some(1);
         }
         // Our own claim of an entry we hold (it sat idle past `claim_idle`) supersedes the
         // held retry, which would otherwise run it twice. Ids are per shard.
@@ -68,7 +74,7 @@ impl Consumer {
             .into_iter()
             .map(|delivery| Taken {
                 delivery,
-                deliveries: None,
+                deliveries: first_delivery,
                 work: Work::Run(None),
             })
             .collect())

@@ -156,21 +156,25 @@ pub async fn commit_with_outbox(
         summary,
         trace: trace.as_ref(),
     };
-    let committed = commit_batch(pool, &[finished])
-        .instrument(span.clone())
-        .await
-        // One job in, one outcome out; an empty answer cannot happen, and would mean
-        // nothing of this job was inserted.
-        .map(|outcomes| {
-            outcomes
-                .first()
-                .copied()
-                .unwrap_or(CommitOutcome::Duplicate)
-        });
+    let committed = commit_alone(pool, finished).instrument(span.clone()).await;
     if let Err(e) = &committed {
         telemetry::fail(&span, e.disposition().class());
     }
     committed
+}
+
+/// [`commit_batch`] of one job, in a transaction of its own (no span: the caller's).
+pub(crate) async fn commit_alone(
+    pool: &Pool,
+    finished: Finished<'_>,
+) -> Result<CommitOutcome, DbError> {
+    let outcomes = commit_batch(pool, &[finished]).await?;
+    // One job in, one outcome out; an empty answer cannot happen, and would mean nothing
+    // of this job was inserted.
+    Ok(outcomes
+        .first()
+        .copied()
+        .unwrap_or(CommitOutcome::Duplicate))
 }
 
 /// The `commit` span of `job`: its outbox rows carry this span's context, so the relay's

@@ -98,7 +98,7 @@ impl Acker {
         let Some(requests) = &self.requests else {
             let keys = self.keys.get(delivery.shard);
             group::ack_settling(conn, keys, &delivery.id, job, settle.as_ref()).await?;
-            self.confirm(conn, delivery.shard).await;
+            self.confirm(conn, delivery.shard, "ack").await;
             return Ok(());
         };
         let (reply, answer) = oneshot::channel();
@@ -163,17 +163,18 @@ impl Acker {
             })
             .collect();
         group::ack_many(&mut conn, self.keys.get(shard), &acks).await?;
-        self.confirm(&mut conn, shard).await;
+        self.confirm(&mut conn, shard, "ack").await;
         Ok(())
     }
 
     /// With `SUMMARYD_REDIS_MIN_REPLICAS_ACK` set, wait for the replicas to confirm the
-    /// acknowledgements just written on `conn`. A write they do not confirm in time stays
-    /// done: the jobs' effects are committed in Postgres exactly once, and doing it again
-    /// would not make the acknowledgement any safer. The risk left is a failover before
-    /// the replicas catch up, which redelivers the jobs; their next deliveries find the
-    /// summaries and acknowledge them as duplicates. So it is logged and counted.
-    async fn confirm(&self, conn: &mut Conn, shard: u16) {
+    /// finishing writes (`op`: `ack`, `dead_letter`) just made on `conn` for `shard`. A
+    /// write they do not confirm in time stays done: the jobs' effects are committed in
+    /// Postgres exactly once, and doing it again would not make the acknowledgement any
+    /// safer. The risk left is a failover before the replicas catch up, which redelivers
+    /// the jobs; their next deliveries find the summaries and acknowledge them as
+    /// duplicates. So it is logged and counted.
+    pub(crate) async fn confirm(&self, conn: &mut Conn, shard: u16, op: &'static str) {
         let Some(acks) = self.acks else {
             return;
         };
@@ -182,9 +183,9 @@ impl Acker {
         if let Err(e) = replicas::confirm(conn, &route_key, acks).await {
             self.metrics
                 .replica_ack_timeouts
-                .with_label_values(&["ack"])
+                .with_label_values(&[op])
                 .inc();
-            tracing::warn!(error = %e, op = "ack", "finishing write not confirmed by the replicas in time; kept");
+            tracing::warn!(error = %e, op, "finishing write not confirmed by the replicas in time; kept");
         }
     }
 }

@@ -175,13 +175,7 @@ async fn commit(pg: &Pool, batch: &mut Vec<Request>) {
         Err(e) => {
             tracing::warn!(error = %e, jobs = batch.len(), "group commit refused; committing its jobs one by one");
             for request in batch.drain(..) {
-                let alone = summaries::commit_batch(pg, &[request.finished()]).await;
-                let result = alone.map(|outcomes| {
-                    outcomes
-                        .first()
-                        .copied()
-                        .unwrap_or(CommitOutcome::Duplicate)
-                });
+                let result = summaries::commit_alone(pg, request.finished()).await;
                 answer(request, result);
             }
         }

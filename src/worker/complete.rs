@@ -10,7 +10,6 @@ use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
 use crate::db::{model_calls, outbox, summaries};
 use crate::domain::{Job, ModelCall, ModelSummary, WebhookEvent};
 use crate::stream::consumer_group::{self as group, Delivery};
-use crate::stream::replicas::{self, ReplicaAcks};
 use crate::stream::{budget, dead_letters, job_state};
 
 /// Where a finished job's spend is read from (`Consumer::settle_of`).
@@ -126,31 +125,6 @@ impl Consumer {
         Ok(())
     }
 
-    /// With `SUMMARYD_REDIS_MIN_REPLICAS_ACK` set, wait for the replicas to confirm the
-    /// dead letter just made on `conn` (`op`: `dead_letter`; acknowledgements are
-    /// confirmed by `acker.rs`, one WAIT per batch). A write they do not confirm in time
-    /// stays done, as for an acknowledgement: logged and counted, nothing more.
-    async fn confirm_replicated(
-        &self,
-        conn: &mut crate::infra::redis::Conn,
-        delivery: &Delivery,
-        op: &'static str,
-    ) {
-        let Some(acks) = ReplicaAcks::from_settings(&self.services.settings.redis) else {
-            return;
-        };
-        // The shard's stream names the primary that took the write (on a cluster).
-        let route_key = self.services.keys.get(delivery.shard).stream();
-        if let Err(e) = replicas::confirm(conn, &route_key, acks).await {
-            self.services
-                .metrics
-                .replica_ack_timeouts
-                .with_label_values(&[op])
-                .inc();
-            tracing::warn!(error = %e, op, "finishing write not confirmed by the replicas in time; kept");
-        }
-    }
-
     /// Refund a delivery (`claim_own`): what became of the refund.
     async fn refund(
         &self,
@@ -220,7 +194,11 @@ impl Consumer {
         )
         .await?;
         if moved {
-            self.confirm_replicated(conn, delivery, "dead_letter").await;
+            // Confirmed by the replicas as an acknowledgement is (`acker.rs`).
+            self.services
+                .acker
+                .confirm(conn, delivery.shard, "dead_letter")
+                .await;
             self.count("dead_lettered");
             tracing::error!(msg_id = %delivery.id, reason = %reason.operator, "job dead-lettered");
         } else {

@@ -8,7 +8,8 @@
 # side (api role, the same private Redis, their own database and key prefix) and wrk hits
 # them in turn, AB_ROUNDS times, with the order swapped every round; each round's ratio
 # candidate/baseline compares two runs seconds apart. Prints one line per run and the
-# median ratio per scenario.
+# median ratio per scenario, for req/s and for the CPU one POST costs the service (its
+# utime + stime from /proc/PID/stat over the run ÷ the requests wrk completed).
 #
 # Scenarios: `new key` (every request its own Idempotency-Key) for the baseline and the
 # candidate as they are (no tokens file, so no tenant limits), and, with AB_LIMITS=1, the
@@ -86,7 +87,7 @@ budget_tokens = 1000000000000000
 budget_period = "month"
 EOF
 
-declare -A url=() bearer=()
+declare -A url=() bearer=() pid_of=()
 # $1 = scenario name, $2 = binary, $3 = tokens file or empty
 start() {
     local name=$1 bin=$2 tokens=$3 port db
@@ -99,6 +100,7 @@ start() {
         ${tokens:+SUMMARYD_AUTH_TOKENS_FILE="$tokens"} \
         "$bin" serve --roles api >"$workdir/$name.log" 2>&1 &
     pids+=($!)
+    pid_of[$name]=$!
     for _ in $(seq 300); do
         _deps_tcp_open 127.0.0.1 "$port" && break
         sleep 0.1
@@ -125,18 +127,25 @@ if [[ "$BUDGET" == 1 ]]; then
 fi
 sleep 1
 
-declare -A results=()
+clk_tck=$(getconf CLK_TCK)
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/${pid_of[$1]}/stat"; }
+declare -A results=() cpu_us=()
 run() { # $1 = scenario, $2 = round
-    local out="$workdir/$1-$2.txt"
+    local out="$workdir/$1-$2.txt" ticks_before ticks_after requests
+    ticks_before=$(cpu_ticks "$1")
     timeout $((DURATION_S + 60)) wrk -t"$THREADS" -c"$CONNECTIONS" -d"${DURATION_S}s" \
         --timeout 5s -s bench/post_unique_keys.lua "${url[$1]}" -- "$nonce-$2-$1" "${bearer[$1]}" >"$out"
+    ticks_after=$(cpu_ticks "$1")
     local rps non2xx
     rps=$(sed -n 's/^BENCH //p' "$out" | tr ' ' '\n' | sed -n 's/^req_per_s=//p')
     non2xx=$(sed -n 's/^BENCH //p' "$out" | tr ' ' '\n' | sed -n 's/^non2xx=//p')
     [[ -n "$rps" ]] || die "no BENCH line from wrk ($1): $(cat "$out")"
     [[ "$non2xx" == 0 ]] || die "$1 answered $non2xx non-2xx responses; see $workdir/$1.log"
+    requests=$(sed -n 's/^BENCH //p' "$out" | tr ' ' '\n' | sed -n 's/^requests=//p')
     results[$1,$2]=$rps
-    printf 'round %s  %-17s %9.1f req/s\n' "$2" "$1" "$rps"
+    cpu_us[$1,$2]=$(awk -v t=$((ticks_after - ticks_before)) -v hz="$clk_tck" -v n="$requests" \
+        'BEGIN { printf "%.2f", t / hz * 1e6 / n }')
+    printf 'round %s  %-17s %9.1f req/s %7s CPU us/POST\n' "$2" "$1" "$rps" "${cpu_us[$1,$2]}"
 }
 
 log "warm-up"
@@ -163,6 +172,15 @@ for s in "${scenarios[@]:1}"; do
         awk -v a="${results[$s,$r]}" -v b="${results[baseline,$r]}" 'BEGIN { printf "%.3f\n", a / b }'
     done)
     printf '%-17s median %s  (rounds: %s)\n' "$s" "$(median <<<"$ratios")" "$(tr '\n' ' ' <<<"$ratios")"
+done
+echo "CPU us per POST (the service process), ratios to the baseline of the same round:"
+for s in "${scenarios[@]}"; do
+    own=$(for ((r = 1; r <= ROUNDS; r++)); do echo "${cpu_us[$s,$r]}"; done)
+    ratios=$(for ((r = 1; r <= ROUNDS; r++)); do
+        awk -v a="${cpu_us[$s,$r]}" -v b="${cpu_us[baseline,$r]}" 'BEGIN { printf "%.3f\n", a / b }'
+    done)
+    printf '%-17s median %s us, ratio %s  (rounds: %s)\n' "$s" "$(median <<<"$own")" \
+        "$(median <<<"$ratios")" "$(tr '\n' ' ' <<<"$ratios")"
 done
 if [[ "$BUDGET" == 1 ]]; then
     ratios=$(for ((r = 1; r <= ROUNDS; r++)); do

@@ -10,6 +10,10 @@ use summaryd::ops::{AdminCommand, AdminError};
 use summaryd::shutdown::{Shutdown, os_signal};
 use tracing::error;
 
+// Every role allocates small, short-lived values per request and per job; see Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// 0 ok, 1 runtime failure, 2 usage or configuration error.
 const EXIT_RUNTIME: u8 = 1;
 const EXIT_CONFIG: u8 = 2;

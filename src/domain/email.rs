@@ -145,6 +145,11 @@ pub(crate) fn normalise_domain(domain: &str) -> Result<String, String> {
 /// selectors, the combining grapheme joiner). Webhook URLs are held to the same rule.
 pub(crate) fn invisible(c: char) -> bool {
     use GeneralCategory as G;
+    // Most addresses and URLs are ASCII, where the answer needs no table: the controls
+    // (C0 and DEL) and the space are the only invisible ASCII characters.
+    if c.is_ascii() {
+        return c.is_ascii_control() || c == ' ';
+    }
     matches!(
         c.general_category(),
         G::Control
@@ -189,6 +194,18 @@ impl fmt::Display for Email {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ascii_shortcut_agrees_with_the_character_table() {
+        for c in (0u8..=0x7F).map(char::from) {
+            let by_table = matches!(
+                c.general_category(),
+                GeneralCategory::Control | GeneralCategory::SpaceSeparator
+            );
+            assert_eq!(invisible(c), by_table, "U+{:04X}", u32::from(c));
+        }
+        assert!(invisible('\u{0085}') && invisible('\u{202E}') && !invisible('é'));
+    }
 
     #[test]
     fn accepts_ordinary_addresses() {

@@ -50,6 +50,19 @@ enum Record {
     },
 }
 
+/// [`Record::Done`] as it is written, borrowing what it stores: a POST serialises one, and
+/// copying the body and fingerprint first would only feed the serialiser the same bytes.
+/// A test pins that both write the same JSON.
+#[derive(Serialize)]
+struct DoneRecord<'a> {
+    state: &'static str,
+    fp: &'a str,
+    status: u16,
+    body: &'a serde_json::Value,
+}
+
+const DONE: &str = "done";
+
 /// A response worth remembering: status and JSON body.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredResponse {
@@ -159,10 +172,11 @@ impl IdempotencyStore {
         limits: &TenantLimits,
         budget: Option<&Admission>,
     ) -> Result<Outcome, StoreError> {
-        let done = serde_json::to_string(&Record::Done {
-            fp: fingerprint.to_owned(),
+        let done = serde_json::to_string(&DoneRecord {
+            state: DONE,
+            fp: fingerprint,
             status: response.status,
-            body: response.body.clone(),
+            body: &response.body,
         })?;
         let mut conn = self.redis.get().await?;
         let keys = self.keys.of_tenant(job.tenant.as_str());
@@ -320,6 +334,20 @@ mod tests {
             done,
             serde_json::json!({"state": "done", "fp": "f", "status": 202, "body": {"a": 1}})
         );
+        let borrowed = serde_json::to_string(&DoneRecord {
+            state: DONE,
+            fp: "f",
+            status: 202,
+            body: &serde_json::json!({"a": 1}),
+        })
+        .unwrap();
+        let owned = serde_json::to_string(&Record::Done {
+            fp: "f".into(),
+            status: 202,
+            body: serde_json::json!({"a": 1}),
+        })
+        .unwrap();
+        assert_eq!(borrowed, owned);
         // The marker of older versions carries a token too; it must still parse.
         let marker: Record =
             serde_json::from_str(r#"{"state":"in_progress","fp":"f","token":"t"}"#).unwrap();

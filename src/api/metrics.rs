@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use actix_web::dev::ServiceResponse;
+use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, web};
 
 use super::state::ApiState;
@@ -60,25 +60,21 @@ pub async fn metrics(state: web::Data<ApiState>) -> HttpResponse {
         .body(state.services.metrics.render())
 }
 
-/// Count a finished request and its duration under its route template
-/// (`/v1/summaries/{job_id}`), never the raw path, so job ids do not become label values.
-pub(crate) fn record_request<B>(metrics: &Metrics, res: &ServiceResponse<B>, started: Instant) {
-    let route = res
-        .request()
-        .match_pattern()
-        .unwrap_or_else(|| UNMATCHED_ROUTE.to_owned());
-    record(metrics, &route, res.status().as_str(), started);
-}
-
-/// Route template of a request that failed before producing a response.
-pub(crate) fn record_failed(
+/// Count a finished request (or one that failed before producing a response) and its
+/// duration under its route template (`/v1/summaries/{job_id}`), never the raw path, so job
+/// ids do not become label values. The template is looked up once, before the call.
+pub(crate) fn record_request(
     metrics: &Metrics,
-    req_pattern: Option<String>,
-    status: u16,
+    pattern: Option<&str>,
+    status: StatusCode,
     started: Instant,
 ) {
-    let route = req_pattern.unwrap_or_else(|| UNMATCHED_ROUTE.to_owned());
-    record(metrics, &route, &status.to_string(), started);
+    record(
+        metrics,
+        pattern.unwrap_or(UNMATCHED_ROUTE),
+        status.as_str(),
+        started,
+    );
 }
 
 fn record(metrics: &Metrics, route: &str, status: &str, started: Instant) {

@@ -149,15 +149,11 @@ fn app_with(
         let call = srv.call(req);
         async move {
             let result = call.await;
-            match &result {
-                Ok(res) => metrics::record_request(&metrics, res, started),
-                Err(e) => metrics::record_failed(
-                    &metrics,
-                    pattern,
-                    e.as_response_error().status_code().as_u16(),
-                    started,
-                ),
-            }
+            let status = match &result {
+                Ok(res) => res.status(),
+                Err(e) => e.as_response_error().status_code(),
+            };
+            metrics::record_request(&metrics, pattern.as_deref(), status, started);
             result
         }
     })

@@ -2,7 +2,7 @@
 //! `GET /v1/summaries/{job_id}` (its state, for the tenant that created it).
 
 use actix_web::http::StatusCode;
-use actix_web::http::header::{CONTENT_TYPE, HeaderMap, LOCATION};
+use actix_web::http::header::{CONTENT_TYPE, HeaderMap, HeaderName, LOCATION};
 use actix_web::{HttpRequest, HttpResponse, web};
 use chrono::{DateTime, Timelike, Utc};
 use serde::{Deserialize, Serialize};
@@ -16,7 +16,7 @@ use super::idempotency::{Outcome, StoreError, StoredResponse};
 use super::problem::{ApiError, Problem};
 use super::state::ApiServices;
 use super::state::ApiState;
-use super::tenant::{Tenant, single_header};
+use super::tenant::{KnownHeader, Tenant, single_header};
 use crate::db;
 use crate::domain::{
     IdempotencyKey, Job, JobId, JobText, TenantId, TraceContext, WebhookRules, WebhookUrl,
@@ -29,6 +29,11 @@ use crate::stream::job_state::{self, Status};
 use crate::stream::{self, Limit};
 
 pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
+static IDEMPOTENCY_KEY_NAME: HeaderName = HeaderName::from_static("idempotency-key");
+const IDEMPOTENCY_KEY: KnownHeader = KnownHeader {
+    name: &IDEMPOTENCY_KEY_NAME,
+    spelled: IDEMPOTENCY_KEY_HEADER,
+};
 pub(crate) const REPLAYED_HEADER: &str = "Idempotent-Replayed";
 
 /// The body of `POST /v1/summaries`, for the OpenAPI document. Parsing goes through
@@ -269,7 +274,9 @@ async fn accept(
     }
 
     let scoped = ScopedKey::summaries(&tenant.id, &key);
-    let fingerprint = request.fingerprint();
+    let fingerprint = request
+        .fingerprint()
+        .map_err(|e| ApiError::Unavailable(format!("request fingerprint: {e}")))?;
     let job_id = scoped.job_id(&fingerprint);
     span.record("summaryd.job_id", tracing::field::display(job_id));
     let redis_key = state
@@ -452,7 +459,7 @@ fn idempotency_key(headers: &HeaderMap) -> Result<IdempotencyKey, ApiError> {
         header: IDEMPOTENCY_KEY_HEADER,
         message,
     };
-    let raw = single_header(headers, IDEMPOTENCY_KEY_HEADER)?
+    let raw = single_header(headers, &IDEMPOTENCY_KEY)?
         .ok_or_else(|| {
             invalid("is required: send a unique key of 16–128 visible ASCII characters".into())
         })?
@@ -486,7 +493,9 @@ fn respond(outcome: &Outcome, job_id: JobId) -> Result<HttpResponse, ApiError> {
     if outcome.is_replay() {
         builder.insert_header((REPLAYED_HEADER, "true"));
     }
-    Ok(builder.body(stored.body.to_string()))
+    let body = serde_json::to_vec(&stored.body)
+        .map_err(|e| ApiError::Unavailable(format!("stored body: {e}")))?;
+    Ok(builder.body(body))
 }
 
 #[utoipa::path(

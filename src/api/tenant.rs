@@ -6,7 +6,7 @@ use std::future::{Ready, ready};
 use std::sync::Arc;
 
 use actix_web::dev::Payload;
-use actix_web::http::header::{HeaderMap, HeaderValue};
+use actix_web::http::header::{AUTHORIZATION, HeaderMap, HeaderName, HeaderValue};
 use actix_web::{FromRequest, HttpRequest, web};
 
 use super::problem::ApiError;
@@ -16,19 +16,36 @@ use crate::domain::TenantId;
 
 pub(crate) const TENANT_HEADER: &str = "X-Tenant-Id";
 const AUTHORIZATION_HEADER: &str = "Authorization";
+static TENANT_NAME: HeaderName = HeaderName::from_static("x-tenant-id");
 
-/// The one value of `name`, if sent. A header that identifies the caller or the request
+/// A header looked up by every request: its parsed name (a lookup by a string parses and
+/// lower-cases the name first, each time) and its spelling for problem details.
+pub(crate) struct KnownHeader {
+    pub(crate) name: &'static HeaderName,
+    pub(crate) spelled: &'static str,
+}
+
+pub(crate) const TENANT: KnownHeader = KnownHeader {
+    name: &TENANT_NAME,
+    spelled: TENANT_HEADER,
+};
+const AUTHORIZATION_KNOWN: KnownHeader = KnownHeader {
+    name: &AUTHORIZATION,
+    spelled: AUTHORIZATION_HEADER,
+};
+
+/// The one value of `header`, if sent. A header that identifies the caller or the request
 /// must not be ambiguous: a proxy that appends instead of replacing would otherwise let
 /// the first value (the client's own) win, so a repeated one is a 400 naming it.
 pub(crate) fn single_header<'a>(
     headers: &'a HeaderMap,
-    name: &'static str,
+    header: &KnownHeader,
 ) -> Result<Option<&'a HeaderValue>, ApiError> {
-    let mut values = headers.get_all(name);
+    let mut values = headers.get_all(header.name);
     let first = values.next();
     if values.next().is_some() {
         return Err(ApiError::InvalidHeader {
-            header: name,
+            header: header.spelled,
             message: "was sent more than once; send it exactly once".into(),
         });
     }
@@ -53,7 +70,7 @@ impl Tenant {
             header: TENANT_HEADER,
             message,
         };
-        let raw = single_header(headers, TENANT_HEADER)?
+        let raw = single_header(headers, &TENANT)?
             .ok_or_else(|| invalid("is required: name the tenant this request is for".into()))?
             .to_str()
             .map_err(|_| invalid("must contain only visible ASCII characters".into()))?;
@@ -67,7 +84,7 @@ impl Tenant {
 
     /// Token mode: `Authorization: Bearer <token>` names the tenant.
     pub(crate) fn from_token(headers: &HeaderMap, store: &TokenStore) -> Result<Self, ApiError> {
-        let value = single_header(headers, AUTHORIZATION_HEADER)?
+        let value = single_header(headers, &AUTHORIZATION_KNOWN)?
             .ok_or(ApiError::Unauthorized("no Authorization header"))?
             .to_str()
             .map_err(|_| ApiError::Unauthorized("malformed Authorization header"))?;
@@ -100,8 +117,8 @@ impl FromRequest for Tenant {
         let headers = req.headers();
         // Both are refused when repeated in either mode: which one a proxy rewrites
         // should not depend on how this server is configured.
-        let checked = single_header(headers, TENANT_HEADER)
-            .and_then(|_| single_header(headers, AUTHORIZATION_HEADER));
+        let checked = single_header(headers, &TENANT)
+            .and_then(|_| single_header(headers, &AUTHORIZATION_KNOWN));
         ready(checked.and_then(|_| match tokens {
             // The file as loaded now; a reload swaps it whole, never mid-request.
             Some(tokens) => Self::from_token(headers, &tokens.current()),

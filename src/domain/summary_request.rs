@@ -1,5 +1,5 @@
-use serde::Deserialize;
-use serde_json::{Map, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::{Email, ValidationError, WebhookRules, WebhookUrl};
@@ -108,21 +108,55 @@ impl ValidSummaryRequest {
     /// (serde_json's map keeps keys sorted), so whitespace and field order of the original
     /// do not matter. Serialising a `Value` has no error path (its keys are strings and its
     /// numbers finite), so there is no fallback to get wrong.
-    pub fn fingerprint(&self) -> String {
+    pub fn fingerprint(&self) -> Result<String, serde_json::Error> {
         // Absent fields stay absent, so a request without a webhook keeps the fingerprint
-        // it had before webhooks existed (stored records are compared against it).
-        let mut canonical = Map::new();
-        if let Some(notify) = &self.notify {
-            canonical.insert("notify".into(), Value::from(notify.as_str()));
-        }
-        if let Some(webhook) = &self.webhook {
-            let mut object = Map::new();
-            object.insert("url".into(), Value::from(webhook.as_str()));
-            canonical.insert("webhook".into(), Value::Object(object));
-        }
-        canonical.insert("text".into(), Value::from(self.text.as_str()));
-        hex::encode(Sha256::digest(Value::Object(canonical).to_string()))
+        // it had before webhooks existed (stored records are compared against it). The
+        // canonical form is the compact JSON of an object with its keys in order, written
+        // straight into the hash: every POST computes it, and the text may be long.
+        let mut hasher = Hashing(Sha256::new());
+        serde_json::to_writer(
+            &mut hasher,
+            &Canonical {
+                notify: self.notify.as_ref().map(Email::as_str),
+                text: &self.text,
+                webhook: self
+                    .webhook
+                    .as_ref()
+                    .map(|url| CanonicalWebhook { url: url.as_str() }),
+            },
+        )?;
+        Ok(hex::encode(hasher.0.finalize()))
     }
+}
+
+/// Bytes written go into the hash (the digest crate's own adapter needs its `std` feature).
+struct Hashing(Sha256);
+
+impl std::io::Write for Hashing {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a request's fingerprint hashes. The fields are in the order of their names, as
+/// the fingerprint of a JSON object with sorted keys has always been taken.
+#[derive(Serialize)]
+struct Canonical<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    notify: Option<&'a str>,
+    text: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    webhook: Option<CanonicalWebhook<'a>>,
+}
+
+#[derive(Serialize)]
+struct CanonicalWebhook<'a> {
+    url: &'a str,
 }
 
 #[cfg(test)]
@@ -139,18 +173,46 @@ mod tests {
     fn fingerprint_ignores_whitespace_and_field_order() {
         let a = parse(r#"{"text":"hello","notify":"a@b.co"}"#).unwrap();
         let b = parse("{ \"notify\" : \"a@b.co\",\n \"text\": \"hello\" }").unwrap();
-        assert_eq!(a.fingerprint(), b.fingerprint());
+        assert_eq!(a.fingerprint().unwrap(), b.fingerprint().unwrap());
         let c = parse(r#"{"text":"hello!","notify":"a@b.co"}"#).unwrap();
-        assert_ne!(a.fingerprint(), c.fingerprint());
+        assert_ne!(a.fingerprint().unwrap(), c.fingerprint().unwrap());
     }
 
     /// Stored idempotency records hold fingerprints: if these bytes ever changed, a client
     /// retrying across an upgrade would get 422 for its own request.
     #[test]
+    fn fingerprint_is_the_hash_of_the_sorted_compact_json_of_the_fields_sent() {
+        // The form every stored record was fingerprinted with: a JSON object with sorted
+        // keys, compact, absent fields left out.
+        let by_value = |req: &ValidSummaryRequest| {
+            let mut canonical = serde_json::Map::new();
+            if let Some(notify) = &req.notify {
+                canonical.insert("notify".into(), Value::from(notify.as_str()));
+            }
+            if let Some(webhook) = &req.webhook {
+                canonical.insert(
+                    "webhook".into(),
+                    serde_json::json!({"url": webhook.as_str()}),
+                );
+            }
+            canonical.insert("text".into(), Value::from(req.text.as_str()));
+            hex::encode(Sha256::digest(Value::Object(canonical).to_string()))
+        };
+        for body in [
+            r#"{"text":"Grüße \"q\"\n\t\u0085","notify":"a@b.co"}"#,
+            r#"{"text":"hi","webhook":{"url":"https://hooks.example.com/a?b=1&c=\u00e9"}}"#,
+            r#"{"text":"hi","notify":"a@b.co","webhook":{"url":"https://example.com/x"}}"#,
+        ] {
+            let req = parse(body).unwrap();
+            assert_eq!(req.fingerprint().unwrap(), by_value(&req), "{body}");
+        }
+    }
+
+    #[test]
     fn fingerprint_bytes_are_stable() {
         let req = parse(r#"{"text":"Grüße \"q\"\n","notify":"a@b.co"}"#).unwrap();
         assert_eq!(
-            req.fingerprint(),
+            req.fingerprint().unwrap(),
             "6cb9b2c5cc10021e473b97d2e5ff01fa99d76dc6b58fb8aba832a914ac451c48"
         );
     }

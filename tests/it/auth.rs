@@ -70,7 +70,8 @@ async fn the_token_names_the_tenant_and_bad_tokens_are_401() {
             .unwrap()
             .validate(summaryd::domain::WebhookRules::default())
             .unwrap()
-            .fingerprint(),
+            .fingerprint()
+            .unwrap(),
     );
     assert_eq!(
         body["job_id"],

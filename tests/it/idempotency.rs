@@ -46,7 +46,7 @@ fn job_message(tenant: &str, key: &str, body: &str) -> Job {
         .validate(summaryd::domain::WebhookRules::default())
         .unwrap();
     Job {
-        job_id: scoped(tenant, key).job_id(&valid.fingerprint()),
+        job_id: scoped(tenant, key).job_id(&valid.fingerprint().unwrap()),
         tenant: TenantId::parse(tenant).unwrap(),
         text: valid.text.into(),
         notify: valid.notify,
@@ -487,4 +487,5 @@ fn fingerprint(body: &str) -> String {
         .validate(summaryd::domain::WebhookRules::default())
         .unwrap()
         .fingerprint()
+        .unwrap()
 }

@@ -97,7 +97,8 @@ pub fn job_id_for(tenant: &str, key: &str, body: &str) -> String {
         &request
             .validate(summaryd::domain::WebhookRules::default())
             .unwrap()
-            .fingerprint(),
+            .fingerprint()
+            .unwrap(),
     )
     .to_string()
 }

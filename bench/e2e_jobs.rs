@@ -29,6 +29,11 @@ use summaryd::shutdown::Shutdown;
 use summaryd::stream::enqueue;
 use support::{cpu_seconds, env_or};
 
+// The allocator of the summaryd binary (src/main.rs), so the process measured here allocates
+// as the service does.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// The builtin summariser behind a fixed delay: a stand-in for a hosted model's latency.
 struct DelayedModel {
     latency: Duration,

@@ -87,6 +87,69 @@ pub(crate) async fn autoclaim<C: ConnectionLike + Send + Sync>(
     ))
 }
 
+/// What [`autoclaim_and_dispatch`] found.
+pub(crate) struct ClaimedAndDispatched {
+    /// XAUTOCLAIM's next cursor (`0-0` when its scan is complete).
+    pub(crate) next_cursor: String,
+    /// Entries idle past `min_idle`, now this consumer's.
+    pub(crate) claimed: Vec<Delivery>,
+    /// Ids that were pending but no longer exist in the stream.
+    pub(crate) deleted: Vec<String>,
+    /// The new entry dispatch handed this consumer, if there was one.
+    pub(crate) new: Option<Delivery>,
+}
+
+/// [`autoclaim`] (one entry) and one [`lanes::dispatch`] in one round trip, pipelined.
+///
+/// Nearly every take finds nothing idle and needs a new entry, so asking for both at once
+/// saves each job a round trip. When both find one, the consumer holds two and runs them
+/// one after the other; idle entries follow a worker's crash, so that is rare, and the
+/// second waits one job's time, far below `claim_idle`. A NOSCRIPT (Redis lost its script
+/// cache) fails only the dispatch: the claim stands, and the dispatch is sent again alone,
+/// which loads the script.
+pub(crate) async fn autoclaim_and_dispatch<C: ConnectionLike + Send + Sync>(
+    conn: &mut C,
+    keys: &RedisKeys,
+    consumer: &str,
+    min_idle: Duration,
+    cursor: &str,
+) -> redis::RedisResult<ClaimedAndDispatched> {
+    let dispatch = lanes::dispatch_invocation(keys, consumer);
+    let mut pipe = redis::pipe();
+    pipe.ignore_errors()
+        .cmd("XAUTOCLAIM")
+        .arg(keys.stream())
+        .arg(GROUP)
+        .arg(consumer)
+        .arg(millis(min_idle))
+        .arg(cursor)
+        .arg("COUNT")
+        .arg(1)
+        .invoke_script(&dispatch);
+    let replies: Vec<redis::RedisResult<redis::Value>> = pipe.query_async(conn).await?;
+    let mut replies = replies.into_iter();
+    let (Some(claim), Some(read)) = (replies.next(), replies.next()) else {
+        return Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "a pipeline of two commands answered fewer replies",
+        )));
+    };
+    let claim: StreamAutoClaimReply = redis::from_redis_value(claim?)?;
+    let new = match read {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            lanes::dispatch(conn, keys, consumer).await?
+        }
+        read => lanes::dispatched(redis::from_redis_value(read?)?),
+    };
+    let delivery = Delivery::of(keys);
+    Ok(ClaimedAndDispatched {
+        next_cursor: claim.next_stream_id,
+        claimed: claim.claimed.into_iter().map(&delivery).collect(),
+        deleted: claim.deleted_ids,
+        new: new.map(delivery),
+    })
+}
+
 /// New work for `consumer`, at most `count` entries: dispatched by [`lanes::dispatch`] (an
 /// entry already on the job stream, else the next one of the lane whose turn it is, read
 /// with XREADGROUP `>` in the same step). When there is none, waits up to `block` for the

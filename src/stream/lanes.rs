@@ -161,8 +161,18 @@ pub async fn dispatch<C: ConnectionLike + Send + Sync>(
     keys: &RedisKeys,
     consumer: &str,
 ) -> redis::RedisResult<Option<StreamId>> {
+    let reply = dispatch_invocation(keys, consumer)
+        .invoke_async(conn)
+        .await?;
+    Ok(dispatched(reply))
+}
+
+/// The dispatch script's call for `consumer`, for a caller that sends it along with other
+/// commands (`consumer_group::autoclaim_and_dispatch`).
+pub(crate) fn dispatch_invocation(keys: &RedisKeys, consumer: &str) -> ScriptInvocation<'static> {
     let (before, after) = keys.running_affixes();
-    let reply: Option<StreamRangeReply> = DISPATCH
+    let mut invocation = DISPATCH.prepare_invoke();
+    invocation
         .key(keys.stream())
         .key(keys.lanes())
         .key(keys.lanes_clock())
@@ -173,10 +183,13 @@ pub async fn dispatch<C: ConnectionLike + Send + Sync>(
         .arg(before)
         .arg(after)
         .arg(LOOK_AHEAD)
-        .arg(job_entry::TENANT)
-        .invoke_async(conn)
-        .await?;
-    Ok(reply.and_then(|r| r.ids.into_iter().next()))
+        .arg(job_entry::TENANT);
+    invocation
+}
+
+/// The entry a dispatch reply hands out, if any.
+pub(crate) fn dispatched(reply: Option<StreamRangeReply>) -> Option<StreamId> {
+    reply.and_then(|r| r.ids.into_iter().next())
 }
 
 /// Wait up to `block` for the doorbell (a job was put in a lane); true when it rang. A

@@ -46,38 +46,87 @@ impl Consumer {
             return self.retake(conn, held).await;
         }
         self.took_held = false;
-        let mut deliveries = self.claim_idle(conn).await?;
-        // An entry read new (XREADGROUP `>`, which every read here is) has been delivered
-        // exactly once, by this read; only a claim moves the count to something the PEL
-        // must be asked for. Known, it saves the delivery its XPENDING round trip.
-        let mut first_delivery = None;
-        if deliveries.is_empty() {
-            // Wait for new work only until the next held entry is due (not at all when one
-            // is due already).
-            let block = self
-                .held
-                .iter()
-                .map(|held| held.due.saturating_duration_since(now))
-                .min()
-                .map_or(self.config.block, |until| until.min(self.config.block));
-            deliveries = self.read_new(conn, block).await?;
-            first_delivery = Some(1);
-        }
+        // Wait for new work only until the next held entry is due (not at all when one is
+        // due already).
+        let block = self
+            .held
+            .iter()
+            .map(|held| held.due.saturating_duration_since(now))
+            .min()
+            .map_or(self.config.block, |until| until.min(self.config.block));
+        let (claimed, new) = if self.services.keys.count() == 1 {
+            self.claim_idle_and_dispatch(conn, block).await?
+        } else {
+            let claimed = self.claim_idle(conn).await?;
+            let new = match claimed.is_empty() {
+                true => self.read_new(conn, block).await?,
+                false => Vec::new(),
+            };
+            (claimed, new)
+        };
         // Our own claim of an entry we hold (it sat idle past `claim_idle`) supersedes the
         // held retry, which would otherwise run it twice. Ids are per shard.
         self.held.retain(|held| {
-            !deliveries
+            !claimed
                 .iter()
                 .any(|d| d.id == held.delivery.id && d.shard == held.delivery.shard)
         });
-        Ok(deliveries
-            .into_iter()
-            .map(|delivery| Taken {
+        // An entry read new (XREADGROUP `>`, which every read here is) has been delivered
+        // exactly once, by this read; only a claim moves the count to something the PEL
+        // must be asked for. Known, it saves the delivery its XPENDING round trip.
+        let taken = |deliveries| {
+            move |delivery| Taken {
                 delivery,
-                deliveries: first_delivery,
+                deliveries,
                 work: Work::Run(None),
-            })
+            }
+        };
+        Ok(claimed
+            .into_iter()
+            .map(taken(None))
+            .chain(new.into_iter().map(taken(Some(1))))
             .collect())
+    }
+
+    /// One shard: its idle entries and a new one asked for in one round trip
+    /// ([`group::autoclaim_and_dispatch`]); when neither is there, the wait for new work
+    /// ([`Self::read_new`]'s, without its first read, which this was).
+    async fn claim_idle_and_dispatch(
+        &mut self,
+        conn: &mut crate::infra::redis::Conn,
+        block: Duration,
+    ) -> Result<(Vec<Delivery>, Vec<Delivery>), WorkerError> {
+        let shards = self.services.keys.clone();
+        let keys = shards.get(0);
+        let started_at_beginning = self.cursors[0] == CURSOR_START;
+        let found = group::autoclaim_and_dispatch(
+            conn,
+            keys,
+            &self.name,
+            self.config.claim_idle,
+            &self.cursors[0],
+        )
+        .await?;
+        if !found.deleted.is_empty() {
+            tracing::error!(ids = ?found.deleted, shard = 0, "pending stream entries were deleted before being processed");
+        }
+        self.cursors[0] = found.next_cursor;
+        let mut claimed = found.claimed;
+        let mut new: Vec<Delivery> = found.new.into_iter().collect();
+        if claimed.is_empty()
+            && new.is_empty()
+            && !started_at_beginning
+            && self.cursors[0] == CURSOR_START
+        {
+            // The scan ended without a claim and there is nothing new to run: rescan once
+            // from the start, as `claim_idle_in` does. With a new entry in hand the rescan
+            // is the next take's, whose scan starts from the start anyway.
+            claimed = self.claim_idle_in(conn, keys).await?;
+        }
+        if claimed.is_empty() && new.is_empty() && group::wait_for_work(conn, keys, block).await? {
+            new = group::read_now(conn, keys, &self.name, BATCH).await?;
+        }
+        Ok((claimed, new))
     }
 
     /// Hand a held entry out again, with the count its retry carries; nothing when it is no

@@ -19,6 +19,7 @@ use redis::{Pipeline, ScriptInvocation};
 use super::job_state::{self, Reservation};
 use crate::domain::{Budget, BudgetUse, JobId};
 use crate::infra::keys::RedisKeys;
+use crate::infra::redis::script_call::ScriptArgs;
 
 /// The period hash's fields (the Lua text spells them too: `enqueue_once.lua` and
 /// [`SETTLE_LUA`]).
@@ -64,7 +65,7 @@ impl Admission {
     /// Append the script's budget arguments ([`ADMISSION_ARGS`] of them): cost (0 = no
     /// budget), budget tokens, retry ms, the hash's TTL in ms, the job-state field of the
     /// period, the period id, the job-state field of the tokens.
-    pub(crate) fn pass_to(admission: Option<&Self>, script: &mut ScriptInvocation) {
+    pub(crate) fn pass_to(admission: Option<&Self>, script: &mut impl ScriptArgs) {
         let [period_field, tokens_field] = job_state::reservation_fields();
         match admission {
             Some(a) => script

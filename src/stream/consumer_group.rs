@@ -20,6 +20,7 @@ use super::budget::{self, Settle};
 use super::{job_entry, job_state, lanes, tenant_limits};
 use crate::domain::{Job, JobId};
 use crate::infra::keys::{GROUP, RedisKeys};
+use crate::infra::redis::script_call::is_noscript;
 
 /// The XAUTOCLAIM cursor that starts (and, when returned, ends) a full scan of the PEL.
 pub(crate) const CURSOR_START: &str = "0-0";
@@ -136,9 +137,7 @@ pub(crate) async fn autoclaim_and_dispatch<C: ConnectionLike + Send + Sync>(
     };
     let claim: StreamAutoClaimReply = redis::from_redis_value(claim?)?;
     let new = match read {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            lanes::dispatch(conn, keys, consumer).await?
-        }
+        Err(e) if is_noscript(&e) => lanes::dispatch(conn, keys, consumer).await?,
         read => lanes::dispatched(redis::from_redis_value(read?)?),
     };
     let delivery = Delivery::of(keys);

@@ -1,7 +1,7 @@
 use std::sync::LazyLock;
 
+use redis::Script;
 use redis::aio::ConnectionLike;
-use redis::{Script, ScriptInvocation};
 use tracing::Instrument;
 
 use super::budget::Admission;
@@ -12,6 +12,7 @@ use super::replicas::{self, ReplicaAcks};
 use super::tenant_limits::{self, OverLimit, TenantLimits};
 use crate::domain::Job;
 use crate::infra::keys::RedisKeys;
+use crate::infra::redis::script_call::{ScriptArgs, ScriptCall};
 use crate::infra::telemetry::{self, otel_span};
 use crate::resilience::failure::Disposition;
 
@@ -84,13 +85,9 @@ pub async fn enqueue_once<C: ConnectionLike + Send>(
     admit: Admit<'_>,
 ) -> redis::RedisResult<EnqueueOnce> {
     let span = enqueue_span(job);
-    let reply = async {
-        invocation(keys, job, record, admit)
-            .invoke_async(conn)
-            .await
-    }
-    .instrument(span.clone())
-    .await;
+    let reply = async { invocation(keys, job, record, admit).invoke(conn).await }
+        .instrument(span.clone())
+        .await;
     traced(&span, reply.map(EnqueueOnce::from_reply))
 }
 
@@ -127,8 +124,8 @@ pub async fn enqueue_once_confirmed<C: ConnectionLike + Send>(
 ) -> redis::RedisResult<(EnqueueOnce, u32)> {
     let span = enqueue_span(job);
     let confirmed = async {
-        let invocation = invocation(keys, job, record, admit);
-        replicas::invoke_confirmed(conn, &invocation, acks).await
+        let call = invocation(keys, job, record, admit);
+        replicas::invoke_confirmed(conn, &call, acks).await
     }
     .instrument(span.clone())
     .await;
@@ -155,7 +152,7 @@ fn invocation(
     job: &Job,
     record: IdempotencyRecord<'_>,
     admit: Admit<'_>,
-) -> ScriptInvocation<'static> {
+) -> ScriptCall {
     let Admit { limits, budget } = admit;
     let tenant = job.tenant.as_str();
     let limits = &limits.for_recipient(job.notify.as_ref());
@@ -164,36 +161,40 @@ fn invocation(
         Some(to) => limits.notify_window(keys, tenant, to),
         None => keys.notify_window(tenant, "unlimited"),
     };
-    let mut invocation = ENQUEUE_ONCE.prepare_invoke();
-    invocation
-        .key(record.key)
-        .key(keys.lane(tenant))
-        .key(keys.job(job.job_id))
-        .key(keys.in_flight(tenant))
-        .key(keys.rate(tenant))
-        .key(window)
-        .key(match budget {
-            Some(b) => b.key(keys, tenant),
-            // Never read without a cost; any name of the tenant's stands in.
-            None => keys.budget(tenant, "none"),
-        })
-        .key(keys.lanes())
-        .key(keys.lanes_clock())
-        .key(keys.doorbell())
-        .key(keys.lane_policies())
-        .arg(record.value)
+    let budget_key = match budget {
+        Some(b) => b.key(keys, tenant),
+        // Never read without a cost; any name of the tenant's stands in.
+        None => keys.budget(tenant, "none"),
+    };
+    let mut call = ScriptCall::new(
+        &ENQUEUE_ONCE,
+        &[
+            record.key,
+            &keys.lane(tenant),
+            &keys.job(job.job_id),
+            &keys.in_flight(tenant),
+            &keys.rate(tenant),
+            &window,
+            &budget_key,
+            &keys.lanes(),
+            &keys.lanes_clock(),
+            &keys.doorbell(),
+            &keys.lane_policies(),
+        ],
+    );
+    call.arg(record.value)
         .arg(record.ttl_s)
         .arg(job.job_id.to_string());
-    limits.pass_to(&mut invocation, std::time::SystemTime::now());
-    Queued::of(job).pass_to(&mut invocation);
+    limits.pass_to(&mut call, std::time::SystemTime::now());
+    Queued::of(job).pass_to(&mut call);
     for (name, value) in job_entry::to_fields(job) {
-        invocation.arg(name).arg(value);
+        call.arg(name).arg(value);
     }
     // The `enqueue` span around this: the worker's delivery continues from it.
     for (name, value) in job_entry::trace_fields(telemetry::current().as_ref()) {
-        invocation.arg(name).arg(value);
+        call.arg(name).arg(value);
     }
-    LanePolicy::of(limits).pass_to(&mut invocation, tenant);
-    Admission::pass_to(budget, &mut invocation);
-    invocation
+    LanePolicy::of(limits).pass_to(&mut call, tenant);
+    Admission::pass_to(budget, &mut call);
+    call
 }

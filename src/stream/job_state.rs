@@ -14,6 +14,7 @@ use redis::{AsyncCommands, Pipeline, ScriptInvocation};
 use super::job_entry;
 use crate::domain::{Job, JobId};
 use crate::infra::keys::RedisKeys;
+use crate::infra::redis::script_call::ScriptArgs;
 
 const TENANT: &str = "tenant";
 const STATUS: &str = "status";
@@ -190,7 +191,7 @@ impl Queued {
     /// Hand the writes to a script as arguments: `n`, then `n` field and value arguments
     /// for HSET, then the field to HDEL. The script runs
     /// `HSET key unpack(ARGV, i + 1, i + n)` and `HDEL key ARGV[i + n + 1]`.
-    pub(crate) fn pass_to(&self, script: &mut ScriptInvocation) {
+    pub(crate) fn pass_to(&self, script: &mut impl ScriptArgs) {
         let fields = self.fields();
         script.arg(fields.len() * 2);
         for (name, value) in fields {

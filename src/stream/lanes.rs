@@ -31,6 +31,7 @@ use redis::{Pipeline, Script, ScriptInvocation};
 use super::job_entry;
 use super::tenant_limits::TenantLimits;
 use crate::infra::keys::{GROUP, RedisKeys};
+use crate::infra::redis::script_call::ScriptArgs;
 
 /// Lanes one dispatch looks at, lowest score first, to find one whose tenant is below its
 /// `max_concurrent`. Bounded so a dispatch is short whatever the number of tenants; a
@@ -63,7 +64,7 @@ impl LanePolicy {
     /// The accept script's last three arguments: weight, max_concurrent (0: none), tenant.
     /// `{}` prints a whole weight without a fraction ("1"), which the script compares with
     /// to store nothing for a tenant with the defaults.
-    pub(crate) fn pass_to(&self, invocation: &mut ScriptInvocation, tenant: &str) {
+    pub(crate) fn pass_to(&self, invocation: &mut impl ScriptArgs, tenant: &str) {
         invocation
             .arg(format!("{}", self.weight))
             .arg(self.max_concurrent)

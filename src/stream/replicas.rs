@@ -17,6 +17,7 @@ use redis::aio::ConnectionLike;
 
 use crate::config::RedisTlsSettings;
 use crate::infra::redis::routed::{Routable, wait_replicas};
+use crate::infra::redis::script_call::{ScriptArgs, ScriptCall, is_noscript};
 
 /// How many replicas must confirm a write, and how long to wait for them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,7 +130,7 @@ pub async fn confirm<C: Routable>(
 /// a restart or a promotion) it is loaded and the whole pipeline sent again.
 pub async fn invoke_confirmed<T, C>(
     conn: &mut C,
-    invocation: &redis::ScriptInvocation<'_>,
+    call: &ScriptCall,
     acks: ReplicaAcks,
 ) -> redis::RedisResult<(T, u32)>
 where
@@ -137,13 +138,13 @@ where
     C: ConnectionLike + Send,
 {
     let mut pipe = redis::pipe();
-    pipe.invoke_script(invocation)
+    pipe.add_command(call.cmd().clone())
         .cmd("WAIT")
         .arg(acks.replicas)
         .arg(acks.timeout_ms());
     match pipe.query_async(conn).await {
-        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-            invocation.load_async(conn).await?;
+        Err(e) if is_noscript(&e) => {
+            call.load(conn).await?;
             pipe.query_async(conn).await
         }
         answered => answered,
@@ -184,10 +185,10 @@ pub async fn confirm_unchanged<C: ConnectionLike + Send>(
     value: &str,
     acks: ReplicaAcks,
 ) -> Result<(), NotReplicated> {
-    let mut invocation = REWRITE_UNCHANGED.prepare_invoke();
-    invocation.key(key).arg(value);
+    let mut call = ScriptCall::new(&REWRITE_UNCHANGED, &[key]);
+    call.arg(value);
     let (rewritten, acked): (i64, u32) =
-        invoke_confirmed(conn, &invocation, acks)
+        invoke_confirmed(conn, &call, acks)
             .await
             .map_err(|source| NotReplicated::Redis {
                 wanted: acks.replicas,

@@ -19,12 +19,13 @@ use std::sync::LazyLock;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::ConnectionLike;
-use redis::{Pipeline, Script, ScriptInvocation};
+use redis::{Pipeline, Script};
 
 use super::job_entry;
 use crate::domain::{Email, JobId};
 use crate::infra::keys::RedisKeys;
 use crate::infra::redis::routed::{Routable, on_master_of};
+use crate::infra::redis::script_call::ScriptArgs;
 
 /// One tenant's limits; `None` is unlimited. From the tokens file (`auth`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -94,7 +95,7 @@ impl TenantLimits {
     /// quarter slower (measured with Redis' own per-call timing: ~35 µs instead of ~28 µs
     /// per accepted job). Replicas' clocks agree within milliseconds under NTP; one that runs
     /// `d` ahead can admit at most `d × rate_per_s` jobs beyond the tenant's burst.
-    pub(crate) fn pass_to(&self, script: &mut ScriptInvocation, now: SystemTime) {
+    pub(crate) fn pass_to(&self, script: &mut impl ScriptArgs, now: SystemTime) {
         let interval = self.interval_us();
         let since_epoch = now.duration_since(UNIX_EPOCH).unwrap_or_default();
         let now_us = if interval > 0.0 {

@@ -54,7 +54,7 @@ impl Consumer {
             .map(|held| held.due.saturating_duration_since(now))
             .min()
             .map_or(self.config.block, |until| until.min(self.config.block));
-        let (claimed, new) = if self.services.keys.count() == 1 {
+        let (claimed, mut new) = if self.services.keys.count() == 1 {
             self.claim_idle_and_dispatch(conn, block).await?
         } else {
             let claimed = self.claim_idle(conn).await?;
@@ -71,6 +71,20 @@ impl Consumer {
                 .iter()
                 .any(|d| d.id == held.delivery.id && d.shard == held.delivery.shard)
         });
+        if !claimed.is_empty() {
+            // Taken together with a claim, a new entry waits while the claimed one runs, and
+            // nothing extends its claim meanwhile: it is held, due now, so the next take
+            // re-claims it first (it runs only while still ours) instead of running it here
+            // after a job that may outlast `claim_idle`.
+            for delivery in new.drain(..) {
+                self.held.push_front(Held {
+                    delivery,
+                    count: None,
+                    work: Work::Run(None),
+                    due: now,
+                });
+            }
+        }
         // An entry read new (XREADGROUP `>`, which every read here is) has been delivered
         // exactly once, by this read; only a claim moves the count to something the PEL
         // must be asked for. Known, it saves the delivery its XPENDING round trip.

@@ -351,6 +351,77 @@ async fn a_dispatched_entry_of_a_consumer_that_dies_is_reclaimed() {
     assert!(w.active_lanes().await.is_empty());
 }
 
+/// One take claims a dead consumer's entry and dispatches a new one in the same round trip:
+/// the claimed job runs, the new one is held (nothing would extend its claim while the other
+/// runs) and the next take re-claims it before running it, so a consumer that took it over
+/// meanwhile is the only one to run it.
+#[actix_web::test]
+async fn a_new_entry_taken_with_a_claim_runs_next_and_only_while_still_ours() {
+    let w = World::new(&[("a", ""), ("b", "")], TenantModel::default()).await;
+    let mut redis = w.env.redis().await;
+    let keys = w.services.keys.get(0);
+    // A consumer that dies holding one job, and one job waiting in a lane.
+    let die_holding_one = |name: &'static str| {
+        let mut redis = redis.clone();
+        async move {
+            let taken = read_new(&mut redis, keys, name, 1, Duration::ZERO)
+                .await
+                .unwrap();
+            let [entry] = taken.as_slice() else {
+                panic!("{taken:?}")
+            };
+            make_idle(&mut redis, keys, &entry.id).await;
+            entry.id.clone()
+        }
+    };
+    let rescuer = |name: &str| {
+        let mut consumer = w.consumer(name);
+        consumer.config.claim_idle = Duration::from_secs(1);
+        consumer
+    };
+
+    w.post("a", 0, 1).await;
+    let dead = die_holding_one("fair-doomed").await;
+    w.post("b", 0, 1).await;
+    let mut first = rescuer("fair-rescuer");
+    assert_eq!(first.run_once().await.unwrap(), 1, "the claimed entry runs");
+    assert_eq!(w.model.order(), ["a"]);
+    let pending = w.pending().await;
+    let [(held, owner, 1)] = pending.as_slice() else {
+        panic!("b's job, dispatched with the claim and held, count 1: {pending:?}")
+    };
+    assert!(held != &dead && owner == "fair-rescuer", "{pending:?}");
+    assert_eq!(
+        first.run_once().await.unwrap(),
+        1,
+        "the held entry runs next"
+    );
+    assert_eq!(w.model.order(), ["a", "b"]);
+    assert!(w.pending().await.is_empty());
+
+    // Again, and this time another consumer takes the held entry over before the next take.
+    w.post("a", 1, 1).await;
+    die_holding_one("fair-doomed-2").await;
+    w.post("b", 1, 1).await;
+    let mut second = rescuer("fair-rescuer-2");
+    assert_eq!(second.run_once().await.unwrap(), 1);
+    let pending = w.pending().await;
+    let [(held, owner, 1)] = pending.as_slice() else {
+        panic!("{pending:?}")
+    };
+    assert_eq!(owner, "fair-rescuer-2");
+    make_idle(&mut redis, keys, held).await;
+    assert_eq!(rescuer("fair-thief").run_once().await.unwrap(), 1);
+    assert_eq!(
+        second.run_once().await.unwrap(),
+        0,
+        "no longer its own: not run"
+    );
+    assert_eq!(w.model.order().len(), 4, "{:?}", w.model.order());
+    assert_eq!(w.env.count("summaries").await, 4);
+    assert!(w.pending().await.is_empty());
+}
+
 /// A job put straight on the job stream (an older version's accept) is still consumed, and
 /// before any lane: it was accepted without a place in the schedule.
 #[actix_web::test]

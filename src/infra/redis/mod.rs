@@ -16,6 +16,7 @@ mod cluster_url;
 pub mod conn;
 pub(crate) mod durability;
 pub mod routed;
+pub mod script_call;
 
 use std::time::Duration;
 

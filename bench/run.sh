@@ -29,6 +29,12 @@
 #                            disable; require measures TLS to Postgres)
 #   BENCH_MONITOR_C          C of the one extra, untimed end-to-end run watched with Redis
 #                            MONITOR for the requests sent per job (default 8; 0 skips it)
+#   BENCH_AB_BASE            a summaryd binary of another build: after the sweep, this build
+#                            is compared with it by bench/ab_intake.sh (CPU per POST, req/s)
+#                            and bench/ab_drain.sh (a backlog drained with an instant model),
+#                            their medians appended to the table and drawn in ab.png
+#                            (default unset: no comparison)
+#   BENCH_AB_ROUNDS          rounds of each comparison (default 7)
 #
 # Everything runs on loopback. Redis is a private redis-server started here on a free port
 # (same version and persistence settings as the shared one: none), so the service and
@@ -496,6 +502,59 @@ set yrange [*:*]
 plot "$workdir/e2e.dat" using 1:2 with linespoints lw 2 title "measured", \
      "$workdir/e2e.dat" using 1:3 with lines dt 2 title "ideal C/L", \
      "$workdir/e2e.dat" using 1:4 with linespoints dt 3 title "Postgres commit ceiling (pgbench)"
+EOF
+fi
+
+if [[ -n "${BENCH_AB_BASE:-}" ]]; then
+    ab_rounds=${BENCH_AB_ROUNDS:-7}
+    log "against $BENCH_AB_BASE: bench/ab_intake.sh and bench/ab_drain.sh, $ab_rounds rounds each"
+    AB_ROUNDS=$ab_rounds bench/ab_intake.sh "$BENCH_AB_BASE" "$bin" >"$workdir/ab_intake.txt" ||
+        die "bench/ab_intake.sh failed"
+    AB_ROUNDS=$ab_rounds bench/ab_drain.sh "$BENCH_AB_BASE" "$bin" >"$workdir/ab_drain.txt" ||
+        die "bench/ab_drain.sh failed"
+    cpu_ratio=$(sed -n 's/^candidate  *median [0-9.]* us, ratio \([0-9.]*\).*/\1/p' "$workdir/ab_intake.txt")
+    rps_ratio=$(sed -n '/^connections/,/^CPU/s/^candidate  *median \([0-9.]*\) .*/\1/p' "$workdir/ab_intake.txt")
+    read -r drain_rate drain_cpu drain_core < <(sed -n \
+        's/^new\/base, median of the rounds. ratios: jobs\/s \([0-9.]*\), worker CPU ms\/job \([0-9.]*\), jobs\/s per core \([0-9.]*\).*/\1 \2 \3/p' \
+        "$workdir/ab_drain.txt")
+    read -r ceiling_base ceiling_new < <(awk '$1 == "base" && b == "" { b = $6 } $1 == "new" && n == "" { n = $6 } END { print b, n }' "$workdir/ab_drain.txt")
+    {
+        echo
+        echo "## This build against $(basename "$BENCH_AB_BASE") ($ab_rounds rounds each, alternating, ratios new/base)"
+        echo
+        echo "| figure | ratio |"
+        echo "|---|---:|"
+        echo "| CPU µs per POST, new key, 32 connections (\`bench/ab_intake.sh\`) | **$cpu_ratio** |"
+        echo "| POST req/s, new key, 32 connections | $rps_ratio |"
+        echo "| drain jobs/s, instant model, 16 consumers (\`bench/ab_drain.sh\`) | **$drain_rate** |"
+        echo "| drain worker CPU ms per job | $drain_cpu |"
+        echo "| drain jobs/s per core of the worker | **$drain_core** |"
+        echo "| drain jobs/s ÷ the same run's pgbench commit ceiling: base, new | $ceiling_base, **$ceiling_new** |"
+        echo
+        echo "POST (\`bench/ab_intake.sh\`):"
+        echo
+        echo '```'
+        sed -n '/^connections/,$p' "$workdir/ab_intake.txt"
+        echo '```'
+        echo
+        echo "Drain (\`bench/ab_drain.sh\`):"
+        echo
+        echo '```'
+        sed -n '/^medians/,$p' "$workdir/ab_drain.txt"
+        echo '```'
+    } >>"$report"
+    printf '"%s" %s\n' "CPU per POST" "$cpu_ratio" "drain jobs/s" "$drain_rate" "drain per core" "$drain_core" >"$workdir/ab.dat"
+    gnuplot <<EOF || die "gnuplot failed"
+set terminal pngcairo size 700,380 font "sans,10"
+set output "$OUT/ab.png"
+set title "This build against $(basename "$BENCH_AB_BASE"): ratios new/base (1 = no change)"
+set style data histograms
+set style fill solid 0.6
+set boxwidth 0.6
+set yrange [0:*]
+set grid ytics
+unset key
+plot "$workdir/ab.dat" using 2:xtic(1), 1 with lines dt 2
 EOF
 fi
 

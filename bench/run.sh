@@ -545,9 +545,9 @@ if [[ -n "${BENCH_AB_BASE:-}" ]]; then
     } >>"$report"
     printf '"%s" %s\n' "CPU per POST" "$cpu_ratio" "drain jobs/s" "$drain_rate" "drain per core" "$drain_core" >"$workdir/ab.dat"
     gnuplot <<EOF || die "gnuplot failed"
-set terminal pngcairo size 700,380 font "sans,10"
+set terminal pngcairo size 760,380 font "sans,10"
 set output "$OUT/ab.png"
-set title "This build against $(basename "$BENCH_AB_BASE"): ratios new/base (1 = no change)"
+set title "This build against $(basename "$BENCH_AB_BASE" | cut -c1-20): ratios new/base (1 = no change)"
 set style data histograms
 set style fill solid 0.6
 set boxwidth 0.6

@@ -127,6 +127,15 @@ def seconds(value):
     return int(value) / 1000
 
 
+
+def job_stream_names(keys_rs: str) -> list[str]:
+    """The string literals of `RedisKeys::stream` in src/infra/keys.rs: the job stream's name
+    after the deployment's prefix (a `"{}…"` format string or a part joined to the prefix)."""
+    body = re.search(r"pub fn stream\(&self\) -> String \{(.*?)\n    \}", keys_rs, re.S)
+    if body is None:
+        return []
+    return [literal.removeprefix("{}") for literal in re.findall(r'"([^"]*)"', body.group(1))]
+
 def rules(objects, where):
     """What the manifests promise beyond their schemas (deploy/README.md)."""
     errors = []
@@ -234,7 +243,7 @@ def rules(objects, where):
             # the autoscaler watching an empty stream.
             if f'"{meta.get("consumerGroup")}"' not in keys_rs:
                 errors.append(f"{name}: consumer group {meta.get('consumerGroup')!r} is not src/infra/keys.rs's GROUP")
-            if f'"{{}}{meta.get("stream")}"' not in keys_rs:
+            if meta.get("stream") not in job_stream_names(keys_rs):
                 errors.append(f"{name}: stream {meta.get('stream')!r} is not src/infra/keys.rs's job stream")
             found |= {k for k in ("lagCount", "pendingEntriesCount") if k in meta}
             ref = t.get("authenticationRef", {}).get("name")

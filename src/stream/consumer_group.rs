@@ -103,9 +103,9 @@ pub(crate) struct ClaimedAndDispatched {
 /// [`autoclaim`] (one entry) and one [`lanes::dispatch`] in one round trip, pipelined.
 ///
 /// Nearly every take finds nothing idle and needs a new entry, so asking for both at once
-/// saves each job a round trip. When both find one, the consumer holds two and runs them
-/// one after the other; idle entries follow a worker's crash, so that is rare, and the
-/// second waits one job's time, far below `claim_idle`. A NOSCRIPT (Redis lost its script
+/// saves each job a round trip. When both find one (idle entries follow a worker's crash,
+/// so that is rare), the caller decides what waits: the worker holds the new one and
+/// re-claims it before running it (`worker/take.rs`). A NOSCRIPT (Redis lost its script
 /// cache) fails only the dispatch: the claim stands, and the dispatch is sent again alone,
 /// which loads the script.
 pub(crate) async fn autoclaim_and_dispatch<C: ConnectionLike + Send + Sync>(

@@ -104,10 +104,10 @@ fn webhook_url(value: Value, rules: WebhookRules) -> Result<WebhookUrl, Validati
 }
 
 impl ValidSummaryRequest {
-    /// SHA-256 of the canonical JSON: the validated fields as one object with sorted keys
-    /// (serde_json's map keeps keys sorted), so whitespace and field order of the original
-    /// do not matter. Serialising a `Value` has no error path (its keys are strings and its
-    /// numbers finite), so there is no fallback to get wrong.
+    /// SHA-256 of the canonical JSON: the validated fields as one object with sorted keys,
+    /// so whitespace and field order of the original do not matter. The error is the
+    /// serialiser's and cannot happen for these fields (strings, into a hash that takes
+    /// every byte); it is passed on rather than hidden.
     pub fn fingerprint(&self) -> Result<String, serde_json::Error> {
         // Absent fields stay absent, so a request without a webhook keeps the fingerprint
         // it had before webhooks existed (stored records are compared against it). The
@@ -178,8 +178,6 @@ mod tests {
         assert_ne!(a.fingerprint().unwrap(), c.fingerprint().unwrap());
     }
 
-    /// Stored idempotency records hold fingerprints: if these bytes ever changed, a client
-    /// retrying across an upgrade would get 422 for its own request.
     #[test]
     fn fingerprint_is_the_hash_of_the_sorted_compact_json_of_the_fields_sent() {
         // The form every stored record was fingerprinted with: a JSON object with sorted
@@ -208,6 +206,8 @@ mod tests {
         }
     }
 
+    /// Stored idempotency records hold fingerprints: if these bytes ever changed, a client
+    /// retrying across an upgrade would get 422 for its own request.
     #[test]
     fn fingerprint_bytes_are_stable() {
         let req = parse(r#"{"text":"Grüße \"q\"\n","notify":"a@b.co"}"#).unwrap();

@@ -71,13 +71,13 @@ impl RedisKeys {
     /// A tenant's lane: a stream (no consumer group) of its accepted jobs waiting to be
     /// dispatched onto the job stream (`stream/lanes.rs`). Deleted when it empties.
     pub fn lane(&self, tenant: &str) -> String {
-        join(&[&self.prefix, "jobs:summaries:lane:", tenant])
+        join(&[&self.prefix, LANE, tenant])
     }
 
     /// What every lane's name starts with: the dispatch script builds a lane's name from the
     /// tenant it picks, so it gets this part as an argument.
     pub(crate) fn lane_prefix(&self) -> String {
-        join(&[&self.prefix, "jobs:summaries:lane:"])
+        join(&[&self.prefix, LANE])
     }
 
     /// The active lanes: a sorted set of tenants whose lane holds jobs, scored by the
@@ -231,6 +231,9 @@ impl RedisKeys {
         join(&[&self.prefix, &scope.0])
     }
 }
+
+/// What a lane's name adds to the shard's prefix before the tenant.
+const LANE: &str = "jobs:summaries:lane:";
 
 /// `parts` end to end. The keys a POST names (about a dozen) are built per request, and
 /// this is one allocation of the right size each, without the formatting machinery.

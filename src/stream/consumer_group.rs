@@ -115,7 +115,7 @@ pub(crate) async fn autoclaim_and_dispatch<C: ConnectionLike + Send + Sync>(
     min_idle: Duration,
     cursor: &str,
 ) -> redis::RedisResult<ClaimedAndDispatched> {
-    let dispatch = lanes::dispatch_invocation(keys, consumer);
+    let dispatch = lanes::dispatch_call(keys, consumer);
     let mut pipe = redis::pipe();
     pipe.ignore_errors()
         .cmd("XAUTOCLAIM")
@@ -126,7 +126,7 @@ pub(crate) async fn autoclaim_and_dispatch<C: ConnectionLike + Send + Sync>(
         .arg(cursor)
         .arg("COUNT")
         .arg(1)
-        .invoke_script(&dispatch);
+        .add_command(dispatch.into_cmd());
     let replies: Vec<redis::RedisResult<redis::Value>> = pipe.query_async(conn).await?;
     let mut replies = replies.into_iter();
     let (Some(claim), Some(read)) = (replies.next(), replies.next()) else {

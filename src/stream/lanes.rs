@@ -26,12 +26,12 @@ use std::time::Duration;
 
 use redis::aio::ConnectionLike;
 use redis::streams::{StreamId, StreamRangeReply};
-use redis::{Pipeline, Script, ScriptInvocation};
+use redis::{Pipeline, Script};
 
 use super::job_entry;
 use super::tenant_limits::TenantLimits;
 use crate::infra::keys::{GROUP, RedisKeys};
-use crate::infra::redis::script_call::ScriptArgs;
+use crate::infra::redis::script_call::{ScriptArgs, ScriptCall};
 
 /// Lanes one dispatch looks at, lowest score first, to find one whose tenant is below its
 /// `max_concurrent`. Bounded so a dispatch is short whatever the number of tenants; a
@@ -162,30 +162,31 @@ pub async fn dispatch<C: ConnectionLike + Send + Sync>(
     keys: &RedisKeys,
     consumer: &str,
 ) -> redis::RedisResult<Option<StreamId>> {
-    let reply = dispatch_invocation(keys, consumer)
-        .invoke_async(conn)
-        .await?;
+    let reply = dispatch_call(keys, consumer).invoke(conn).await?;
     Ok(dispatched(reply))
 }
 
 /// The dispatch script's call for `consumer`, for a caller that sends it along with other
 /// commands (`consumer_group::autoclaim_and_dispatch`).
-pub(crate) fn dispatch_invocation(keys: &RedisKeys, consumer: &str) -> ScriptInvocation<'static> {
+pub(crate) fn dispatch_call(keys: &RedisKeys, consumer: &str) -> ScriptCall {
     let (before, after) = keys.running_affixes();
-    let mut invocation = DISPATCH.prepare_invoke();
-    invocation
-        .key(keys.stream())
-        .key(keys.lanes())
-        .key(keys.lanes_clock())
-        .key(keys.lane_policies())
-        .arg(GROUP)
+    let mut call = ScriptCall::new(
+        &DISPATCH,
+        &[
+            &keys.stream(),
+            &keys.lanes(),
+            &keys.lanes_clock(),
+            &keys.lane_policies(),
+        ],
+    );
+    call.arg(GROUP)
         .arg(consumer)
         .arg(keys.lane_prefix())
         .arg(before)
         .arg(after)
         .arg(LOOK_AHEAD)
         .arg(job_entry::TENANT);
-    invocation
+    call
 }
 
 /// The entry a dispatch reply hands out, if any.

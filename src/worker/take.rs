@@ -121,9 +121,7 @@ impl Consumer {
             &self.cursors[0],
         )
         .await?;
-        if !found.deleted.is_empty() {
-            tracing::error!(ids = ?found.deleted, shard = 0, "pending stream entries were deleted before being processed");
-        }
+        report_deleted(&found.deleted, 0);
         self.cursors[0] = found.next_cursor;
         let mut claimed = found.claimed;
         let mut new: Vec<Delivery> = found.new.into_iter().collect();
@@ -265,15 +263,23 @@ impl Consumer {
                 BATCH,
             )
             .await?;
-            if !deleted.is_empty() {
-                // Pending entries trimmed from the stream; the job they carried is gone.
-                tracing::error!(ids = ?deleted, shard, "pending stream entries were deleted before being processed");
-            }
+            report_deleted(&deleted, shard);
             *cursor = next;
             if !claimed.is_empty() || started_at_beginning || *cursor != CURSOR_START {
                 return Ok(claimed);
             }
         }
+    }
+}
+
+/// Pending entries a claim found trimmed from the stream: the jobs they carried are gone.
+fn report_deleted(ids: &[String], shard: usize) {
+    if !ids.is_empty() {
+        tracing::error!(
+            ?ids,
+            shard,
+            "pending stream entries were deleted before being processed"
+        );
     }
 }
 

@@ -42,6 +42,11 @@ impl ScriptCall {
         &self.cmd
     }
 
+    /// The command itself, for a pipeline whose caller handles a NOSCRIPT another way.
+    pub fn into_cmd(self) -> Cmd {
+        self.cmd
+    }
+
     /// Put the script in the node's cache (after a NOSCRIPT).
     pub async fn load<C: ConnectionLike + Send>(&self, conn: &mut C) -> RedisResult<()> {
         self.script.load_async(conn).await.map(drop)

@@ -124,7 +124,7 @@ impl Acker {
         let mut batch = Vec::with_capacity(batching.max);
         while let Some(first) = requests.recv().await {
             batch.push(first);
-            gather(&mut requests, &mut batch, batching).await;
+            gather(&mut requests, &mut batch, batching, None).await;
             self.metrics.ack_batch_jobs.observe(batch.len() as f64);
             let mut by_shard: BTreeMap<u16, Vec<Request>> = BTreeMap::new();
             for request in batch.drain(..) {

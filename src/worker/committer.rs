@@ -10,8 +10,11 @@
 //! for their own outcome. The committer takes what is queued (up to `commit_batch`), and
 //! when that is less than a full batch waits at most `commit_wait` for more, then commits
 //! them in one transaction (`db::summaries::commit_batch`), each job keeping its own
-//! `ON CONFLICT DO NOTHING` decision. While a batch commits, the next one gathers, so under
-//! load batches grow by themselves; at low load a job waits at most `commit_wait`.
+//! `ON CONFLICT DO NOTHING` decision. It waits only while some delivery of the process
+//! may still send a summary (one that holds a [`Joining`], taken before its model call):
+//! a lone job, or the last of a burst, is committed without waiting. While a batch
+//! commits, the next one gathers, so under load batches grow by themselves; at low load a
+//! job waits at most `commit_wait`, and only for another job in hand.
 //!
 //! Nothing in the guarantees changes (`docs/delivery.md`, "Group commit"): a delivery is
 //! acknowledged only after its own row is committed (its consumer waits for the outcome
@@ -26,7 +29,7 @@ use deadpool_postgres::Pool;
 use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
-use super::batching::{Batching, gather};
+use super::batching::{Batching, Joiners, Joining, gather};
 use crate::db::DbError;
 use crate::db::summaries::{self, CommitOutcome, Finished};
 use crate::domain::{Job, ModelSummary, TraceContext};
@@ -53,6 +56,7 @@ pub struct Committed {
 pub struct Committer {
     pg: Pool,
     requests: Option<mpsc::Sender<Request>>,
+    joiners: Arc<Joiners>,
 }
 
 struct Request {
@@ -76,19 +80,35 @@ impl Request {
 impl Committer {
     /// Start the committer task of this process (on the current Tokio runtime).
     pub fn start(pg: Pool, batching: Batching, metrics: Arc<Metrics>) -> Self {
+        let joiners = Arc::new(Joiners::default());
         let requests =
             (batching.batches() && tokio::runtime::Handle::try_current().is_ok()).then(|| {
                 let (tx, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(run(pg.clone(), rx, batching, metrics));
+                tokio::spawn(run(pg.clone(), rx, batching, joiners.clone(), metrics));
                 tx
             });
-        Self { pg, requests }
+        Self {
+            pg,
+            requests,
+            joiners,
+        }
+    }
+
+    /// A delivery that may commit a summary, from before its model call: until it commits
+    /// through [`Committer::commit`] or drops this, a batch that is not full waits for it
+    /// (at most the batch's wait).
+    pub fn joining(&self) -> Joining {
+        self.joiners.join()
     }
 
     /// Commit `summary` of `job` (in the next batch), and answer once it is committed, or
-    /// not. Cancel-safe for the job: a request already queued is committed even if this
-    /// future is dropped (a delivery cut short), which a later delivery then finds.
-    pub async fn commit(&self, job: &Job, summary: ModelSummary) -> Committed {
+    /// not; `joining` is the delivery's own, given up as it sends. Cancel-safe for the job:
+    /// a request already queued is committed even if this future is dropped (a delivery
+    /// cut short), which a later delivery then finds.
+    pub async fn commit(&self, joining: Joining, job: &Job, summary: ModelSummary) -> Committed {
+        // Before the send: a batch that closes in between only misses this request, which
+        // the next batch takes; after it, the batch could wait for a request already in.
+        drop(joining);
         let Some(requests) = &self.requests else {
             let result = summaries::commit_with_outbox(&self.pg, job, &summary).await;
             return Committed {
@@ -144,12 +164,13 @@ async fn run(
     pg: Pool,
     mut requests: mpsc::Receiver<Request>,
     batching: Batching,
+    joiners: Arc<Joiners>,
     metrics: Arc<Metrics>,
 ) {
     let mut batch = Vec::with_capacity(batching.max);
     while let Some(first) = requests.recv().await {
         batch.push(first);
-        gather(&mut requests, &mut batch, batching).await;
+        gather(&mut requests, &mut batch, batching, Some(&joiners)).await;
         metrics.commit_batch_jobs.observe(batch.len() as f64);
         commit(&pg, &mut batch).await;
     }

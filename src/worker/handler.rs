@@ -73,6 +73,9 @@ pub(crate) async fn handle_summary_job_from(
     summary: Option<ModelSummary>,
     calls: &CallLog,
 ) -> Result<JobOutcome, Unfinished> {
+    // From here until its commit (or its end without one), a batch of the group commit
+    // may wait for this delivery.
+    let joining = services.commits.joining();
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `summaries::commit_batch` is the guarantee; this only saves money.
     if summaries::exists(&services.pg, job.job_id).await? {
@@ -96,7 +99,7 @@ pub(crate) async fn handle_summary_job_from(
     // the job did nothing wrong, and the summary it paid for goes with the held entry, so
     // the retry after recovery commits it without another model call. Data Postgres
     // refuses is permanent.
-    let committed = services.commits.commit(job, summary).await;
+    let committed = services.commits.commit(joining, job, summary).await;
     match committed.result {
         Ok(CommitOutcome::Inserted) => {
             let calls = committed.summary.and_then(|s| s.parts).unwrap_or(1);

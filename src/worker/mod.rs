@@ -22,7 +22,7 @@ mod take;
 use std::sync::Arc;
 
 pub(crate) use acker::Acker;
-pub use batching::Batching;
+pub use batching::{Batching, Joining};
 pub use committer::{Committed, Committer};
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name};
 pub use dead_reason::DeadReason;

@@ -48,12 +48,15 @@ async fn commit_at_once(
     jobs: &[Job],
     text: impl Fn(usize) -> &'static str,
 ) -> Vec<summaryd::worker::Committed> {
+    // Every job is in hand before any is handed over, as deliveries running together are.
+    let joining: Vec<_> = jobs.iter().map(|_| committer.joining()).collect();
     let tasks: Vec<_> = jobs
         .iter()
+        .zip(joining)
         .enumerate()
-        .map(|(i, j)| {
+        .map(|(i, (j, joining))| {
             let (committer, j, text) = (committer.clone(), j.clone(), text(i));
-            tokio::spawn(async move { committer.commit(&j, model_summary(text)).await })
+            tokio::spawn(async move { committer.commit(joining, &j, model_summary(text)).await })
         })
         .collect();
     let mut answers = Vec::new();
@@ -375,4 +378,103 @@ async fn one_step_acknowledges_a_batch_of_finished_jobs() {
     let state: bool = redis.exists(keys.job(jobs[3].job_id)).await.unwrap();
     assert!(state, "the unfinished job keeps its state");
     assert_eq!(in_flight(&mut redis).await, 1);
+}
+
+/// A batch waits only for deliveries that may still send it a summary: a lone job is
+/// committed at once even with a long wait, and a job whose batch waits for another job
+/// in hand is committed with that job, in one transaction, once it arrives.
+#[tokio::test]
+async fn a_batch_waits_for_jobs_in_hand_and_for_nothing_else() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let committer = Committer::start(
+        services.pg.clone(),
+        Batching {
+            max: 8,
+            // Far longer than the test: a batch that waited it out would fail it.
+            wait: Duration::from_secs(600),
+        },
+        services.metrics.clone(),
+    );
+    let batches = |metrics: String| {
+        let read = |name: &str| -> u64 {
+            metrics
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("commit batch metric")
+        };
+        (
+            read("summaryd_worker_commit_batch_jobs_count "),
+            read("summaryd_worker_commit_batch_jobs_sum "),
+        )
+    };
+
+    let lone = job(300, false);
+    let answer = tokio::time::timeout(
+        Duration::from_secs(60),
+        committer.commit(committer.joining(), &lone, model_summary("lone")),
+    )
+    .await
+    .expect("a lone job is committed without waiting for company");
+    assert!(matches!(answer.result, Ok(CommitOutcome::Inserted)));
+    assert_eq!(env.count("summaries").await, 1);
+    assert_eq!(batches(services.metrics.render()), (1, 1));
+
+    // One job is handed over while another is still in hand (its model call running).
+    let (first, second) = (job(301, false), job(302, true));
+    let in_hand = committer.joining();
+    let waiting = {
+        let (committer, first) = (committer.clone(), first.clone());
+        tokio::spawn(async move {
+            committer
+                .commit(committer.joining(), &first, model_summary("first"))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the batch waits for the job in hand"
+    );
+    assert_eq!(
+        env.count("summaries").await,
+        1,
+        "nothing committed meanwhile"
+    );
+    let answer = committer
+        .commit(in_hand, &second, model_summary("second"))
+        .await;
+    assert!(matches!(answer.result, Ok(CommitOutcome::Inserted)));
+    let answer = waiting.await.expect("commit task");
+    assert!(matches!(answer.result, Ok(CommitOutcome::Inserted)));
+    assert_eq!(env.count("summaries").await, 3);
+    assert_eq!(env.count("outbox").await, 4, "3 emails and 1 webhook");
+    assert_eq!(
+        batches(services.metrics.render()),
+        (2, 3),
+        "the two were committed together"
+    );
+
+    // A job in hand that ends without a summary (its model call failed) frees the batch.
+    let third = job(303, false);
+    let failing = committer.joining();
+    let waiting = {
+        let (committer, third) = (committer.clone(), third.clone());
+        tokio::spawn(async move {
+            committer
+                .commit(committer.joining(), &third, model_summary("third"))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    drop(failing);
+    let answer = tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the batch closes when no job in hand is left")
+        .expect("commit task");
+    assert!(matches!(answer.result, Ok(CommitOutcome::Inserted)));
+    assert_eq!(env.count("summaries").await, 4);
+    assert_eq!(batches(services.metrics.render()), (3, 4));
 }

@@ -3,13 +3,14 @@
 //!
 //! Reports jobs/s against the ideal C / L. `bench/run.sh` runs it for several C; alone:
 //! `cargo bench --bench e2e_jobs` (env: BENCH_JOBS, BENCH_LATENCY_MS, BENCH_CONSUMERS,
-//! BENCH_PG_URL, BENCH_PG_SSLMODE, BENCH_RETENTION_S, BENCH_REDIS_URL). Uses its own database
-//! and key prefix, removed afterwards. The last line (`BENCH ...`) is for the scripts:
-//! `summarised_s` is when the last summary was committed (the worker's part; the rest of
-//! `elapsed_s` is the relay catching up), `cpu_ms_per_job` this process's CPU per job, a
-//! figure a noisy machine changes less than the rate, `retention_deleted` the sent outbox
-//! rows retention removed during the run, and `peak_rss_kib` this process's VmHWM, i.e.
-//! worker + relay roles with C consumers, under this load.
+//! BENCH_PG_URL, BENCH_PG_SSLMODE, BENCH_RETENTION_S, BENCH_REDIS_URL, BENCH_COMMIT_BATCH:
+//! the worker's `commit_batch`). Uses its own database and key prefix, removed afterwards.
+//! The last line (`BENCH ...`) is for the scripts: `summarised_s` is when the last summary
+//! was committed (the worker's part; the rest of `elapsed_s` is the relay catching up),
+//! `cpu_ms_per_job` this process's CPU per job, a figure a noisy machine changes less than
+//! the rate, `retention_deleted` the sent outbox rows retention removed during the run,
+//! and `peak_rss_kib` this process's VmHWM, i.e. worker + relay roles with C consumers,
+//! under this load.
 
 mod support;
 
@@ -87,6 +88,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..Settings::default()
     };
     settings.worker.consumers = consumers;
+    settings.worker.commit_batch = env_or("BENCH_COMMIT_BATCH", settings.worker.commit_batch);
     settings.relay.tasks = 2;
     settings.relay.poll = Duration::from_millis(10);
     settings.relay.batch = 50;

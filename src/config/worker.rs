@@ -26,7 +26,8 @@ pub struct WorkerSettings {
     /// acknowledged in one Redis round trip); 1 = each job its own.
     pub commit_batch: usize,
     /// Group commit: how long a batch that is not full waits for more jobs once it has
-    /// one; what it can add to a job's latency at low load.
+    /// one, while another job of the process is in hand; the most it adds to a job's
+    /// latency.
     #[serde(rename = "commit_wait_ms", with = "Millis")]
     pub commit_wait: Duration,
 }

@@ -209,7 +209,8 @@ pub struct Finished<'a> {
 ///
 /// All or nothing: an error means no job of the batch was written. A job whose data
 /// Postgres refuses fails the whole batch; the caller commits the jobs one by one then,
-/// so that job fails alone (`worker/committer.rs`).
+/// so that job fails alone (`worker/committer.rs`). Batches may commit concurrently: the
+/// summary rows are inserted in job id order, so batches sharing a job never deadlock.
 pub async fn commit_batch(
     pool: &Pool,
     batch: &[Finished<'_>],
@@ -223,13 +224,13 @@ pub async fn commit_batch(
     let mut seen = std::collections::HashSet::with_capacity(batch.len());
     // The entries whose job appears first in the batch: the only ones that may insert.
     let first: Vec<bool> = batch.iter().map(|f| seen.insert(f.job.job_id)).collect();
-    let candidates = || {
-        batch
-            .iter()
-            .zip(&first)
-            .filter(|(_, first)| **first)
-            .map(|(f, _)| f)
-    };
+    // Inserted in job id order: a process commits several batches at once, and two that
+    // hold the same jobs (deliveries of one job in two batches) then take those rows'
+    // index entries in the same order, so one waits for the other (and finds a duplicate)
+    // instead of both deadlocking.
+    let mut order: Vec<usize> = (0..batch.len()).filter(|&i| first[i]).collect();
+    order.sort_unstable_by_key(|&i| batch[i].job.job_id.as_uuid());
+    let candidates = || order.iter().map(|&i| &batch[i]);
 
     let job_ids: Vec<uuid::Uuid> = candidates().map(|f| f.job.job_id.as_uuid()).collect();
     let tenants: Vec<&str> = candidates().map(|f| f.job.tenant.as_str()).collect();

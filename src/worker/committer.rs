@@ -12,9 +12,11 @@
 //! them in one transaction (`db::summaries::commit_batch`), each job keeping its own
 //! `ON CONFLICT DO NOTHING` decision. It waits only while some delivery of the process
 //! may still send a summary (one that holds a [`Joining`], taken before its model call):
-//! a lone job, or the last of a burst, is committed without waiting. While a batch
-//! commits, the next one gathers, so under load batches grow by themselves; at low load a
-//! job waits at most `commit_wait`, and only for another job in hand.
+//! a lone job, or the last of a burst, is committed without waiting. Up to
+//! `BATCHES_IN_FLIGHT` batches commit side by side, so a burst of finished jobs waits for
+//! about one transaction, not for one per batch before its own; while that many commit,
+//! requests queue, so under load batches grow by themselves. A job waits at most
+//! `commit_wait`, and only for another job in hand.
 //!
 //! Nothing in the guarantees changes (`docs/delivery.md`, "Group commit"): a delivery is
 //! acknowledged only after its own row is committed (its consumer waits for the outcome
@@ -26,7 +28,7 @@
 use std::sync::Arc;
 
 use deadpool_postgres::Pool;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tracing::Instrument;
 
 use super::batching::{Batching, Joiners, Joining, gather};
@@ -40,6 +42,12 @@ use crate::resilience::failure::Classify;
 /// Requests that may wait for the committer: enough for every consumer of a large process
 /// to queue its summary without waiting for room.
 const QUEUE: usize = 1024;
+/// Batches of one process committing at once. When many jobs finish together (a burst,
+/// or consumers whose model calls end in step), one batch after another would make the
+/// last job wait for every transaction before its own; side by side they wait for about
+/// one, as Postgres flushes the WAL of commits that arrive together once. Few, so a
+/// process holds few of the pool's connections for its commits.
+const BATCHES_IN_FLIGHT: usize = 4;
 
 /// What the committer answers a consumer: its summary back (a retry that is handed it
 /// does not pay the model again; `None` only when the process is stopping) and what
@@ -167,12 +175,25 @@ async fn run(
     joiners: Arc<Joiners>,
     metrics: Arc<Metrics>,
 ) {
-    let mut batch = Vec::with_capacity(batching.max);
-    while let Some(first) = requests.recv().await {
+    let in_flight = Arc::new(Semaphore::new(BATCHES_IN_FLIGHT));
+    loop {
+        // A free slot first: while every slot commits, requests queue, and the next batch
+        // takes them all at once.
+        let Ok(slot) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = requests.recv().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(batching.max);
         batch.push(first);
         gather(&mut requests, &mut batch, batching, Some(&joiners)).await;
         metrics.commit_batch_jobs.observe(batch.len() as f64);
-        commit(&pg, &mut batch).await;
+        let pg = pg.clone();
+        tokio::spawn(async move {
+            commit(&pg, &mut batch).await;
+            drop(slot);
+        });
     }
 }
 

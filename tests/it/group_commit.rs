@@ -478,3 +478,42 @@ async fn a_batch_waits_for_jobs_in_hand_and_for_nothing_else() {
     assert_eq!(env.count("summaries").await, 4);
     assert_eq!(batches(services.metrics.render()), (3, 4));
 }
+
+/// Batches of one process commit side by side. Two that share their jobs, listed in
+/// opposite orders (deliveries of the same jobs in two batches), neither deadlock nor
+/// write a job twice: each job is inserted by one of them and a duplicate in the other.
+#[tokio::test]
+async fn batches_sharing_jobs_commit_side_by_side_without_deadlock() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let summary = model_summary("shared");
+    for round in 0..3u32 {
+        let jobs: Vec<Job> = (0..300)
+            .map(|n| job(1_000 * (round + 1) + n, false))
+            .collect();
+        let finished = |job| Finished {
+            job,
+            summary: &summary,
+            trace: None,
+        };
+        let forward: Vec<Finished<'_>> = jobs.iter().map(finished).collect();
+        let backward: Vec<Finished<'_>> = jobs.iter().rev().map(finished).collect();
+        let (a, b) = tokio::join!(
+            summaries::commit_batch(&services.pg, &forward),
+            summaries::commit_batch(&services.pg, &backward)
+        );
+        let (a, b) = (a.expect("first batch"), b.expect("second batch"));
+        for (i, (a, b)) in a.iter().zip(b.iter().rev()).enumerate() {
+            assert!(
+                matches!(
+                    (a, b),
+                    (CommitOutcome::Inserted, CommitOutcome::Duplicate)
+                        | (CommitOutcome::Duplicate, CommitOutcome::Inserted)
+                ),
+                "round {round}, job {i}: {a:?} and {b:?}"
+            );
+        }
+    }
+    assert_eq!(env.count("summaries").await, 900);
+    assert_eq!(env.count("outbox").await, 900, "one email per job");
+}

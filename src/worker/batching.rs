@@ -149,11 +149,16 @@ mod tests {
         batch.len()
     }
 
-    /// A batch of at most 8 with a wait of 1000 ms, gathered while `later` deliveries that
-    /// may still send (each holding a `Joining`) send their request after 10, 20, … ms,
-    /// except the last `leave` of them, which end without sending (each 10 ms after the
-    /// one before). Returns the batch's size and how long the gathering took.
-    async fn gathered_with_joiners(queued: usize, later: usize, leave: usize) -> (usize, Duration) {
+    /// A batch of at most 8 with a wait of `wait_ms`, gathered while `later` deliveries
+    /// that may still send (each holding a `Joining`) send their request after 10, 20, …
+    /// ms, except the last `leave` of them, which end without sending (each 10 ms after
+    /// the one before). Returns the batch's size and how long the gathering took.
+    async fn gathered_with_joiners(
+        queued: usize,
+        later: usize,
+        leave: usize,
+        wait_ms: u64,
+    ) -> (usize, Duration) {
         let (tx, mut rx) = mpsc::channel(64);
         let joiners = Arc::new(Joiners::default());
         for i in 0..queued {
@@ -175,7 +180,7 @@ mod tests {
         let mut batch = Vec::new();
         let batching = Batching {
             max: 8,
-            wait: Duration::from_millis(1_000),
+            wait: Duration::from_millis(wait_ms),
         };
         gather(&mut rx, &mut batch, batching, Some(&joiners)).await;
         sender.abort();
@@ -185,7 +190,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn with_no_delivery_left_to_send_a_batch_waits_for_nothing() {
         assert_eq!(
-            gathered_with_joiners(3, 0, 0).await,
+            gathered_with_joiners(3, 0, 0, 1_000).await,
             (3, Duration::ZERO),
             "a lone job, or every job of a drain, is written at once"
         );
@@ -194,17 +199,17 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_batch_waits_for_the_deliveries_that_may_still_send_and_no_longer() {
         assert_eq!(
-            gathered_with_joiners(1, 3, 0).await,
+            gathered_with_joiners(1, 3, 0, 1_000).await,
             (4, Duration::from_millis(30)),
             "closed by the last one's request, not by the wait"
         );
         assert_eq!(
-            gathered_with_joiners(1, 3, 1).await,
+            gathered_with_joiners(1, 3, 1, 1_000).await,
             (3, Duration::from_millis(30)),
             "closed when the last one ends without a request"
         );
         assert_eq!(
-            gathered_with_joiners(1, 2, 2).await,
+            gathered_with_joiners(1, 2, 2, 1_000).await,
             (1, Duration::from_millis(20)),
         );
     }
@@ -213,22 +218,14 @@ mod tests {
     async fn deliveries_that_may_still_send_never_hold_a_batch_past_its_wait_or_size() {
         // 9 later requests, 10 ms apart: the batch of 8 is full at the 7th, at 70 ms.
         assert_eq!(
-            gathered_with_joiners(1, 9, 0).await,
+            gathered_with_joiners(1, 9, 0, 1_000).await,
             (8, Duration::from_millis(70))
         );
-        let (tx, mut rx) = mpsc::channel(4);
-        let joiners = Arc::new(Joiners::default());
-        tx.send(0).await.unwrap();
-        let _stays = joiners.join();
-        let started = Instant::now();
-        let mut batch = Vec::new();
-        let batching = Batching {
-            max: 8,
-            wait: Duration::from_millis(25),
-        };
-        gather(&mut rx, &mut batch, batching, Some(&joiners)).await;
-        assert_eq!((batch.len(), started.elapsed()), (1, batching.wait));
-        drop(tx);
+        // One delivery still in hand, whose request comes at 10 ms: a 5 ms wait ends first.
+        assert_eq!(
+            gathered_with_joiners(1, 1, 0, 5).await,
+            (1, Duration::from_millis(5))
+        );
     }
 
     #[tokio::test(start_paused = true)]

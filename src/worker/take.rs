@@ -58,9 +58,10 @@ impl Consumer {
             self.claim_idle_and_dispatch(conn, block).await?
         } else {
             let claimed = self.claim_idle(conn).await?;
-            let new = match claimed.is_empty() {
-                true => self.read_new(conn, block).await?,
-                false => Vec::new(),
+            let new = if claimed.is_empty() {
+                self.read_new(conn, block).await?
+            } else {
+                Vec::new()
             };
             (claimed, new)
         };

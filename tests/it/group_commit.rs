@@ -10,6 +10,7 @@ use summaryd::domain::{Email, Job, JobId, ModelCall, ModelSummary, TenantId};
 use summaryd::resilience::failure::{Classify, Disposition};
 use summaryd::worker::{Batching, Committer};
 
+use crate::shared::test_env::Services;
 use crate::shared::{TestEnv, model_summary};
 
 fn job(n: u32, webhook: bool) -> Job {
@@ -64,6 +65,33 @@ async fn commit_at_once(
         answers.push(task.await.expect("commit task"));
     }
     answers
+}
+
+/// A committer on `env`'s Postgres and metrics, gathering batches of at most `max` jobs
+/// and waiting at most `wait` for a batch that is not full.
+fn committer(services: &Services, max: usize, wait: Duration) -> Committer {
+    Committer::start(
+        services.pg.clone(),
+        Batching { max, wait },
+        services.metrics.clone(),
+    )
+}
+
+/// How many batches the committer gathered and how many jobs they held together (the
+/// `summaryd_worker_commit_batch_jobs` histogram's count and sum).
+fn batches(services: &Services) -> (u64, u64) {
+    let metrics = services.metrics.render();
+    let read = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no {name:?} in the metrics"))
+    };
+    (
+        read("summaryd_worker_commit_batch_jobs_count "),
+        read("summaryd_worker_commit_batch_jobs_sum "),
+    )
 }
 
 async fn rows(env: &TestEnv, sql: &str, job: &Job) -> i64 {
@@ -206,15 +234,8 @@ async fn a_batch_of_duplicates_only_writes_nothing_but_their_calls() {
 async fn a_refused_job_fails_alone_and_the_rest_of_its_batch_is_committed() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let committer = Committer::start(
-        services.pg.clone(),
-        Batching {
-            max: 8,
-            // Long enough that the five requests below always meet in one batch.
-            wait: Duration::from_millis(500),
-        },
-        services.metrics.clone(),
-    );
+    // The wait is long enough that the five requests below always meet in one batch.
+    let committer = committer(&services, 8, Duration::from_millis(500));
     let jobs: Vec<Job> = (20..25).map(|n| job(n, n == 21)).collect();
     let answers = commit_at_once(&committer, &jobs, |i| {
         if i == 2 { "bad\0summary" } else { "fine" }
@@ -244,17 +265,7 @@ async fn a_refused_job_fails_alone_and_the_rest_of_its_batch_is_committed() {
     );
     assert_eq!(env.count("outbox").await, 5, "4 emails and 1 webhook");
     // One batch was gathered: five jobs in one transaction (refused, then one by one).
-    let metrics = services.metrics.render();
-    assert!(
-        metrics.contains("summaryd_worker_commit_batch_jobs_count 1\n")
-            && metrics.contains("summaryd_worker_commit_batch_jobs_sum 5\n"),
-        "{}",
-        metrics
-            .lines()
-            .filter(|l| l.contains("commit_batch"))
-            .collect::<Vec<_>>()
-            .join("\n")
-    );
+    assert_eq!(batches(&services), (1, 5));
 }
 
 /// Under load the committer's batches grow by themselves: 40 jobs handed over at once
@@ -263,14 +274,7 @@ async fn a_refused_job_fails_alone_and_the_rest_of_its_batch_is_committed() {
 async fn jobs_finishing_together_share_transactions() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let committer = Committer::start(
-        services.pg.clone(),
-        Batching {
-            max: 16,
-            wait: Duration::from_millis(50),
-        },
-        services.metrics.clone(),
-    );
+    let committer = committer(&services, 16, Duration::from_millis(50));
     let jobs: Vec<Job> = (100..140).map(|n| job(n, false)).collect();
     let answers = commit_at_once(&committer, &jobs, |_| "fine").await;
     assert!(
@@ -280,12 +284,8 @@ async fn jobs_finishing_together_share_transactions() {
     );
     assert_eq!(env.count("summaries").await, 40);
     assert_eq!(env.count("outbox").await, 40);
-    let metrics = services.metrics.render();
-    let count: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("summaryd_worker_commit_batch_jobs_count "))
-        .and_then(|v| v.trim().parse().ok())
-        .expect("batch count");
+    let (count, jobs_in_batches) = batches(&services);
+    assert_eq!(jobs_in_batches, 40);
     assert!(
         (3..=10).contains(&count),
         "{count} transactions for 40 jobs, at most 16 each"
@@ -298,14 +298,7 @@ async fn jobs_finishing_together_share_transactions() {
 async fn a_batch_of_one_commits_each_job_alone() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let committer = Committer::start(
-        services.pg.clone(),
-        Batching {
-            max: 1,
-            wait: Duration::from_millis(500),
-        },
-        services.metrics.clone(),
-    );
+    let committer = committer(&services, 1, Duration::from_millis(500));
     let jobs: Vec<Job> = (200..203).map(|n| job(n, false)).collect();
     let answers = commit_at_once(&committer, &jobs, |_| "fine").await;
     assert!(
@@ -314,13 +307,7 @@ async fn a_batch_of_one_commits_each_job_alone() {
             .all(|a| matches!(a.result, Ok(CommitOutcome::Inserted)))
     );
     assert_eq!(env.count("summaries").await, 3);
-    assert!(
-        services
-            .metrics
-            .render()
-            .contains("summaryd_worker_commit_batch_jobs_count 0\n"),
-        "no batch was gathered"
-    );
+    assert_eq!(batches(&services), (0, 0), "no batch was gathered");
 }
 
 /// One MULTI/EXEC acknowledges a batch: every entry acknowledged and deleted, every job
@@ -387,28 +374,8 @@ async fn one_step_acknowledges_a_batch_of_finished_jobs() {
 async fn a_batch_waits_for_jobs_in_hand_and_for_nothing_else() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let committer = Committer::start(
-        services.pg.clone(),
-        Batching {
-            max: 8,
-            // Far longer than the test: a batch that waited it out would fail it.
-            wait: Duration::from_secs(600),
-        },
-        services.metrics.clone(),
-    );
-    let batches = |metrics: String| {
-        let read = |name: &str| -> u64 {
-            metrics
-                .lines()
-                .find_map(|l| l.strip_prefix(name))
-                .and_then(|v| v.trim().parse().ok())
-                .expect("commit batch metric")
-        };
-        (
-            read("summaryd_worker_commit_batch_jobs_count "),
-            read("summaryd_worker_commit_batch_jobs_sum "),
-        )
-    };
+    // A wait far longer than the test: a batch that waited it out would fail it.
+    let committer = committer(&services, 8, Duration::from_secs(600));
 
     let lone = job(300, false);
     let answer = tokio::time::timeout(
@@ -419,7 +386,7 @@ async fn a_batch_waits_for_jobs_in_hand_and_for_nothing_else() {
     .expect("a lone job is committed without waiting for company");
     assert!(matches!(answer.result, Ok(CommitOutcome::Inserted)));
     assert_eq!(env.count("summaries").await, 1);
-    assert_eq!(batches(services.metrics.render()), (1, 1));
+    assert_eq!(batches(&services), (1, 1));
 
     // One job is handed over while another is still in hand (its model call running).
     let (first, second) = (job(301, false), job(302, true));
@@ -451,7 +418,7 @@ async fn a_batch_waits_for_jobs_in_hand_and_for_nothing_else() {
     assert_eq!(env.count("summaries").await, 3);
     assert_eq!(env.count("outbox").await, 4, "3 emails and 1 webhook");
     assert_eq!(
-        batches(services.metrics.render()),
+        batches(&services),
         (2, 3),
         "the two were committed together"
     );
@@ -476,7 +443,7 @@ async fn a_batch_waits_for_jobs_in_hand_and_for_nothing_else() {
         .expect("commit task");
     assert!(matches!(answer.result, Ok(CommitOutcome::Inserted)));
     assert_eq!(env.count("summaries").await, 4);
-    assert_eq!(batches(services.metrics.render()), (3, 4));
+    assert_eq!(batches(&services), (3, 4));
 }
 
 /// Batches of one process commit side by side. Two that share their jobs, listed in

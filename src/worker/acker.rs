@@ -95,11 +95,31 @@ impl Acker {
         job: &Job,
         settle: Option<Settle>,
     ) -> redis::RedisResult<()> {
-        let Some(requests) = &self.requests else {
+        if self.requests.is_none() {
             let keys = self.keys.get(delivery.shard);
             group::ack_settling(conn, keys, &delivery.id, job, settle.as_ref()).await?;
             self.confirm(conn, delivery.shard, "ack").await;
             return Ok(());
+        }
+        self.ack_batched(delivery, job, settle).await
+    }
+
+    /// Whether acknowledgements go through the acker task, so a caller needs no Redis
+    /// connection of its own for them.
+    pub(crate) fn batches(&self) -> bool {
+        self.requests.is_some()
+    }
+
+    /// [`Acker::ack`] through the acker task; an error when there is none
+    /// ([`Acker::batches`]).
+    pub(crate) async fn ack_batched(
+        &self,
+        delivery: &Delivery,
+        job: &Job,
+        settle: Option<Settle>,
+    ) -> redis::RedisResult<()> {
+        let Some(requests) = &self.requests else {
+            return Err(stopped());
         };
         let (reply, answer) = oneshot::channel();
         let request = Request {

@@ -3,6 +3,7 @@
 
 use chrono::Utc;
 
+use super::WorkerServices;
 use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
 use super::gate::POSTGRES;
@@ -10,9 +11,10 @@ use super::settle::{Finish, Pending, Refund, RefundOf, Settlement, retry_after};
 use crate::db::{model_calls, outbox, summaries};
 use crate::domain::{Job, ModelCall, ModelSummary, WebhookEvent};
 use crate::stream::consumer_group::{self as group, Delivery};
+use crate::stream::job_state::Reservation;
 use crate::stream::{budget, dead_letters, job_state};
 
-/// Where a finished job's spend is read from (`Consumer::settle_of`).
+/// Where a finished job's spend is read from (`settle_of`).
 #[derive(Debug, Clone, Copy)]
 enum Spent {
     Summary,
@@ -30,25 +32,12 @@ impl Consumer {
     ) -> Result<(), WorkerError> {
         match settlement {
             Settlement::Ack(finish) => {
-                let settle = self.settle_of(conn, delivery, job, Spent::Summary).await?;
+                let keys = self.services.keys.get(delivery.shard);
+                let reservation = job_state::reservation(conn, keys, job.job_id).await?;
+                let settle = settle_of(&self.services, job, reservation, Spent::Summary).await;
                 // With the others of its group commit, in one round trip (`acker.rs`).
                 self.services.acker.ack(conn, delivery, job, settle).await?;
-                match finish {
-                    Finish::Summarised => {
-                        self.services
-                            .metrics
-                            .job_latency
-                            .with_label_values(&["summarised"])
-                            .observe(crate::infra::metrics::seconds_since(job.created_at));
-                        self.count("done");
-                        tracing::info!(outcome = "done", "job finished");
-                    }
-                    Finish::Duplicate => {
-                        self.count("duplicate");
-                        tracing::info!(outcome = "duplicate", "job finished");
-                    }
-                    Finish::AckLost => self.count("duplicate"),
-                }
+                acked(&self.services, job, finish);
             }
             Settlement::LeavePending(Pending::Failed(reason)) => {
                 self.count("retry");
@@ -176,7 +165,11 @@ impl Consumer {
                 })?;
         }
         let settle = match job {
-            Some(job) => self.settle_of(conn, delivery, job, Spent::Calls).await?,
+            Some(job) => {
+                let keys = self.services.keys.get(delivery.shard);
+                let reservation = job_state::reservation(conn, keys, job.job_id).await?;
+                settle_of(&self.services, job, reservation, Spent::Calls).await
+            }
             None => None,
         };
         let moved = dead_letters::add_settling(
@@ -255,44 +248,6 @@ impl Consumer {
         }
     }
 
-    /// How the job's budget reservation is settled when it finishes, if it holds one:
-    /// `Spent::Summary`, the usage its committed summary reports (the whole job, parts
-    /// included, whichever delivery committed it); `Spent::Calls`, what its recorded model
-    /// calls reported (a dead letter). When Postgres cannot say, the reservation is charged
-    /// in full: a budget is never under-charged, and the job is not held up for it.
-    async fn settle_of(
-        &self,
-        conn: &mut crate::infra::redis::Conn,
-        delivery: &Delivery,
-        job: &Job,
-        spent: Spent,
-    ) -> Result<Option<budget::Settle>, WorkerError> {
-        let keys = self.services.keys.get(delivery.shard);
-        let Some(reservation) = job_state::reservation(conn, keys, job.job_id).await? else {
-            return Ok(None);
-        };
-        let pg = &self.services.pg;
-        let reported = match spent {
-            Spent::Summary => summaries::spent_tokens(pg, job.job_id).await,
-            Spent::Calls => model_calls::for_job(pg, &job.job_id).await.map(|calls| {
-                Some(
-                    calls
-                        .iter()
-                        .map(|c| {
-                            u64::from(c.prompt_tokens.unwrap_or(0))
-                                + u64::from(c.completion_tokens.unwrap_or(0))
-                        })
-                        .sum(),
-                )
-            }),
-        };
-        let spent = reported.unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "could not read what the job spent; its budget is charged the whole reservation");
-            None
-        });
-        Ok(Some(budget::Settle { reservation, spent }))
-    }
-
     /// Keep why a counted delivery failed for the dead letter's reason. Best effort: a
     /// Redis that fails here fails the next step too, and the reason only says less.
     async fn note_failure(
@@ -310,10 +265,81 @@ impl Consumer {
 
     /// `summaryd_jobs_total{outcome}`.
     fn count(&self, outcome: &str) {
-        self.services
-            .metrics
-            .jobs
-            .with_label_values(&[outcome])
-            .inc();
+        count(&self.services, outcome);
     }
+}
+
+/// Acknowledge the finished `job` through the acker task (`Acker::batches`), its budget
+/// settled with `reservation`, read before: what a delivery whose commit finishes after
+/// its consumer moved on does (`finishing.rs`).
+pub(super) async fn acknowledge_batched(
+    services: &WorkerServices,
+    delivery: &Delivery,
+    job: &Job,
+    finish: Finish,
+    reservation: Option<Reservation>,
+) -> Result<(), WorkerError> {
+    let settle = settle_of(services, job, reservation, Spent::Summary).await;
+    services.acker.ack_batched(delivery, job, settle).await?;
+    acked(services, job, finish);
+    Ok(())
+}
+
+/// The metrics and log line of an acknowledged job.
+fn acked(services: &WorkerServices, job: &Job, finish: Finish) {
+    match finish {
+        Finish::Summarised => {
+            services
+                .metrics
+                .job_latency
+                .with_label_values(&["summarised"])
+                .observe(crate::infra::metrics::seconds_since(job.created_at));
+            count(services, "done");
+            tracing::info!(outcome = "done", "job finished");
+        }
+        Finish::Duplicate => {
+            count(services, "duplicate");
+            tracing::info!(outcome = "duplicate", "job finished");
+        }
+        Finish::AckLost => count(services, "duplicate"),
+    }
+}
+
+fn count(services: &WorkerServices, outcome: &str) {
+    services.metrics.jobs.with_label_values(&[outcome]).inc();
+}
+
+/// How the job's budget reservation is settled when it finishes, if it holds one
+/// (`reservation`, read from its state): `Spent::Summary`, the usage its committed summary
+/// reports (the whole job, parts included, whichever delivery committed it);
+/// `Spent::Calls`, what its recorded model calls reported (a dead letter). When Postgres
+/// cannot say, the reservation is charged in full: a budget is never under-charged, and
+/// the job is not held up for it.
+async fn settle_of(
+    services: &WorkerServices,
+    job: &Job,
+    reservation: Option<Reservation>,
+    spent: Spent,
+) -> Option<budget::Settle> {
+    let reservation = reservation?;
+    let pg = &services.pg;
+    let reported = match spent {
+        Spent::Summary => summaries::spent_tokens(pg, job.job_id).await,
+        Spent::Calls => model_calls::for_job(pg, &job.job_id).await.map(|calls| {
+            Some(
+                calls
+                    .iter()
+                    .map(|c| {
+                        u64::from(c.prompt_tokens.unwrap_or(0))
+                            + u64::from(c.completion_tokens.unwrap_or(0))
+                    })
+                    .sum(),
+            )
+        }),
+    };
+    let spent = reported.unwrap_or_else(|e| {
+        tracing::warn!(error = %e, "could not read what the job spent; its budget is charged the whole reservation");
+        None
+    });
+    Some(budget::Settle { reservation, spent })
 }

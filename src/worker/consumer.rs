@@ -12,6 +12,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::WorkerServices;
+use super::finishing::Finisher;
 use super::gate::{DependencyGate, PAUSED, POSTGRES};
 use super::settle::Settlement;
 use crate::config::WorkerSettings;
@@ -168,6 +169,9 @@ pub struct Consumer {
     pub(super) gate: Arc<DependencyGate>,
     /// The Redis connection this consumer's passes use while it works (`run.rs`).
     pub(super) conn: Option<crate::infra::redis::Conn>,
+    /// The commit and acknowledgement of its last delivery, when they go on while it
+    /// takes the next job (`finishing.rs`).
+    pub(super) finisher: Option<Finisher>,
 }
 
 /// An entry this consumer still holds, to retry.
@@ -228,6 +232,7 @@ impl Consumer {
             stop: None,
             gate,
             conn: None,
+            finisher: None,
         }
     }
 

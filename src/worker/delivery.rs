@@ -9,8 +9,9 @@ use tracing::{Instrument, Span};
 
 use super::consumer::{Consumer, Work, WorkerError};
 use super::dead_reason::DeadReason;
+use super::finishing::{Finishing, Spans};
 use super::gate::{MODEL, POSTGRES};
-use super::handler::{Unfinished, handle_summary_job_from};
+use super::handler::{self, JobOutcome, Prepared, Unfinished};
 use super::job_error::JobError;
 use super::liveness::Ran;
 use super::settle::{
@@ -18,7 +19,7 @@ use super::settle::{
 };
 use super::take::Taken;
 use crate::db::summaries;
-use crate::domain::{CallLog, Job, ModelSummary, ReasonClass};
+use crate::domain::{CallLog, Job, ModelCall, ModelSummary, ReasonClass};
 use crate::infra::telemetry::{self, otel_span};
 use crate::resilience::failure::{Classify, Disposition};
 use crate::stream::consumer_group::{self as group, Delivery};
@@ -84,29 +85,50 @@ impl Consumer {
         let span = deliver.in_scope(
             || tracing::info_span!("job", job_id = %job.job_id, msg_id = %delivery.id, deliveries),
         );
+        let spans = Spans { deliver, job: span };
         async {
             let outcome = match admit(deliveries, &limits) {
                 Admission::Run => {
-                    self.run_job(conn, &delivery, &job, summary, deliveries)
-                        .await
+                    let ran = self
+                        .run_job(conn, &delivery, &job, summary, deliveries, &spans)
+                        .await;
+                    match ran {
+                        Ok(outcome) => outcome,
+                        // Its commit goes on without this consumer (`finishing.rs`).
+                        Err(handed) => return handed,
+                    }
                 }
                 Admission::GiveUp => self.look_for_commit(conn, &job).await,
             };
-            if let Some(class) = failure_class(&outcome) {
-                telemetry::fail(&deliver, class);
-            }
-            let settlement = settle(outcome, deliveries, &limits);
-            self.settle_or_hold(conn, delivery, &job, Some(deliveries), settlement)
+            self.conclude(conn, delivery, &job, deliveries, outcome, &spans.deliver)
                 .await
         }
-        .instrument(span)
-        .instrument(deliver.clone())
+        .instrument(spans.job.clone())
+        .instrument(spans.deliver.clone())
         .await
+    }
+
+    /// Settle a delivery that came to `outcome`, marking its span with why it failed.
+    pub(super) async fn conclude(
+        &mut self,
+        conn: &mut crate::infra::redis::Conn,
+        delivery: Delivery,
+        job: &Job,
+        deliveries: u64,
+        outcome: Outcome,
+        deliver: &Span,
+    ) -> Result<(), WorkerError> {
+        if let Some(class) = failure_class(&outcome) {
+            telemetry::fail(deliver, class);
+        }
+        let settlement = settle(outcome, deliveries, &self.limits());
+        self.settle_or_hold(conn, delivery, job, Some(deliveries), settlement)
+            .await
     }
 
     /// Carry `settlement` out; when Redis fails on the way, hold the entry to carry it out
     /// again, not to run the job again.
-    async fn settle_or_hold(
+    pub(super) async fn settle_or_hold(
         &mut self,
         conn: &mut crate::infra::redis::Conn,
         delivery: Delivery,
@@ -136,40 +158,92 @@ impl Consumer {
     }
 
     /// The job, its claim extended while it runs, starting from `summary` when an earlier
-    /// delivery got one; `deliveries` is this delivery's number.
+    /// delivery got one; `deliveries` is this delivery's number. `Err` when its summary's
+    /// commit was handed to a finisher (`finishing.rs`), with what settling the delivery
+    /// before it came to.
     async fn run_job(
-        &self,
+        &mut self,
         conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: &Job,
         summary: Option<ModelSummary>,
         deliveries: u64,
-    ) -> Outcome {
+        spans: &Spans,
+    ) -> Result<Outcome, Result<(), WorkerError>> {
         let services = self.services.clone();
         let calls = CallLog::new(deliveries).for_job(job.job_id, job.tenant.clone());
-        let ran = self
+        let prepared = self
             .with_claim_extended(
                 conn,
                 delivery,
-                handle_summary_job_from(&services, job, summary, &calls),
+                handler::prepare(&services, job, summary, &calls),
             )
             .await;
-        // A committed summary took this delivery's calls along; whatever is left (a delivery
-        // that failed, was cut short or lost its claim) is kept here, before it is settled.
+        let (summary, joining) = match prepared {
+            Ran::Finished(Ok(Prepared::Ready(summary, joining))) => (summary, joining),
+            Ran::Finished(Ok(Prepared::Duplicate)) => {
+                let ran = Ran::Finished(Ok(JobOutcome::Duplicate));
+                return Ok(self.handled(ran, job, calls.take()).await);
+            }
+            Ran::Finished(Err(unfinished)) => {
+                return Ok(self
+                    .handled(Ran::Finished(Err(unfinished)), job, calls.take())
+                    .await);
+            }
+            Ran::CutShort => return Ok(self.handled(Ran::CutShort, job, calls.take()).await),
+            Ran::ClaimLost => return Ok(self.handled(Ran::ClaimLost, job, calls.take()).await),
+        };
+        if self.services.acker.batches() {
+            // The budget reservation its acknowledgement settles, read now on this
+            // consumer's connection: the finisher then needs none of its own. Unread, the
+            // job commits here instead.
+            let keys = self.services.keys.get(delivery.shard);
+            if let Ok(reservation) = job_state::reservation(conn, keys, job.job_id).await {
+                let finishing = Finishing {
+                    delivery: delivery.clone(),
+                    job: job.clone(),
+                    deliveries,
+                    summary,
+                    joining,
+                    reservation,
+                    spans: spans.clone(),
+                };
+                return Err(self.finish_later(conn, finishing).await);
+            }
+        }
+        let committed = self
+            .with_claim_extended(
+                conn,
+                delivery,
+                handler::commit(&services, joining, job, summary),
+            )
+            .await;
+        Ok(self.handled(committed, job, calls.take()).await)
+    }
+
+    /// What a delivery whose job ran (`ran`) comes to. A committed summary took this
+    /// delivery's calls along; whatever is left (`left`: a delivery that failed, was cut
+    /// short or lost its claim) is kept here, before it is settled.
+    pub(super) async fn handled(
+        &self,
+        ran: Ran<Result<JobOutcome, Unfinished>>,
+        job: &Job,
+        left: Vec<ModelCall>,
+    ) -> Outcome {
         let handled = match ran {
             Ran::Finished(handled) => handled,
             Ran::CutShort => {
-                self.keep_calls(job, calls.take(), None).await;
+                self.keep_calls(job, left, None).await;
                 return Outcome::CutShort;
             }
             Ran::ClaimLost => {
-                self.keep_calls(job, calls.take(), None).await;
+                self.keep_calls(job, left, None).await;
                 return Outcome::ClaimLost;
             }
         };
         match handled {
             Ok(finished) => {
-                self.keep_calls(job, calls.take(), None).await;
+                self.keep_calls(job, left, None).await;
                 Outcome::Finished(finished)
             }
             Err(Unfinished {
@@ -180,7 +254,6 @@ impl Consumer {
                 // Postgres known down: the write would only wait to fail; the calls stay
                 // with the summary (when there is one) and are committed with it.
                 let postgres_down = error.dependency() == POSTGRES && error.is_unavailable();
-                let left = calls.take();
                 if postgres_down {
                     self.calls_kept_with(summary.as_mut(), left);
                 } else {

@@ -2,6 +2,7 @@
 //! email intent together. Idempotent, because the queue delivers at least once.
 
 use super::WorkerServices;
+use super::batching::Joining;
 use super::dead_reason::DeadReason;
 use super::job_error::JobError;
 use super::parts::{PartsFailure, summarise_in_parts};
@@ -73,6 +74,28 @@ pub(crate) async fn handle_summary_job_from(
     summary: Option<ModelSummary>,
     calls: &CallLog,
 ) -> Result<JobOutcome, Unfinished> {
+    match prepare(services, job, summary, calls).await? {
+        Prepared::Duplicate => Ok(JobOutcome::Duplicate),
+        Prepared::Ready(summary, joining) => commit(services, joining, job, summary).await,
+    }
+}
+
+/// A job whose summary is in hand, or that needs none.
+pub(crate) enum Prepared {
+    /// An earlier delivery committed it.
+    Duplicate,
+    /// Its summary, to commit, with the delivery's place in the group commit.
+    Ready(ModelSummary, Joining),
+}
+
+/// The part of a job before its commit: whether an earlier delivery finished it, else its
+/// summary (`summary`, when an earlier delivery got one, else the model's).
+pub(crate) async fn prepare(
+    services: &WorkerServices,
+    job: &Job,
+    summary: Option<ModelSummary>,
+    calls: &CallLog,
+) -> Result<Prepared, Unfinished> {
     // From here until its commit (or its end without one), a batch of the group commit
     // may wait for this delivery.
     let joining = services.commits.joining();
@@ -86,7 +109,7 @@ pub(crate) async fn handle_summary_job_from(
                 tracing::debug!(error = %e, "could not remove the stored text of a finished job; retention removes it");
             }
         }
-        return Ok(JobOutcome::Duplicate);
+        return Ok(Prepared::Duplicate);
     }
 
     let mut summary = match summary {
@@ -94,11 +117,22 @@ pub(crate) async fn handle_summary_job_from(
         None => summarise(services, job, calls).await?,
     };
     summary.calls.extend(calls.take());
+    Ok(Prepared::Ready(summary, joining))
+}
 
-    // A commit that fails because Postgres went away (or refuses writes) is unavailable too:
-    // the job did nothing wrong, and the summary it paid for goes with the held entry, so
-    // the retry after recovery commits it without another model call. Data Postgres
-    // refuses is permanent.
+/// Commit the job's summary (in the process's next group commit; `joining` is the
+/// delivery's place in it).
+///
+/// A commit that fails because Postgres went away (or refuses writes) is unavailable too:
+/// the job did nothing wrong, and the summary it paid for goes with the held entry, so
+/// the retry after recovery commits it without another model call. Data Postgres
+/// refuses is permanent.
+pub(crate) async fn commit(
+    services: &WorkerServices,
+    joining: Joining,
+    job: &Job,
+    summary: ModelSummary,
+) -> Result<JobOutcome, Unfinished> {
     let committed = services.commits.commit(joining, job, summary).await;
     match committed.result {
         Ok(CommitOutcome::Inserted) => {

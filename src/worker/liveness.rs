@@ -7,6 +7,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::consumer::{Consumer, ERROR_BACKOFF, WorkerError};
+use crate::infra::keys::Shards;
+use crate::shutdown::Shutdown;
 use crate::stream::consumer_group::{self as group, ClaimCount, Delivery};
 
 impl Consumer {
@@ -23,38 +25,19 @@ impl Consumer {
         delivery: &Delivery,
         work: impl Future<Output = T>,
     ) -> Ran<T> {
-        let every = self.config.extend_every();
-        let mut work = std::pin::pin!(work);
-        let mut next = Instant::now() + every;
-        let stop = self.stop.clone();
-        let mut cut_short = std::pin::pin!(async move {
-            match stop {
-                Some((shutdown, after)) => {
-                    shutdown.wait().await;
-                    tokio::time::sleep(after).await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        });
-        loop {
-            tokio::select! {
-                out = &mut work => return Ran::Finished(out),
-                () = &mut cut_short => {
-                    tracing::warn!("shutdown grace nearly over: cutting the delivery short");
-                    return Ran::CutShort;
-                }
-                () = tokio::time::sleep_until(next) => {
-                    next = Instant::now() + every;
-                    match group::claim_own(conn, self.services.keys.get(delivery.shard), &self.name, delivery, ClaimCount::Keep).await {
-                        Ok(Some(_)) => {}
-                        Ok(None) => {
-                            tracing::warn!("entry no longer pending for this consumer: stopping its delivery");
-                            return Ran::ClaimLost;
-                        }
-                        Err(e) => tracing::warn!(error = %e, "could not extend the claim of a running delivery"),
-                    }
-                }
-            }
+        self.claimant()
+            .extend_while(ClaimConn::Held(conn), delivery, work)
+            .await
+    }
+
+    /// What extending this consumer's claims needs, owned, so a delivery's commit can go
+    /// on extending its claim after the consumer took its next job (`finishing.rs`).
+    pub(super) fn claimant(&self) -> Claimant {
+        Claimant {
+            keys: self.services.keys.clone(),
+            name: self.name.clone(),
+            every: self.config.extend_every(),
+            stop: self.stop.clone(),
         }
     }
 
@@ -108,6 +91,89 @@ pub(crate) struct AliveMark(tokio::task::JoinHandle<()>);
 impl Drop for AliveMark {
     fn drop(&mut self) {
         self.0.abort();
+    }
+}
+
+/// Where a claim extension gets its Redis connection.
+pub(super) enum ClaimConn<'a> {
+    /// The consumer's own, idle while its delivery runs.
+    Held(&'a mut crate::infra::redis::Conn),
+    /// One from the pool, checked out only when an extension is due: a commit that
+    /// finishes within `extend_every` (nearly all) costs Redis nothing.
+    Pool(&'a crate::infra::redis::RedisPool),
+}
+
+/// A consumer's claims, as the extension of one delivery needs them.
+pub(super) struct Claimant {
+    keys: Shards,
+    name: String,
+    every: Duration,
+    stop: Option<(Shutdown, Duration)>,
+}
+
+impl Claimant {
+    /// [`Consumer::with_claim_extended`], with the connection `conn` gives.
+    pub(super) async fn extend_while<T>(
+        &self,
+        mut conn: ClaimConn<'_>,
+        delivery: &Delivery,
+        work: impl Future<Output = T>,
+    ) -> Ran<T> {
+        let mut work = std::pin::pin!(work);
+        let mut next = Instant::now() + self.every;
+        let stop = self.stop.clone();
+        let mut cut_short = std::pin::pin!(async move {
+            match stop {
+                Some((shutdown, after)) => {
+                    shutdown.wait().await;
+                    tokio::time::sleep(after).await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        });
+        let mut checked_out = None;
+        loop {
+            tokio::select! {
+                out = &mut work => return Ran::Finished(out),
+                () = &mut cut_short => {
+                    tracing::warn!("shutdown grace nearly over: cutting the delivery short");
+                    return Ran::CutShort;
+                }
+                () = tokio::time::sleep_until(next) => {
+                    next = Instant::now() + self.every;
+                    match self.extend(&mut conn, &mut checked_out, delivery).await {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            tracing::warn!("entry no longer pending for this consumer: stopping its delivery");
+                            return Ran::ClaimLost;
+                        }
+                        Err(e) => tracing::warn!(error = %e, "could not extend the claim of a running delivery"),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn extend(
+        &self,
+        conn: &mut ClaimConn<'_>,
+        checked_out: &mut Option<crate::infra::redis::Conn>,
+        delivery: &Delivery,
+    ) -> Result<bool, WorkerError> {
+        let keys = self.keys.get(delivery.shard);
+        let conn = match conn {
+            ClaimConn::Held(conn) => &mut **conn,
+            ClaimConn::Pool(pool) => match checked_out {
+                Some(conn) => conn,
+                None => checked_out.insert(pool.get().await?),
+            },
+        };
+        let claimed = group::claim_own(conn, keys, &self.name, delivery, ClaimCount::Keep).await;
+        if claimed.is_err() {
+            // A connection that failed is not used again.
+            *checked_out = None;
+        }
+        Ok(claimed?.is_some())
     }
 }
 

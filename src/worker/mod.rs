@@ -9,6 +9,7 @@ mod complete;
 mod consumer;
 mod dead_reason;
 mod delivery;
+mod finishing;
 pub(crate) mod gate;
 mod handler;
 mod job_error;

@@ -10,20 +10,33 @@ use crate::shutdown::Shutdown;
 use crate::stream::consumer_group as group;
 
 impl Consumer {
-    /// One pass. With the gate closed (a dependency is down), probe what this consumer can
-    /// probe and take nothing while it stays down: `WorkerError::Paused`. Otherwise retry one
-    /// held entry, else take over an entry idle past `claim_idle`, else wait up to
-    /// `block` for a new one; handle what was taken. Returns how many entries were taken.
+    /// One pass, settled: [`Self::pass`], then waiting for the commit and acknowledgement
+    /// of its last delivery, so everything the pass took is settled when it returns.
+    /// Returns how many entries were taken.
     pub async fn run_once(&mut self) -> Result<usize, WorkerError> {
+        let taken = self.pass().await?;
+        if self.finisher.is_some() {
+            let mut conn = self.connection().await?;
+            self.finish_pending(&mut conn).await?;
+            self.conn = Some(conn);
+        }
+        Ok(taken)
+    }
+
+    /// One pass. First, what the finisher of an earlier delivery left, if it has ended.
+    /// With the gate closed (a dependency is down), probe what this consumer can probe and
+    /// take nothing while it stays down: `WorkerError::Paused`. Otherwise retry one held
+    /// entry, else take over an entry idle past `claim_idle`, else wait up to `block` for
+    /// a new one; deliver what was taken, whose commit and acknowledgement may go on after
+    /// the pass (`finishing.rs`). Returns how many entries were taken.
+    pub(super) async fn pass(&mut self) -> Result<usize, WorkerError> {
+        if self.finisher_ended() {
+            let mut conn = self.connection().await?;
+            self.finish_pending(&mut conn).await?;
+            self.conn = Some(conn);
+        }
         self.check_gate().await?;
-        // The connection of the last pass, unless it failed: every checkout from the pool
-        // costs a round trip of its own (UNWATCH and PING, the pool's health check), a
-        // quarter of a job's requests when each pass took one. A connection that fails
-        // is dropped with the error, so the next pass checks out a fresh, checked one.
-        let mut conn = match self.conn.take() {
-            Some(conn) => conn,
-            None => self.services.redis.get().await?,
-        };
+        let mut conn = self.connection().await?;
         let taken = self.take(&mut conn).await?;
         let n = taken.len();
         for taken in taken {
@@ -34,10 +47,22 @@ impl Consumer {
         self.conn = Some(conn);
         Ok(n)
     }
+
+    /// The connection of the last pass, unless it failed: every checkout from the pool
+    /// costs a round trip of its own (UNWATCH and PING, the pool's health check), a
+    /// quarter of a job's requests when each pass took one. A connection that fails is
+    /// dropped with the error, so the next pass checks out a fresh, checked one.
+    async fn connection(&mut self) -> Result<crate::infra::redis::Conn, WorkerError> {
+        match self.conn.take() {
+            Some(conn) => Ok(conn),
+            None => Ok(self.services.redis.get().await?),
+        }
+    }
 }
 
 /// Run one consumer until shutdown. Shutdown is checked between passes: no new work is
-/// taken after it, and the job in hand may finish until just before the grace period ends;
+/// taken after it, and the job in hand (and the commit of the one before) may finish until
+/// just before the grace period ends;
 /// then it is cut short and its delivery refunded (it was never allowed to finish), so
 /// rolling deploys spend no job's deliveries.
 pub async fn run(
@@ -64,7 +89,7 @@ pub async fn run(
                 next_maintenance = Instant::now() + consumer.config.maintenance_every();
                 consumer.maintain().await?;
             }
-            consumer.run_once().await
+            consumer.pass().await
         }
         .await;
         match result {
@@ -104,6 +129,16 @@ pub async fn run(
                 }
             }
         }
+    }
+    // The last delivery's commit and acknowledgement, which a shutdown cuts short at the
+    // same moment as a delivery.
+    let finished = async {
+        let mut conn = services.redis.get().await?;
+        consumer.finish_pending(&mut conn).await
+    }
+    .await;
+    if let Err(e) = finished {
+        tracing::warn!(consumer = %consumer.name(), error = %e, "could not settle the last delivery; it is redelivered");
     }
     drop(alive);
     // A clean stop: the consumer's mark goes with it, so cleanup need not wait for it to

@@ -175,6 +175,16 @@ pub(crate) enum Finish {
     AckLost,
 }
 
+impl Finish {
+    /// How a job that ran to `finished` is acknowledged.
+    pub(crate) fn of(finished: JobOutcome) -> Self {
+        match finished {
+            JobOutcome::Done => Finish::Summarised,
+            JobOutcome::Duplicate => Finish::Duplicate,
+        }
+    }
+}
+
 /// Why an entry is left pending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Pending {
@@ -195,8 +205,7 @@ pub(crate) struct Retry {
 /// Decide what `outcome` of the job's `deliveries`-th delivery means for the entry.
 pub(crate) fn settle(outcome: Outcome, deliveries: u64, limits: &Limits) -> Settlement {
     match outcome {
-        Outcome::Finished(JobOutcome::Done) => Settlement::Ack(Finish::Summarised),
-        Outcome::Finished(JobOutcome::Duplicate) => Settlement::Ack(Finish::Duplicate),
+        Outcome::Finished(finished) => Settlement::Ack(Finish::of(finished)),
         Outcome::Failed(reason) => Settlement::LeavePending(Pending::Failed(reason)),
         Outcome::Progressed(reason) => Settlement::Continue {
             reason,

@@ -171,6 +171,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let deleted = summaries - sent_kept - unsent;
     let sent = summaries - unsent;
     drop(pg);
+    // Jobs per group-commit transaction and per batched acknowledgement, from the
+    // process's own histograms.
+    let rendered = services.metrics.render();
+    let per_batch = |name: &str| {
+        let read = |suffix: &str| {
+            rendered
+                .lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}_{suffix} ")))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        match (read("sum"), read("count")) {
+            (Some(sum), Some(count)) if count > 0.0 => sum / count,
+            _ => 0.0,
+        }
+    };
+    let commit_batch = per_batch("summaryd_worker_commit_batch_jobs");
+    let ack_batch = per_batch("summaryd_worker_ack_batch_jobs");
     shutdown.trigger();
     let _ = running.await;
 
@@ -185,7 +202,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "BENCH jobs={jobs} consumers={consumers} latency_ms={latency_ms} summaries={summaries} \
          sent={sent} retention_deleted={deleted} elapsed_s={:.3} jobs_per_s={rate:.1} ideal={ideal:.1} ratio={:.3} \
-         peak_rss_kib={} enqueued_s={:.3} summarised_s={:.3} cpu_s={cpu:.2} cpu_ms_per_job={:.3}",
+         peak_rss_kib={} enqueued_s={:.3} summarised_s={:.3} cpu_s={cpu:.2} cpu_ms_per_job={:.3} \
+         commit_batch_jobs={commit_batch:.1} ack_batch_jobs={ack_batch:.1}",
         elapsed.as_secs_f64(),
         rate / ideal,
         peak_rss_kib().unwrap_or(0),

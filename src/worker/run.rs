@@ -15,12 +15,19 @@ impl Consumer {
     /// Returns how many entries were taken.
     pub async fn run_once(&mut self) -> Result<usize, WorkerError> {
         let taken = self.pass().await?;
+        self.finish().await?;
+        Ok(taken)
+    }
+
+    /// Wait for the commit and acknowledgement of this consumer's last delivery, if they
+    /// are still going on, and settle what they left (`finishing.rs`).
+    pub async fn finish(&mut self) -> Result<(), WorkerError> {
         if self.finisher.is_some() {
             let mut conn = self.connection().await?;
             self.finish_pending(&mut conn).await?;
             self.conn = Some(conn);
         }
-        Ok(taken)
+        Ok(())
     }
 
     /// One pass. First, what the finisher of an earlier delivery left, if it has ended.
@@ -29,11 +36,9 @@ impl Consumer {
     /// entry, else take over an entry idle past `claim_idle`, else wait up to `block` for
     /// a new one; deliver what was taken, whose commit and acknowledgement may go on after
     /// the pass (`finishing.rs`). Returns how many entries were taken.
-    pub(super) async fn pass(&mut self) -> Result<usize, WorkerError> {
+    pub async fn pass(&mut self) -> Result<usize, WorkerError> {
         if self.finisher_ended() {
-            let mut conn = self.connection().await?;
-            self.finish_pending(&mut conn).await?;
-            self.conn = Some(conn);
+            self.finish().await?;
         }
         self.check_gate().await?;
         let mut conn = self.connection().await?;
@@ -132,12 +137,7 @@ pub async fn run(
     }
     // The last delivery's commit and acknowledgement, which a shutdown cuts short at the
     // same moment as a delivery.
-    let finished = async {
-        let mut conn = services.redis.get().await?;
-        consumer.finish_pending(&mut conn).await
-    }
-    .await;
-    if let Err(e) = finished {
+    if let Err(e) = consumer.finish().await {
         tracing::warn!(consumer = %consumer.name(), error = %e, "could not settle the last delivery; it is redelivered");
     }
     drop(alive);

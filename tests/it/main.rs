@@ -14,6 +14,7 @@ mod bulk;
 mod console;
 mod console_browser;
 mod fairness;
+mod finishing;
 mod front_door;
 mod group_commit;
 mod healthcheck;

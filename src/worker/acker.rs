@@ -7,8 +7,9 @@
 //! and one transaction for the batch, and with `SUMMARYD_REDIS_MIN_REPLICAS_ACK` one WAIT
 //! for the batch instead of one per job.
 //!
-//! Nothing in the guarantees changes: a consumer hands over its acknowledgement only after
-//! its job's row is committed, and waits for the outcome before it takes more work; the
+//! Nothing in the guarantees changes: a delivery's acknowledgement is handed over only
+//! after its job's row is committed, and what Redis answers is settled by its consumer
+//! (`finishing.rs`); the
 //! batch is all or nothing (an error leaves every entry of it pending, and each job's next
 //! delivery finds its row and acknowledges it as a duplicate); a crash before the batch
 //! reaches Redis leaves the same. Acknowledgements wait for nothing but a batch being

@@ -6,8 +6,9 @@
 //! second (one transaction per job cannot beat the single-job commit ceiling). A batch
 //! pays them once for all its jobs.
 //!
-//! How: consumers hand their job and summary to one committer task per process and wait
-//! for their own outcome. The committer takes what is queued (up to `commit_batch`), and
+//! How: deliveries hand their job and summary to one committer task per process and wait
+//! for their own outcome (in a finisher, while their consumer takes its next job:
+//! `finishing.rs`). The committer takes what is queued (up to `commit_batch`), and
 //! when that is less than a full batch waits at most `commit_wait` for more, then commits
 //! them in one transaction (`db::summaries::commit_batch`), each job keeping its own
 //! `ON CONFLICT DO NOTHING` decision. It waits only while some delivery of the process
@@ -19,7 +20,7 @@
 //! `commit_wait`, and only for another job in hand.
 //!
 //! Nothing in the guarantees changes (`docs/delivery.md`, "Group commit"): a delivery is
-//! acknowledged only after its own row is committed (its consumer waits for the outcome
+//! acknowledged only after its own row is committed (the delivery waits for the outcome
 //! before it settles), a crash before the commit loses the whole batch's transaction and
 //! every job in it is redelivered, and a crash after it finds the rows and acknowledges
 //! the jobs as duplicates. A batch Postgres refuses is committed again job by job, so one

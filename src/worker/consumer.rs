@@ -1,8 +1,10 @@
 //! One consumer of the job stream: what it holds and the knobs it runs with. What it does
 //! lives beside it, one file per part: taking work (`take.rs`), running one delivery
 //! (`delivery.rs`), deciding what the delivery's end means (`settle.rs`) and carrying that
-//! out (`complete.rs`), keeping its claims and its consumer alive (`liveness.rs`), and the
-//! loop (`run.rs`). Concurrency comes from running several consumers, each its own task.
+//! out (`complete.rs`), keeping its claims and its consumer alive (`liveness.rs`), the
+//! commit and acknowledgement of its last delivery while it takes the next (`finishing.rs`),
+//! and the loop (`run.rs`). Concurrency comes from running several consumers, each its own
+//! task, with at most one model call at a time.
 //! What spends a delivery and what does not: `docs/delivery.md`.
 
 use std::collections::VecDeque;

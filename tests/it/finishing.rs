@@ -43,7 +43,11 @@ async fn hold_up_commits(env: &TestEnv) -> tokio_postgres::Client {
 }
 
 /// The entries of the stream pending for some consumer, and those for `consumer`.
-async fn pending(redis: &mut MultiplexedConnection, keys: &RedisKeys, consumer: &str) -> (usize, usize) {
+async fn pending(
+    redis: &mut MultiplexedConnection,
+    keys: &RedisKeys,
+    consumer: &str,
+) -> (usize, usize) {
     let reply: redis::streams::StreamPendingCountReply = redis::cmd("XPENDING")
         .arg(keys.stream())
         .arg(GROUP)
@@ -58,8 +62,7 @@ async fn pending(redis: &mut MultiplexedConnection, keys: &RedisKeys, consumer: 
 }
 
 #[tokio::test]
-async fn a_consumer_runs_its_next_job_while_the_last_one_commits_and_acks_each_after_its_commit()
-{
+async fn a_consumer_runs_its_next_job_while_the_last_one_commits_and_acks_each_after_its_commit() {
     let env = TestEnv::new().await;
     let model = Arc::new(FakeLlm::ok());
     let services = env.services().llm(model.clone()).build();
@@ -79,7 +82,11 @@ async fn a_consumer_runs_its_next_job_while_the_last_one_commits_and_acks_each_a
         .unwrap();
     assert_eq!(taken, 1);
     assert_eq!(model.calls(), 1);
-    assert_eq!(env.count("summaries").await, 0, "its commit is still waiting");
+    assert_eq!(
+        env.count("summaries").await,
+        0,
+        "its commit is still waiting"
+    );
     assert_eq!(
         pending(&mut redis, &keys, "w-pipe").await,
         (1, 1),
@@ -125,11 +132,7 @@ async fn a_shutdown_waits_for_the_last_commit_and_refunds_it_when_cut_short() {
     let model = Arc::new(FakeLlm::ok());
     let mut settings = env.settings.clone();
     settings.shutdown.grace = Duration::from_secs(2);
-    let services = env
-        .services()
-        .settings(settings)
-        .llm(model.clone())
-        .build();
+    let services = env.services().settings(settings).llm(model.clone()).build();
     let keys = services.keys.get(0).clone();
     let mut redis = env.redis().await;
     ensure_group(&mut redis, &keys).await.unwrap();
@@ -165,19 +168,23 @@ async fn a_shutdown_waits_for_the_last_commit_and_refunds_it_when_cut_short() {
     // The commit request was already queued: it goes through once the lock is gone, and
     // the next delivery finds the row and acknowledges the job without the model.
     blocker.batch_execute("ROLLBACK").await.unwrap();
-    assert!(eventually(Duration::from_secs(10), || async { env.count("summaries").await == 1 }).await);
+    assert!(
+        eventually(Duration::from_secs(10), || async {
+            env.count("summaries").await == 1
+        })
+        .await
+    );
     let mut settings = env.settings.clone();
     settings.worker.claim_idle = Duration::from_millis(10);
-    let services = env
-        .services()
-        .settings(settings)
-        .llm(model.clone())
-        .build();
+    let services = env.services().settings(settings).llm(model.clone()).build();
     let mut next = Consumer::new(services.worker(), "w-next");
     let until = tokio::time::Instant::now() + Duration::from_secs(10);
     // Taken over once idle past `claim_idle`.
     while next.run_once().await.unwrap() == 0 {
-        assert!(tokio::time::Instant::now() < until, "the entry is taken over");
+        assert!(
+            tokio::time::Instant::now() < until,
+            "the entry is taken over"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(pending(&mut redis, &keys, "w-next").await, (0, 0));

@@ -11,14 +11,16 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Span;
 
 use super::WorkerServices;
-use super::finishing::Finisher;
 use super::gate::{DependencyGate, PAUSED, POSTGRES};
-use super::settle::Settlement;
+use super::handler::{JobOutcome, Unfinished};
+use super::settle::{Finish, Settlement};
 use crate::config::WorkerSettings;
-use crate::domain::ModelSummary;
+use crate::domain::{Job, ModelSummary};
 use crate::resilience::backoff::{Backoff, Jitter};
 use crate::shutdown::Shutdown;
 use crate::stream::consumer_group::{self as group, CURSOR_START, Delivery};
@@ -277,4 +279,51 @@ impl Consumer {
             due: Instant::now() + wait,
         });
     }
+}
+
+/// How a delivery run under [`Consumer::with_claim_extended`] ended.
+pub(super) enum Ran<T> {
+    Finished(T),
+    /// Shutdown's grace was nearly over.
+    CutShort,
+    /// The entry stopped being this consumer's.
+    ClaimLost,
+}
+
+/// The spans of one delivery: `deliver`, and the `job` span inside it that its log
+/// lines carry. The finisher runs inside them, so the delivery's trace and its log lines
+/// read as if it had ended in line.
+#[derive(Clone)]
+pub(super) struct Spans {
+    pub(super) deliver: Span,
+    pub(super) job: Span,
+}
+
+/// A finisher at work (`finishing.rs`): the commit and acknowledgement of this consumer's
+/// last delivery. Its types live here, with what else a consumer holds.
+pub(super) struct Finisher(pub(super) JoinHandle<Left>);
+
+/// A delivery whose commit did not end in a job to acknowledge.
+pub(super) struct Unsettled {
+    pub(super) delivery: Delivery,
+    pub(super) job: Job,
+    pub(super) deliveries: u64,
+    pub(super) ran: Ran<Result<JobOutcome, Unfinished>>,
+    pub(super) spans: Spans,
+}
+
+/// What a finisher leaves its consumer to do.
+pub(super) enum Left {
+    /// Committed and acknowledged.
+    Nothing,
+    /// Its commit did not end in a job to acknowledge (it failed, or the delivery was cut
+    /// short or lost its claim): settle the delivery as one that ran that far.
+    Settle(Box<Unsettled>),
+    /// Redis failed the acknowledgement: hold the entry to carry it out again.
+    Hold {
+        delivery: Delivery,
+        deliveries: u64,
+        finish: Finish,
+        error: WorkerError,
+    },
 }

@@ -7,13 +7,12 @@ use std::time::Duration;
 
 use tracing::{Instrument, Span};
 
-use super::consumer::{Consumer, Work, WorkerError};
+use super::consumer::{Consumer, Ran, Spans, Work, WorkerError};
 use super::dead_reason::DeadReason;
-use super::finishing::{Finishing, Spans};
+use super::finishing::Finishing;
 use super::gate::{MODEL, POSTGRES};
 use super::handler::{self, JobOutcome, Prepared, Unfinished};
 use super::job_error::JobError;
-use super::liveness::Ran;
 use super::settle::{
     Admission, Limits, ModelCheck, Outcome, Probe, Settlement, admit, model_check, settle,
 };

@@ -26,15 +26,14 @@
 
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
-use tracing::{Instrument, Span};
+use tracing::Instrument;
 
 use super::WorkerServices;
 use super::batching::Joining;
 use super::complete::acknowledge_batched;
-use super::consumer::{Consumer, Work, WorkerError};
-use super::handler::{self, JobOutcome, Unfinished};
-use super::liveness::{ClaimConn, Claimant, Ran};
+use super::consumer::{Consumer, Finisher, Left, Ran, Spans, Unsettled, Work, WorkerError};
+use super::handler;
+use super::liveness::{ClaimConn, Claimant};
 use super::settle::{Finish, Settlement};
 use crate::domain::{Job, ModelSummary};
 use crate::stream::consumer_group::Delivery;
@@ -50,43 +49,6 @@ pub(super) struct Finishing {
     /// What the job reserved of its tenant's budget, read before the commit.
     pub(super) reservation: Option<Reservation>,
     pub(super) spans: Spans,
-}
-
-/// The spans of one delivery: `deliver`, and the `job` span inside it that its log
-/// lines carry. The finisher runs inside them, so the delivery's trace and its log lines
-/// read as if it had ended in line.
-#[derive(Clone)]
-pub(super) struct Spans {
-    pub(super) deliver: Span,
-    pub(super) job: Span,
-}
-
-/// A finisher at work.
-pub(super) struct Finisher(JoinHandle<Left>);
-
-/// A delivery whose commit did not end in a job to acknowledge.
-pub(super) struct Unsettled {
-    delivery: Delivery,
-    job: Job,
-    deliveries: u64,
-    ran: Ran<Result<JobOutcome, Unfinished>>,
-    spans: Spans,
-}
-
-/// What a finisher leaves its consumer to do.
-pub(super) enum Left {
-    /// Committed and acknowledged.
-    Nothing,
-    /// Its commit did not end in a job to acknowledge (it failed, or the delivery was cut
-    /// short or lost its claim): settle the delivery as one that ran that far.
-    Settle(Box<Unsettled>),
-    /// Redis failed the acknowledgement: hold the entry to carry it out again.
-    Hold {
-        delivery: Delivery,
-        deliveries: u64,
-        finish: Finish,
-        error: WorkerError,
-    },
 }
 
 impl Consumer {

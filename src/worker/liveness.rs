@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::consumer::{Consumer, ERROR_BACKOFF, WorkerError};
+use super::consumer::{Consumer, ERROR_BACKOFF, Ran, WorkerError};
 use crate::infra::keys::Shards;
 use crate::shutdown::Shutdown;
 use crate::stream::consumer_group::{self as group, ClaimCount, Delivery};
@@ -175,13 +175,4 @@ impl Claimant {
         }
         Ok(claimed?.is_some())
     }
-}
-
-/// How a delivery run under [`Consumer::with_claim_extended`] ended.
-pub(super) enum Ran<T> {
-    Finished(T),
-    /// Shutdown's grace was nearly over.
-    CutShort,
-    /// The entry stopped being this consumer's.
-    ClaimLost,
 }

@@ -262,7 +262,10 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
     let shutdown = Shutdown::new();
     let tasks = consumers(&services, 2, &shutdown);
 
-    // The consumers meet the refusal at the commit, after paying the model, and stop.
+    // The consumers meet the refusal at the commit, after paying the model, and stop. A
+    // consumer learns of its commit's refusal while its next job runs (the commit goes on
+    // without it: `worker/finishing.rs`), so it pays for at most that one job more, whose
+    // summary is kept too: the last assertion shows none is paid again.
     assert!(eventually(Duration::from_secs(10), || async { model.calls() >= 1 }).await);
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
@@ -272,7 +275,7 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
     );
     let paid_during = model.calls();
     assert!(
-        paid_during <= 2,
+        paid_during <= 2 * 2,
         "{paid_during} calls: consumers kept taking jobs"
     );
     for job in &jobs {

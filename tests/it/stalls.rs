@@ -307,6 +307,72 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
     );
 }
 
+/// A consumer whose last commit Postgres refused learns it at its next pass, before it
+/// takes more work: the finisher had ended, so the pass settles it first (refund, held
+/// summary, gate closed) and takes nothing, rather than paying the model for another job.
+#[tokio::test]
+async fn a_pass_settles_a_finished_commits_refusal_before_it_takes_more_work() {
+    let env = TestEnv::new().await;
+    let model = Arc::new(FakeLlm::ok());
+    let services = env.services().llm(model.clone()).build();
+    let mut redis = env.redis().await;
+    ensure_group(&mut redis, services.keys.get(0))
+        .await
+        .unwrap();
+    drop(services.pg.get().await.unwrap());
+    set_read_only(&env, true).await;
+    let jobs: Vec<Job> = (0..2)
+        .map(|n| job("acme", &format!("refused-{n}"), &format!("Call notes {n}.")))
+        .collect();
+    let mut ids = Vec::new();
+    for job in &jobs {
+        ids.push(
+            enqueue(&mut redis, services.keys.get(0), job)
+                .await
+                .unwrap(),
+        );
+    }
+    let mut consumer = Consumer::new(services.worker(), "w-refused");
+    assert_eq!(consumer.pass().await.unwrap(), 1);
+    assert_eq!(model.calls(), 1);
+    // The refusal comes back in milliseconds; the finisher has ended well before this.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let next = consumer.pass().await;
+    assert!(
+        matches!(next, Err(summaryd::worker::WorkerError::Paused { .. })),
+        "the refusal closed the gate before a take: {next:?}"
+    );
+    assert_eq!(model.calls(), 1, "no model call for the second job");
+    assert_eq!(
+        delivery_count(&mut redis, services.keys.get(0), &ids[0])
+            .await
+            .unwrap(),
+        Some(0),
+        "the refused delivery was refunded"
+    );
+    assert_eq!(
+        delivery_count(&mut redis, services.keys.get(0), &ids[1])
+            .await
+            .unwrap(),
+        None,
+        "the second job was not taken"
+    );
+
+    set_read_only(&env, false).await;
+    let until = tokio::time::Instant::now() + Duration::from_secs(20);
+    while env.count("summaries").await < 2 {
+        assert!(
+            tokio::time::Instant::now() < until,
+            "both jobs commit once Postgres takes writes"
+        );
+        // Paused until the gate's probe finds Postgres back.
+        let _ = consumer.run_once().await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(model.calls(), 2, "the refused job's summary was kept");
+}
+
 /// A world whose model takes a minute per call, `configure`d, with one job on the stream:
 /// the services, the model, the job and its entry id.
 async fn one_slow_job(

@@ -32,8 +32,7 @@ impl Consumer {
     ) -> Result<(), WorkerError> {
         match settlement {
             Settlement::Ack(finish) => {
-                let keys = self.services.keys.get(delivery.shard);
-                let reservation = job_state::reservation(conn, keys, job.job_id).await?;
+                let reservation = self.reservation(conn, delivery, job).await?;
                 let settle = settle_of(&self.services, job, reservation, Spent::Summary).await;
                 // With the others of its group commit, in one round trip (`acker.rs`).
                 self.services.acker.ack(conn, delivery, job, settle).await?;
@@ -166,8 +165,7 @@ impl Consumer {
         }
         let settle = match job {
             Some(job) => {
-                let keys = self.services.keys.get(delivery.shard);
-                let reservation = job_state::reservation(conn, keys, job.job_id).await?;
+                let reservation = self.reservation(conn, delivery, job).await?;
                 settle_of(&self.services, job, reservation, Spent::Calls).await
             }
             None => None,
@@ -266,6 +264,17 @@ impl Consumer {
     /// `summaryd_jobs_total{outcome}`.
     fn count(&self, outcome: &str) {
         count(&self.services, outcome);
+    }
+
+    /// What `job` holds reserved of its tenant's budget (`None`: no budget, or settled).
+    pub(super) async fn reservation(
+        &self,
+        conn: &mut crate::infra::redis::Conn,
+        delivery: &Delivery,
+        job: &Job,
+    ) -> redis::RedisResult<Option<Reservation>> {
+        let keys = self.services.keys.get(delivery.shard);
+        job_state::reservation(conn, keys, job.job_id).await
     }
 }
 

@@ -180,24 +180,22 @@ impl Consumer {
             .await;
         let (summary, joining) = match prepared {
             Ran::Finished(Ok(Prepared::Ready(summary, joining))) => (summary, joining),
-            Ran::Finished(Ok(Prepared::Duplicate)) => {
-                let ran = Ran::Finished(Ok(JobOutcome::Duplicate));
+            // Nothing to commit: a duplicate, a failure, a cut or a lost claim.
+            ended => {
+                let ran = match ended {
+                    Ran::Finished(Ok(_)) => Ran::Finished(Ok(JobOutcome::Duplicate)),
+                    Ran::Finished(Err(unfinished)) => Ran::Finished(Err(unfinished)),
+                    Ran::CutShort => Ran::CutShort,
+                    Ran::ClaimLost => Ran::ClaimLost,
+                };
                 return Ok(self.handled(ran, job, calls.take()).await);
             }
-            Ran::Finished(Err(unfinished)) => {
-                return Ok(self
-                    .handled(Ran::Finished(Err(unfinished)), job, calls.take())
-                    .await);
-            }
-            Ran::CutShort => return Ok(self.handled(Ran::CutShort, job, calls.take()).await),
-            Ran::ClaimLost => return Ok(self.handled(Ran::ClaimLost, job, calls.take()).await),
         };
         if self.services.acker.batches() {
             // The budget reservation its acknowledgement settles, read now on this
             // consumer's connection: the finisher then needs none of its own. Unread, the
             // job commits here instead.
-            let keys = self.services.keys.get(delivery.shard);
-            if let Ok(reservation) = job_state::reservation(conn, keys, job.job_id).await {
+            if let Ok(reservation) = self.reservation(conn, delivery, job).await {
                 let finishing = Finishing {
                     delivery: delivery.clone(),
                     job: job.clone(),

@@ -237,12 +237,17 @@ async fn set_read_only(env: &TestEnv, on: bool) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_per_job() {
-    let env = TestEnv::new().await;
+/// A world whose Postgres refuses writes, `configure`d, with `n` jobs on the stream (keys
+/// `{key}-0`, …): the services, the model, the jobs and their entry ids.
+async fn writes_refused(
+    env: &TestEnv,
+    key: &str,
+    n: usize,
+    configure: impl FnOnce(&mut Settings),
+) -> (Services, Arc<FakeLlm>, Vec<Job>, Vec<String>) {
     let model = Arc::new(FakeLlm::ok());
     let mut settings = env.settings.clone();
-    settings.worker.max_deliveries = 2;
+    configure(&mut settings);
     let services = env.services().settings(settings).llm(model.clone()).build();
     let mut redis = env.redis().await;
     ensure_group(&mut redis, services.keys.get(0))
@@ -250,15 +255,29 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
         .unwrap();
     // Connect the pool first, so the switch meets connections in use, as a failover does.
     drop(services.pg.get().await.unwrap());
-    set_read_only(&env, true).await;
-    let jobs: Vec<Job> = (0..10)
-        .map(|n| job("acme", &format!("ro-{n}"), &format!("Call notes {n}.")))
+    set_read_only(env, true).await;
+    let jobs: Vec<Job> = (0..n)
+        .map(|n| job("acme", &format!("{key}-{n}"), &format!("Call notes {n}.")))
         .collect();
+    let mut ids = Vec::new();
     for job in &jobs {
-        enqueue(&mut redis, services.keys.get(0), job)
-            .await
-            .unwrap();
+        ids.push(
+            enqueue(&mut redis, services.keys.get(0), job)
+                .await
+                .unwrap(),
+        );
     }
+    (services, model, jobs, ids)
+}
+
+#[tokio::test]
+async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_per_job() {
+    let env = TestEnv::new().await;
+    let (services, model, jobs, _) = writes_refused(&env, "ro", 10, |s| {
+        s.worker.max_deliveries = 2;
+    })
+    .await;
+    let mut redis = env.redis().await;
     let shutdown = Shutdown::new();
     let tasks = consumers(&services, 2, &shutdown);
 
@@ -313,25 +332,8 @@ async fn a_postgres_that_refuses_writes_is_an_outage_and_the_model_is_paid_once_
 #[tokio::test]
 async fn a_pass_settles_a_finished_commits_refusal_before_it_takes_more_work() {
     let env = TestEnv::new().await;
-    let model = Arc::new(FakeLlm::ok());
-    let services = env.services().llm(model.clone()).build();
+    let (services, model, _, ids) = writes_refused(&env, "refused", 2, |_| {}).await;
     let mut redis = env.redis().await;
-    ensure_group(&mut redis, services.keys.get(0))
-        .await
-        .unwrap();
-    drop(services.pg.get().await.unwrap());
-    set_read_only(&env, true).await;
-    let jobs: Vec<Job> = (0..2)
-        .map(|n| job("acme", &format!("refused-{n}"), &format!("Call notes {n}.")))
-        .collect();
-    let mut ids = Vec::new();
-    for job in &jobs {
-        ids.push(
-            enqueue(&mut redis, services.keys.get(0), job)
-                .await
-                .unwrap(),
-        );
-    }
     let mut consumer = Consumer::new(services.worker(), "w-refused");
     assert_eq!(consumer.pass().await.unwrap(), 1);
     assert_eq!(model.calls(), 1);

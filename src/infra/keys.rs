@@ -127,12 +127,18 @@ impl RedisKeys {
     pub fn job(&self, job_id: JobId) -> String {
         join(&[
             &self.prefix,
-            "job:",
+            JOB,
             job_id
                 .as_uuid()
                 .hyphenated()
                 .encode_lower(&mut uuid::Uuid::encode_buffer()),
         ])
+    }
+
+    /// What comes before a job id in its state's name ([`Self::job`]), for a script that
+    /// finds the job id in a stream entry.
+    pub(crate) fn job_prefix(&self) -> String {
+        join(&[&self.prefix, JOB])
     }
 
     /// Set of a tenant's job ids accepted and not yet finished (done or dead-lettered):
@@ -234,6 +240,9 @@ impl RedisKeys {
 
 /// What a lane's name adds to the shard's prefix before the tenant.
 const LANE: &str = "jobs:summaries:lane:";
+
+/// What a job state's name adds to the shard's prefix before the job id.
+const JOB: &str = "job:";
 
 /// `parts` end to end. The keys a POST names (about a dozen) are built per request, and
 /// this is one allocation of the right size each, without the formatting machinery.
@@ -390,6 +399,8 @@ mod tests {
         }
         assert_eq!(k.lane_prefix(), "p:jobs:summaries:lane:");
         assert_eq!(k.running_affixes(), ("p:tenant:".to_owned(), ":running"));
+        let job = JobId::from_scoped_key("t:k");
+        assert_eq!(k.job(job), format!("{}{job}", k.job_prefix()));
         assert_eq!(k.in_flight_pattern(), "p:tenant:*:in_flight");
         assert_eq!(Shards::single("p:").global().stream(), "p:jobs:summaries");
     }

@@ -17,6 +17,8 @@ use redis::streams::{
 };
 
 use super::budget::{self, Settle};
+use super::job_state::SeenReservation;
+use super::lanes::Handed;
 use super::{job_entry, job_state, lanes, tenant_limits};
 use crate::domain::{Job, JobId};
 use crate::infra::keys::{GROUP, RedisKeys};
@@ -33,6 +35,8 @@ pub struct Delivery {
     /// The shard whose job stream the entry is on: every later step of the delivery (the
     /// claim's extension, the ack, the dead letter) uses that shard's keys.
     pub shard: u16,
+    /// Its job's budget reservation, when the step that handed it out read it.
+    pub reservation: SeenReservation,
 }
 
 impl Delivery {
@@ -42,6 +46,15 @@ impl Delivery {
             id: entry.id,
             fields: entry.map,
             shard,
+            reservation: SeenReservation::Unread,
+        }
+    }
+
+    fn handed(keys: &RedisKeys) -> impl Fn(Handed) -> Self {
+        let of = Self::of(keys);
+        move |handed| Self {
+            reservation: handed.reservation,
+            ..of(handed.entry)
         }
     }
 }
@@ -140,12 +153,11 @@ pub(crate) async fn autoclaim_and_dispatch<C: ConnectionLike + Send + Sync>(
         Err(e) if is_noscript(&e) => lanes::dispatch(conn, keys, consumer).await?,
         read => lanes::dispatched(redis::from_redis_value(read?)?),
     };
-    let delivery = Delivery::of(keys);
     Ok(ClaimedAndDispatched {
         next_cursor: claim.next_stream_id,
-        claimed: claim.claimed.into_iter().map(&delivery).collect(),
+        claimed: claim.claimed.into_iter().map(Delivery::of(keys)).collect(),
         deleted: claim.deleted_ids,
-        new: new.map(delivery),
+        new: new.map(Delivery::handed(keys)),
     })
 }
 
@@ -177,7 +189,7 @@ pub async fn read_now<C: ConnectionLike + Send + Sync>(
     let mut taken = Vec::new();
     while taken.len() < count.max(1) {
         match lanes::dispatch(conn, keys, consumer).await? {
-            Some(entry) => taken.push(Delivery::of(keys)(entry)),
+            Some(handed) => taken.push(Delivery::handed(keys)(handed)),
             None => break,
         }
     }

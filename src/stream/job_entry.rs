@@ -144,6 +144,12 @@ pub fn job_id(fields: &HashMap<String, Value>) -> Option<JobId> {
         .ok()
 }
 
+/// The job id field exactly as the entry spells it (a script that finds the job's state
+/// by it uses these very bytes).
+pub(crate) fn job_id_as_spelt(fields: &HashMap<String, Value>) -> Option<String> {
+    String::from_utf8(field_bytes(fields, JOB_ID)?).ok()
+}
+
 /// The value of one field as Redis returned it, or `None` if it is absent.
 pub(crate) fn field_bytes(fields: &HashMap<String, Value>, name: &str) -> Option<Vec<u8>> {
     match fields.get(name)? {

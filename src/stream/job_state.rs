@@ -231,6 +231,47 @@ pub struct Reservation {
     pub tokens: u64,
 }
 
+impl Reservation {
+    /// The reservation HMGET (or a script's HMGET) found: both fields or nothing.
+    pub(crate) fn of(period: Option<String>, tokens: Option<u64>) -> Option<Self> {
+        period
+            .zip(tokens)
+            .map(|(period_id, tokens)| Self { period_id, tokens })
+    }
+}
+
+/// A job's reservation as the step that handed out its entry saw it. Only the holder of a
+/// pending entry settles its job's reservation, and settling ends the entry (ack or dead
+/// letter), so what the dispatch read stays true while the entry is pending; a replay
+/// makes a new entry, read again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum SeenReservation {
+    /// Read in the dispatch script that handed the entry out, for the job id the entry
+    /// names (`job_id`, as the entry spells it).
+    Read {
+        job_id: String,
+        reservation: Option<Reservation>,
+    },
+    /// Not read: an entry claimed or re-claimed, which asks the job state.
+    #[default]
+    Unread,
+}
+
+impl SeenReservation {
+    /// What was read for `job_id`; `None` when nothing was, or when the entry spelt the id
+    /// in another form than its state's key (an older writer's entry), whose state the
+    /// script could not have found.
+    pub fn of(&self, job_id: JobId) -> Option<Option<Reservation>> {
+        match self {
+            Self::Read {
+                job_id: spelt,
+                reservation,
+            } if *spelt == job_id.to_string() => Some(reservation.clone()),
+            _ => None,
+        }
+    }
+}
+
 /// The two field names of the reservation (period, then tokens), which the budget scripts
 /// receive as arguments rather than spelling them.
 pub(crate) fn reservation_fields() -> [&'static str; 2] {
@@ -249,7 +290,46 @@ pub async fn reservation<C: redis::aio::ConnectionLike + Send + Sync>(
         .arg(BUDGET_RESERVED)
         .query_async(conn)
         .await?;
-    Ok(period
-        .zip(tokens)
-        .map(|(period_id, tokens)| Reservation { period_id, tokens }))
+    Ok(Reservation::of(period, tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reservation_seen_with_the_entry_counts_only_for_the_job_it_was_read_for() {
+        let job = JobId::from_scoped_key("t:k");
+        let reservation = Reservation {
+            period_id: "m2026-12".into(),
+            tokens: 7,
+        };
+        let read = |spelt: String, reservation| SeenReservation::Read {
+            job_id: spelt,
+            reservation,
+        };
+        assert_eq!(
+            read(job.to_string(), Some(reservation.clone())).of(job),
+            Some(Some(reservation.clone()))
+        );
+        assert_eq!(read(job.to_string(), None).of(job), Some(None));
+        // Spelt otherwise than the state's key: the script looked under another name.
+        assert_eq!(read(job.to_string().to_uppercase(), None).of(job), None);
+        let other = JobId::from_scoped_key("t:other");
+        assert_eq!(read(other.to_string(), Some(reservation)).of(job), None);
+        assert_eq!(SeenReservation::Unread.of(job), None);
+    }
+
+    #[test]
+    fn a_reservation_needs_both_its_fields() {
+        assert_eq!(
+            Reservation::of(Some("d2026-12-03".into()), Some(3)),
+            Some(Reservation {
+                period_id: "d2026-12-03".into(),
+                tokens: 3
+            })
+        );
+        assert_eq!(Reservation::of(Some("d2026-12-03".into()), None), None);
+        assert_eq!(Reservation::of(None, Some(3)), None);
+    }
 }

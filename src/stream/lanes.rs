@@ -29,6 +29,7 @@ use redis::streams::{StreamId, StreamRangeReply};
 use redis::{Pipeline, Script};
 
 use super::job_entry;
+use super::job_state::{self, Reservation, SeenReservation};
 use super::tenant_limits::TenantLimits;
 use crate::infra::keys::{GROUP, RedisKeys};
 use crate::infra::redis::script_call::{ScriptArgs, ScriptCall};
@@ -88,9 +89,13 @@ pub fn max_dispatches_before(n: u64, other: f64, weight: f64) -> u64 {
 /// KEYS[1] job stream   KEYS[2] active lanes   KEYS[3] virtual time   KEYS[4] policies
 /// ARGV[1] group   ARGV[2] consumer   ARGV[3] lane name prefix   ARGV[4], ARGV[5] what
 /// comes before and after a tenant in its running set's name   ARGV[6] lanes to look at
-/// ARGV[7] the tenant field of an entry
+/// ARGV[7] the tenant field of an entry   ARGV[8] its job id field   ARGV[9] what comes
+/// before a job id in its state's name   ARGV[10], ARGV[11] the state's reservation fields
 ///
-/// Replies `{{id, fields}}` (XRANGE's shape) or nil. Entries already on the job stream go
+/// Replies `{{{id, fields}}, period, tokens}` (the entry in XRANGE's shape, then the job
+/// state's reservation, each nil when absent) or nil. The reservation rides along because
+/// every job that ends well needs it for its acknowledgement, which saves each one a
+/// round trip. Entries already on the job stream go
 /// first (they were accepted by a version without lanes, or staged there): they are read
 /// before any lane. A lane found empty (an operator deleted its entries) leaves the
 /// schedule. The only command that can fail (XREADGROUP without the group) runs before any
@@ -112,14 +117,24 @@ local function running(tenant, id)
   local _, cap = policy(tenant)
   if cap > 0 then redis.call('SADD', ARGV[4] .. tenant .. ARGV[5], id) end
 end
+local function field(entry, name)
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == name then return fields[i + 1] end
+  end
+end
+local function handed(entry)
+  local job = field(entry, ARGV[8])
+  if not job then return {{entry}, false, false} end
+  local r = redis.call('HMGET', ARGV[9] .. job, ARGV[10], ARGV[11])
+  return {{entry}, r[1], r[2]}
+end
 local got = read()
 if got then
   local entry = got[1][2][1]
-  local fields = entry[2]
-  for i = 1, #fields, 2 do
-    if fields[i] == ARGV[7] then running(fields[i + 1], entry[1]) end
-  end
-  return {entry}
+  local tenant = field(entry, ARGV[7])
+  if tenant then running(tenant, entry[1]) end
+  return handed(entry)
 end
 local clock = tonumber(redis.call('GET', KEYS[3]) or '0') or 0
 local lanes = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[6]) - 1, 'WITHSCORES')
@@ -148,7 +163,7 @@ for i = 1, #lanes, 2 do
       end
       local entry = read()[1][2][1]
       if cap > 0 then redis.call('SADD', set, entry[1]) end
-      return {entry}
+      return handed(entry)
     end
   end
 end
@@ -161,7 +176,7 @@ pub async fn dispatch<C: ConnectionLike + Send + Sync>(
     conn: &mut C,
     keys: &RedisKeys,
     consumer: &str,
-) -> redis::RedisResult<Option<StreamId>> {
+) -> redis::RedisResult<Option<Handed>> {
     let reply = dispatch_call(keys, consumer).invoke(conn).await?;
     Ok(dispatched(reply))
 }
@@ -185,13 +200,35 @@ pub(crate) fn dispatch_call(keys: &RedisKeys, consumer: &str) -> ScriptCall {
         .arg(before)
         .arg(after)
         .arg(LOOK_AHEAD)
-        .arg(job_entry::TENANT);
+        .arg(job_entry::TENANT)
+        .arg(job_entry::JOB_ID)
+        .arg(keys.job_prefix())
+        .arg(&job_state::reservation_fields()[..]);
     call
 }
 
+/// An entry a dispatch handed out, with its job's reservation as the same step read it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Handed {
+    pub entry: StreamId,
+    pub reservation: SeenReservation,
+}
+
+/// The dispatch script's reply, as it comes.
+pub(crate) type DispatchReply = Option<(StreamRangeReply, Option<String>, Option<u64>)>;
+
 /// The entry a dispatch reply hands out, if any.
-pub(crate) fn dispatched(reply: Option<StreamRangeReply>) -> Option<StreamId> {
-    reply.and_then(|r| r.ids.into_iter().next())
+pub(crate) fn dispatched(reply: DispatchReply) -> Option<Handed> {
+    let (range, period, tokens) = reply?;
+    let entry = range.ids.into_iter().next()?;
+    let reservation = match job_entry::job_id_as_spelt(&entry.map) {
+        Some(job_id) => SeenReservation::Read {
+            job_id,
+            reservation: Reservation::of(period, tokens),
+        },
+        None => SeenReservation::Unread,
+    };
+    Some(Handed { entry, reservation })
 }
 
 /// Wait up to `block` for the doorbell (a job was put in a lane); true when it rang. A

@@ -266,13 +266,17 @@ impl Consumer {
         count(&self.services, outcome);
     }
 
-    /// What `job` holds reserved of its tenant's budget (`None`: no budget, or settled).
+    /// What `job` holds reserved of its tenant's budget (`None`: no budget, or settled):
+    /// as the dispatch that handed the entry out read it, else from the job state.
     pub(super) async fn reservation(
         &self,
         conn: &mut crate::infra::redis::Conn,
         delivery: &Delivery,
         job: &Job,
     ) -> redis::RedisResult<Option<Reservation>> {
+        if let Some(seen) = delivery.reservation.of(job.job_id) {
+            return Ok(seen);
+        }
         let keys = self.services.keys.get(delivery.shard);
         job_state::reservation(conn, keys, job.job_id).await
     }

@@ -192,9 +192,9 @@ impl Consumer {
             }
         };
         if self.services.acker.batches() {
-            // The budget reservation its acknowledgement settles, read now on this
-            // consumer's connection: the finisher then needs none of its own. Unread, the
-            // job commits here instead.
+            // The budget reservation its acknowledgement settles, known now (read with
+            // the entry, or here on this consumer's connection): the finisher then needs
+            // no connection of its own. Unread, the job commits here instead.
             if let Ok(reservation) = self.reservation(conn, delivery, job).await {
                 let finishing = Finishing {
                     delivery: delivery.clone(),

@@ -6,6 +6,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix_web::test::{self, TestRequest};
 use chrono::{DateTime, Utc};
@@ -17,7 +18,8 @@ use summaryd::infra::keys::RedisKeys;
 use summaryd::llm::LlmError;
 use summaryd::shutdown::Shutdown;
 use summaryd::stream::budget::{self, Admission};
-use summaryd::stream::consumer_group::ensure_group;
+use summaryd::stream::consumer_group::{self as group, ensure_group};
+use summaryd::stream::job_state::{Reservation, SeenReservation};
 use summaryd::stream::{EnqueueOnce, Limit, TenantLimits, dead_letters};
 use summaryd::worker::Consumer;
 
@@ -289,6 +291,71 @@ async fn a_finished_job_gives_back_what_it_did_not_spend_so_the_next_one_fits() 
         budget_hash(&env, services.keys.get(0), BudgetPeriod::Month).await,
         hash
     );
+}
+
+/// The dispatch that hands out an entry reads its job's reservation in the same step, so
+/// the worker's acknowledgement needs no read of its own; a consumer that claims the entry
+/// after its first consumer died was not handed the reservation and reads the job state.
+#[actix_web::test]
+async fn the_dispatch_hands_out_the_reservation_with_the_entry() {
+    let env = TestEnv::new().await;
+    let cost = cost(&env);
+    let file = tokens_file(&format!(
+        "budget_tokens = {}\nbudget_period = \"month\"",
+        2 * cost
+    ));
+    let services = replica(&env, &file, FakeLlm::ok().reporting(100, 20));
+    let app = test::init_service(api::app(services.api(), Roles::all(), Shutdown::new())).await;
+    let keys = services.keys.get(0);
+    ensure_group(&mut env.redis().await, keys).await.unwrap();
+    let res = test::call_service(&app, post(&key(0)).to_request()).await;
+    assert_eq!(res.status(), 202);
+    let body: serde_json::Value = test::read_body_json(res).await;
+    let job_id: JobId = body["job_id"].as_str().unwrap().parse().unwrap();
+
+    let mut conn = env.redis().await;
+    let taken = group::read_now(&mut conn, keys, "dispatched-and-died", 1)
+        .await
+        .unwrap();
+    let [delivery] = taken.as_slice() else {
+        panic!("{taken:?}")
+    };
+    let reservation = Reservation {
+        period_id: BudgetPeriod::Month.id(Utc::now()),
+        tokens: cost,
+    };
+    assert_eq!(
+        delivery.reservation,
+        SeenReservation::Read {
+            job_id: job_id.to_string(),
+            reservation: Some(reservation.clone()),
+        }
+    );
+    assert_eq!(delivery.reservation.of(job_id), Some(Some(reservation)));
+    // Read for another job than the one asked about: not taken as that job's.
+    assert_eq!(delivery.reservation.of(budget_job(1).job_id), None);
+
+    // The consumer it was handed to is gone; another claims it and settles the budget
+    // from the job state.
+    let mut rescuer = Consumer::new(services.worker(), "budget-rescuer");
+    rescuer.config.claim_idle = Duration::ZERO;
+    assert_eq!(rescuer.run_once().await.unwrap(), 1);
+    assert_eq!(env.count("summaries").await, 1);
+    let hash = budget_hash(&env, keys, BudgetPeriod::Month).await;
+    assert_eq!(hash.get("reserved").copied().unwrap_or(0), 0, "{hash:?}");
+    assert_eq!(hash.get("used"), Some(&120), "what the provider reported");
+
+    // A job without a budget: read with its entry, and nothing there.
+    let mut plain = budget_job(2);
+    plain.tenant = TenantId::parse("plain").unwrap();
+    summaryd::stream::enqueue(&mut conn, keys, &plain)
+        .await
+        .unwrap();
+    let taken = group::read_now(&mut conn, keys, "plain-consumer", 1)
+        .await
+        .unwrap();
+    assert_eq!(taken.len(), 1);
+    assert_eq!(taken[0].reservation.of(plain.job_id), Some(None));
 }
 
 #[actix_web::test]

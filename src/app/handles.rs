@@ -169,6 +169,10 @@ impl Handles {
             model,
             metrics: self.metrics.clone(),
             gate: self.worker_gate.clone(),
+            checks: crate::worker::Checker::start(
+                self.pg.clone(),
+                self.settings.worker.commit_batch,
+            ),
             commits: crate::worker::Committer::start(
                 self.pg.clone(),
                 crate::worker::Batching {

@@ -7,7 +7,7 @@ use super::dead_reason::DeadReason;
 use super::job_error::JobError;
 use super::parts::{PartsFailure, summarise_in_parts};
 use crate::db::job_texts;
-use crate::db::summaries::{self, CommitOutcome};
+use crate::db::summaries::CommitOutcome;
 use crate::domain::{CallLog, Job, JobText, ModelSummary};
 use crate::llm::retry::Deadline;
 use crate::llm::{ChainError, Prompt};
@@ -101,7 +101,8 @@ pub(crate) async fn prepare(
     let joining = services.commits.joining();
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `summaries::commit_batch` is the guarantee; this only saves money.
-    if summaries::exists(&services.pg, job.job_id).await? {
+    // Asked together with the process's other deliveries (`checker.rs`).
+    if services.checks.finished(job.job_id).await? {
         if job.text == JobText::Stored {
             // A resend enqueued after the idempotency record expired stored the text
             // again; the job is done, so nothing will read it.

@@ -4,6 +4,7 @@
 
 mod acker;
 mod batching;
+mod checker;
 mod committer;
 mod complete;
 mod consumer;
@@ -24,6 +25,7 @@ use std::sync::Arc;
 
 pub(crate) use acker::Acker;
 pub use batching::{Batching, Joining};
+pub use checker::Checker;
 pub use committer::{Committed, Committer};
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name};
 pub use dead_reason::DeadReason;
@@ -54,6 +56,9 @@ pub struct WorkerServices {
     /// One per process, shared by its consumers: one consumer seeing a dependency down
     /// stops them all (`docs/delivery.md`).
     pub(crate) gate: Arc<DependencyGate>,
+    /// The process's batched pre-checks: whether jobs are finished already, asked
+    /// together (`checker.rs`).
+    pub(crate) checks: Checker,
     /// The process's group commit: finished jobs are committed together
     /// (`committer.rs`).
     pub(crate) commits: Committer,

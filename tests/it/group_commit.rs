@@ -8,7 +8,7 @@ use chrono::Utc;
 use summaryd::db::summaries::{self, CommitOutcome, Finished};
 use summaryd::domain::{Email, Job, JobId, ModelCall, ModelSummary, TenantId};
 use summaryd::resilience::failure::{Classify, Disposition};
-use summaryd::worker::{Batching, Committer};
+use summaryd::worker::{Batching, Checker, Committer};
 
 use crate::shared::test_env::Services;
 use crate::shared::{TestEnv, model_summary};
@@ -483,4 +483,76 @@ async fn batches_sharing_jobs_commit_side_by_side_without_deadlock() {
     }
     assert_eq!(env.count("summaries").await, 900);
     assert_eq!(env.count("outbox").await, 900, "one email per job");
+}
+
+/// Queries of the pre-check waiting on a lock, in this test's database.
+async fn pre_checks_waiting(env: &TestEnv) -> i64 {
+    env.pg()
+        .await
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND wait_event_type = 'Lock' AND query LIKE 'SELECT % FROM summaries WHERE job_id%'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The pre-checks of jobs asking together share queries: while Postgres holds the first
+/// ones up, the rest queue and go in one query, and each job gets its own answer. When
+/// Postgres is gone, every job gets an error (a batch's failure is asked again alone).
+#[tokio::test]
+async fn pre_checks_asked_together_share_queries_and_each_gets_its_own_answer() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let jobs: Vec<Job> = (200..240).map(|n| job(n, false)).collect();
+    let committer = committer(&services, 16, Duration::ZERO);
+    let done = commit_at_once(&committer, &jobs[..10], |_| "done").await;
+    assert!(done.iter().all(|a| a.result.is_ok()));
+    let checker = Checker::start(services.pg.clone(), 64);
+
+    // A writer's lock holds every read of the table up.
+    let mut locker = env.pg().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE summaries IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let ask = |job: &Job| {
+        let (checker, id) = (checker.clone(), job.job_id);
+        tokio::spawn(async move { checker.finished(id).await })
+    };
+    let waiting_for = |n: i64| {
+        let env = &env;
+        async move {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while pre_checks_waiting(env).await < n && tokio::time::Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    // The first two jobs each find a query free and wait in it.
+    let mut asks = vec![ask(&jobs[0])];
+    waiting_for(1).await;
+    asks.push(ask(&jobs[1]));
+    waiting_for(2).await;
+    // The other 38 wait in line, not in queries of their own.
+    asks.extend(jobs[2..].iter().map(ask));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(pre_checks_waiting(&env).await, 2, "two queries in flight");
+    assert!(asks.iter().all(|ask| !ask.is_finished()));
+    lock.rollback().await.unwrap();
+    let mut answers = Vec::new();
+    for ask in asks {
+        answers.push(ask.await.unwrap().unwrap());
+    }
+    let want: Vec<bool> = (0..40).map(|i| i < 10).collect();
+    assert_eq!(answers, want, "the first ten are finished");
+
+    services.pg.close();
+    let asks: Vec<_> = jobs.iter().take(8).map(ask).collect();
+    for ask in asks {
+        let e = ask.await.unwrap().unwrap_err();
+        assert_eq!(e.disposition(), Disposition::Unavailable, "{e}");
+    }
 }

@@ -1,0 +1,133 @@
+//! The pre-check of many deliveries in one query: whether each job already has its summary
+//! row (a redelivery of a finished job, or a resend after its idempotency record expired),
+//! so that it skips the model call.
+//!
+//! Why: every job asks before its model call, so with a fast model that question is most
+//! of the Postgres round trips a job costs (its commit is shared with its batch). Asked
+//! together, the consumers of a process pay one query for all of them.
+//!
+//! How: deliveries send their job id to one checker task per process and wait for the
+//! answer. The checker takes whatever is queued (up to `commit_batch`) without waiting for
+//! more: a lone job is asked about at once, as before. Up to `CHECKS_IN_FLIGHT` queries run
+//! side by side; while they do, requests queue, so the batches grow with the load by
+//! themselves. A batch Postgres fails is answered with its error when it held one job, and
+//! otherwise each job asks alone, so every delivery sees its own typed error.
+//!
+//! Nothing in the guarantees changes: the pre-check only saves money, the summaries'
+//! primary key is what makes a second commit a duplicate (`docs/delivery.md`).
+
+use deadpool_postgres::Pool;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use super::batching::{Batching, gather};
+use crate::db::DbError;
+use crate::db::summaries;
+use crate::domain::JobId;
+
+/// Requests that may wait for the checker: enough for every consumer of a large process.
+const QUEUE: usize = 1024;
+/// Queries of one process running at once. More than one, so a job that arrives while a
+/// query runs is not held up for all of it behind a slow one; few, so the checks hold few
+/// of the pool's connections.
+const CHECKS_IN_FLIGHT: usize = 2;
+
+/// The handle consumers ask through; cheap to clone. Without a checker (batches of 1, or
+/// no runtime to run one on) each job asks alone.
+#[derive(Clone)]
+pub struct Checker {
+    pg: Pool,
+    requests: Option<mpsc::Sender<Request>>,
+}
+
+struct Request {
+    job_id: JobId,
+    reply: oneshot::Sender<Answer>,
+}
+
+enum Answer {
+    Finished(bool),
+    Failed(DbError),
+    /// The batch failed: ask alone, for an error of this job's own.
+    AskAlone,
+}
+
+impl Checker {
+    /// Start the checker task of this process (on the current Tokio runtime); `max` jobs
+    /// at most per query.
+    pub fn start(pg: Pool, max: usize) -> Self {
+        let batching = Batching {
+            max,
+            wait: std::time::Duration::ZERO,
+        };
+        let requests =
+            (batching.batches() && tokio::runtime::Handle::try_current().is_ok()).then(|| {
+                let (tx, rx) = mpsc::channel(QUEUE);
+                tokio::spawn(run(pg.clone(), rx, batching));
+                tx
+            });
+        Self { pg, requests }
+    }
+
+    /// Whether `job_id` has its summary row. Cancel-safe: a dropped wait leaves only a
+    /// query whose answer nobody reads.
+    pub async fn finished(&self, job_id: JobId) -> Result<bool, DbError> {
+        if let Some(requests) = &self.requests {
+            let (reply, answer) = oneshot::channel();
+            if requests.send(Request { job_id, reply }).await.is_ok() {
+                match answer.await {
+                    Ok(Answer::Finished(finished)) => return Ok(finished),
+                    Ok(Answer::Failed(e)) => return Err(e),
+                    // Asked alone below: the batch failed, or the checker stopped.
+                    Ok(Answer::AskAlone) | Err(_) => {}
+                }
+            }
+        }
+        summaries::exists(&self.pg, job_id).await
+    }
+}
+
+async fn run(pg: Pool, mut requests: mpsc::Receiver<Request>, batching: Batching) {
+    let in_flight = std::sync::Arc::new(Semaphore::new(CHECKS_IN_FLIGHT));
+    loop {
+        // A free slot first: while every slot asks, requests queue, and the next batch
+        // takes them all at once.
+        let Ok(slot) = in_flight.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(first) = requests.recv().await else {
+            return;
+        };
+        let mut batch = Vec::with_capacity(batching.max);
+        batch.push(first);
+        gather(&mut requests, &mut batch, batching, None).await;
+        let pg = pg.clone();
+        tokio::spawn(async move {
+            check(&pg, batch).await;
+            drop(slot);
+        });
+    }
+}
+
+async fn check(pg: &Pool, mut batch: Vec<Request>) {
+    let ids: Vec<JobId> = batch.iter().map(|request| request.job_id).collect();
+    match summaries::existing(pg, &ids).await {
+        Ok(finished) => {
+            for request in batch {
+                let answer = Answer::Finished(finished.contains(&request.job_id));
+                // A delivery that stopped waiting (cut short) needs no answer.
+                let _ = request.reply.send(answer);
+            }
+        }
+        Err(e) if batch.len() == 1 => {
+            if let Some(request) = batch.pop() {
+                let _ = request.reply.send(Answer::Failed(e));
+            }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, jobs = batch.len(), "batched pre-check failed; each job asks alone");
+            for request in batch {
+                let _ = request.reply.send(Answer::AskAlone);
+            }
+        }
+    }
+}

@@ -6,15 +6,19 @@
 //! of the Postgres round trips a job costs (its commit is shared with its batch). Asked
 //! together, the consumers of a process pay one query for all of them.
 //!
-//! How: deliveries send their job id to one checker task per process and wait for the
-//! answer. The checker takes whatever is queued (up to `commit_batch`) without waiting for
-//! more: a lone job is asked about at once, as before. Up to `CHECKS_IN_FLIGHT` queries run
-//! side by side; while they do, requests queue, so the batches grow with the load by
-//! themselves. A batch Postgres fails is answered with its error when it held one job, and
-//! otherwise each job asks alone, so every delivery sees its own typed error.
+//! How: up to `CHECKS_IN_FLIGHT` queries of a process run at once. A delivery that finds
+//! one of them free asks alone, at once, in its own task: below that load nothing changes.
+//! One that finds them all taken queues its job id for the process's checker task, which
+//! takes whatever is queued (up to `commit_batch`) as soon as a query is free and asks it
+//! in one query; so under load the batches grow by themselves, and a question waits for at
+//! most the queries ahead of it. A batch Postgres fails is answered with its error when it
+//! held one job, and otherwise each job asks alone, so every delivery sees its own typed
+//! error.
 //!
 //! Nothing in the guarantees changes: the pre-check only saves money, the summaries'
 //! primary key is what makes a second commit a duplicate (`docs/delivery.md`).
+
+use std::sync::Arc;
 
 use deadpool_postgres::Pool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -26,10 +30,11 @@ use crate::domain::JobId;
 
 /// Requests that may wait for the checker: enough for every consumer of a large process.
 const QUEUE: usize = 1024;
-/// Queries of one process running at once. More than one, so a job that arrives while a
-/// query runs is not held up for all of it behind a slow one; few, so the checks hold few
-/// of the pool's connections.
-const CHECKS_IN_FLIGHT: usize = 2;
+/// Queries of one process running at once. Enough that a draining process with the
+/// default 16 consumers nearly always finds one free (fewer made such a drain wait in line
+/// and slowed it by up to a seventh); at most half the pool's 32 connections, so the
+/// commits always have room, and beyond that the questions share queries.
+pub const CHECKS_IN_FLIGHT: usize = 16;
 
 /// The handle consumers ask through; cheap to clone. Without a checker (batches of 1, or
 /// no runtime to run one on) each job asks alone.
@@ -37,6 +42,10 @@ const CHECKS_IN_FLIGHT: usize = 2;
 pub struct Checker {
     pg: Pool,
     requests: Option<mpsc::Sender<Request>>,
+    /// The queries that may run at once, alone or batched. Tokio's semaphore hands a
+    /// freed query to the checker first when it waits for one, so questions in line are
+    /// not overtaken by those that ask alone.
+    in_flight: Arc<Semaphore>,
 }
 
 struct Request {
@@ -59,19 +68,27 @@ impl Checker {
             max,
             wait: std::time::Duration::ZERO,
         };
+        let in_flight = Arc::new(Semaphore::new(CHECKS_IN_FLIGHT));
         let requests =
             (batching.batches() && tokio::runtime::Handle::try_current().is_ok()).then(|| {
                 let (tx, rx) = mpsc::channel(QUEUE);
-                tokio::spawn(run(pg.clone(), rx, batching));
+                tokio::spawn(run(pg.clone(), rx, batching, in_flight.clone()));
                 tx
             });
-        Self { pg, requests }
+        Self {
+            pg,
+            requests,
+            in_flight,
+        }
     }
 
     /// Whether `job_id` has its summary row. Cancel-safe: a dropped wait leaves only a
     /// query whose answer nobody reads.
     pub async fn finished(&self, job_id: JobId) -> Result<bool, DbError> {
         if let Some(requests) = &self.requests {
+            if let Ok(_query) = self.in_flight.clone().try_acquire_owned() {
+                return summaries::exists(&self.pg, job_id).await;
+            }
             let (reply, answer) = oneshot::channel();
             if requests.send(Request { job_id, reply }).await.is_ok() {
                 match answer.await {
@@ -86,15 +103,20 @@ impl Checker {
     }
 }
 
-async fn run(pg: Pool, mut requests: mpsc::Receiver<Request>, batching: Batching) {
-    let in_flight = std::sync::Arc::new(Semaphore::new(CHECKS_IN_FLIGHT));
+async fn run(
+    pg: Pool,
+    mut requests: mpsc::Receiver<Request>,
+    batching: Batching,
+    in_flight: Arc<Semaphore>,
+) {
     loop {
-        // A free slot first: while every slot asks, requests queue, and the next batch
-        // takes them all at once.
-        let Ok(slot) = in_flight.clone().acquire_owned().await else {
+        // A request only comes when every query was taken; it waits for the next free one,
+        // and whatever queued meanwhile goes with it. (Waiting for a query before there is
+        // a request would keep one from the deliveries that ask alone.)
+        let Some(first) = requests.recv().await else {
             return;
         };
-        let Some(first) = requests.recv().await else {
+        let Ok(slot) = in_flight.clone().acquire_owned().await else {
             return;
         };
         let mut batch = Vec::with_capacity(batching.max);

@@ -25,7 +25,7 @@ use std::sync::Arc;
 
 pub(crate) use acker::Acker;
 pub use batching::{Batching, Joining};
-pub use checker::Checker;
+pub use checker::{CHECKS_IN_FLIGHT, Checker};
 pub use committer::{Committed, Committer};
 pub use consumer::{Consumer, ConsumerConfig, WorkerError, consumer_name};
 pub use dead_reason::DeadReason;

@@ -8,7 +8,7 @@ use chrono::Utc;
 use summaryd::db::summaries::{self, CommitOutcome, Finished};
 use summaryd::domain::{Email, Job, JobId, ModelCall, ModelSummary, TenantId};
 use summaryd::resilience::failure::{Classify, Disposition};
-use summaryd::worker::{Batching, Checker, Committer};
+use summaryd::worker::{Batching, CHECKS_IN_FLIGHT, Checker, Committer};
 
 use crate::shared::test_env::Services;
 use crate::shared::{TestEnv, model_summary};
@@ -499,14 +499,15 @@ async fn pre_checks_waiting(env: &TestEnv) -> i64 {
         .get(0)
 }
 
-/// The pre-checks of jobs asking together share queries: while Postgres holds the first
-/// ones up, the rest queue and go in one query, and each job gets its own answer. When
-/// Postgres is gone, every job gets an error (a batch's failure is asked again alone).
+/// The pre-checks of jobs asking together share queries: while Postgres holds up the
+/// first `CHECKS_IN_FLIGHT`, each asked alone, the rest wait in line (not in queries of their own) and
+/// share queries once one is free; each job gets its own answer. When Postgres is gone,
+/// every job gets an error (a batch's failure is asked again alone).
 #[tokio::test]
 async fn pre_checks_asked_together_share_queries_and_each_gets_its_own_answer() {
     let env = TestEnv::new().await;
     let services = env.services().build();
-    let jobs: Vec<Job> = (200..240).map(|n| job(n, false)).collect();
+    let jobs: Vec<Job> = (200..250).map(|n| job(n, false)).collect();
     let committer = committer(&services, 16, Duration::ZERO);
     let done = commit_at_once(&committer, &jobs[..10], |_| "done").await;
     assert!(done.iter().all(|a| a.result.is_ok()));
@@ -531,22 +532,28 @@ async fn pre_checks_asked_together_share_queries_and_each_gets_its_own_answer() 
             }
         }
     };
-    // The first two jobs each find a query free and wait in it.
-    let mut asks = vec![ask(&jobs[0])];
-    waiting_for(1).await;
-    asks.push(ask(&jobs[1]));
-    waiting_for(2).await;
-    // The other 38 wait in line, not in queries of their own.
-    asks.extend(jobs[2..].iter().map(ask));
+    // The first jobs each find a query free, ask alone and wait in it.
+    let alone = CHECKS_IN_FLIGHT;
+    let mut asks = Vec::new();
+    for (n, job) in (1..).zip(&jobs[..alone]) {
+        asks.push(ask(job));
+        waiting_for(n).await;
+    }
+    // The others wait in line, not in queries of their own.
+    asks.extend(jobs[alone..].iter().map(ask));
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(pre_checks_waiting(&env).await, 2, "two queries in flight");
+    assert_eq!(
+        pre_checks_waiting(&env).await,
+        alone as i64,
+        "as many queries as may run at once"
+    );
     assert!(asks.iter().all(|ask| !ask.is_finished()));
     lock.rollback().await.unwrap();
     let mut answers = Vec::new();
     for ask in asks {
         answers.push(ask.await.unwrap().unwrap());
     }
-    let want: Vec<bool> = (0..40).map(|i| i < 10).collect();
+    let want: Vec<bool> = (0..50).map(|i| i < 10).collect();
     assert_eq!(answers, want, "the first ten are finished");
 
     services.pg.close();

@@ -36,7 +36,8 @@
 # process would drain; the goal is twice the baseline's. "÷ ceiling" is jobs/s
 # ÷ the round's pgbench tps.
 #
-# Settings (environment): AB_ROUNDS (5), BENCH_JOBS (3000), AB_CONSUMERS (16),
+# Settings (environment): AB_ROUNDS (5), BENCH_JOBS (10000: at 3000 a drain of this build
+# lasted half a second, and the worker's start-up was a fifth of it), AB_CONSUMERS (16),
 # AB_MONITOR_JOBS (BENCH_JOBS, so the worker's start-up weighs as much as in the timed
 # runs; 0 skips the MONITOR sample), AB_PGBENCH_S (5), AB_BASE_REV (main),
 # AB_NEW_REV (unset), AB_TENANTS (16).
@@ -45,7 +46,7 @@ repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo_root"
 
 ROUNDS=${AB_ROUNDS:-5}
-JOBS=${BENCH_JOBS:-3000}
+JOBS=${BENCH_JOBS:-10000}
 CONSUMERS=${AB_CONSUMERS:-16}
 MONITOR_JOBS=${AB_MONITOR_JOBS:-$JOBS}
 PGBENCH_S=${AB_PGBENCH_S:-5}

@@ -31,9 +31,11 @@
 #                            MONITOR for the requests sent per job (default 8; 0 skips it)
 #   BENCH_AB_BASE            a summaryd binary of another build: after the sweep, this build
 #                            is compared with it by bench/ab_intake.sh (CPU per POST, req/s)
-#                            and bench/ab_drain.sh (a backlog drained with an instant model),
+#                            and bench/ab_drain.sh (a backlog drained with an instant model,
+#                            with 16 consumers and again with BENCH_AB_WIDE_CONSUMERS),
 #                            their medians appended to the table and drawn in ab.png
 #                            (default unset: no comparison)
+#   BENCH_AB_WIDE_CONSUMERS  consumers of the second drain (default 64)
 #   BENCH_AB_ROUNDS          rounds of each comparison (default 7)
 #
 # Everything runs on loopback. Redis is a private redis-server started here on a free port
@@ -512,12 +514,21 @@ if [[ -n "${BENCH_AB_BASE:-}" ]]; then
         die "bench/ab_intake.sh failed"
     AB_ROUNDS=$ab_rounds bench/ab_drain.sh "$BENCH_AB_BASE" "$bin" >"$workdir/ab_drain.txt" ||
         die "bench/ab_drain.sh failed"
+    # The pipeline's own ceiling: as many consumers as keep the machine busy (16 leave
+    # part of it waiting on round trips), against pgbench at the pool's 32 connections.
+    drain_wide=${BENCH_AB_WIDE_CONSUMERS:-64}
+    AB_ROUNDS=$ab_rounds AB_CONSUMERS=$drain_wide AB_MONITOR_JOBS=0 \
+        bench/ab_drain.sh "$BENCH_AB_BASE" "$bin" >"$workdir/ab_drain_wide.txt" ||
+        die "bench/ab_drain.sh ($drain_wide consumers) failed"
     cpu_ratio=$(sed -n 's/^candidate  *median [0-9.]* us, ratio \([0-9.]*\).*/\1/p' "$workdir/ab_intake.txt")
     rps_ratio=$(sed -n '/^connections/,/^CPU/s/^candidate  *median \([0-9.]*\) .*/\1/p' "$workdir/ab_intake.txt")
     read -r drain_rate drain_cpu drain_core < <(sed -n \
         's/^new\/base, median of the rounds. ratios: jobs\/s \([0-9.]*\), worker CPU ms\/job \([0-9.]*\), jobs\/s per core \([0-9.]*\).*/\1 \2 \3/p' \
         "$workdir/ab_drain.txt")
-    read -r ceiling_base ceiling_new < <(awk '$1 == "base" && b == "" { b = $6 } $1 == "new" && n == "" { n = $6 } END { print b, n }' "$workdir/ab_drain.txt")
+    ceilings() { awk '$1 == "base" && b == "" { b = $6 } $1 == "new" && n == "" { n = $6 } END { print b, n }' "$1"; }
+    read -r ceiling_base ceiling_new < <(ceilings "$workdir/ab_drain.txt")
+    read -r wide_base wide_new < <(ceilings "$workdir/ab_drain_wide.txt")
+    wide_rate=$(sed -n 's/^new\/base, median of the rounds. ratios: jobs\/s \([0-9.]*\),.*/\1/p' "$workdir/ab_drain_wide.txt")
     {
         echo
         echo "## This build against $(basename "$BENCH_AB_BASE") ($ab_rounds rounds each, alternating, ratios new/base)"
@@ -530,6 +541,8 @@ if [[ -n "${BENCH_AB_BASE:-}" ]]; then
         echo "| drain worker CPU ms per job | $drain_cpu |"
         echo "| drain jobs/s per core of the worker | **$drain_core** |"
         echo "| drain jobs/s ÷ the same run's pgbench commit ceiling: base, new | $ceiling_base, **$ceiling_new** |"
+        echo "| drain jobs/s, $drain_wide consumers | $wide_rate |"
+        echo "| drain jobs/s, $drain_wide consumers, ÷ pgbench at 32 clients: base, new | $wide_base, **$wide_new** |"
         echo
         echo "POST (\`bench/ab_intake.sh\`):"
         echo
@@ -541,6 +554,12 @@ if [[ -n "${BENCH_AB_BASE:-}" ]]; then
         echo
         echo '```'
         sed -n '/^medians/,$p' "$workdir/ab_drain.txt"
+        echo '```'
+        echo
+        echo "Drain with $drain_wide consumers (\`AB_CONSUMERS=$drain_wide bench/ab_drain.sh\`):"
+        echo
+        echo '```'
+        sed -n '/^medians/,/^new\/base/p' "$workdir/ab_drain_wide.txt"
         echo '```'
     } >>"$report"
     printf '"%s" %s\n' "CPU per POST" "$cpu_ratio" "drain jobs/s" "$drain_rate" "drain per core" "$drain_core" >"$workdir/ab.dat"

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use futures_util::{StreamExt, TryStreamExt};
 use chrono::Utc;
+use futures_util::{StreamExt, TryStreamExt};
 use summaryd::app::Application;
 use summaryd::config::Settings;
 use summaryd::config::roles::{Role, Roles};

@@ -95,9 +95,8 @@ pub fn max_dispatches_before(n: u64, other: f64, weight: f64) -> u64 {
 /// Replies `{{{id, fields}}, period, tokens}` (the entry in XRANGE's shape, then the job
 /// state's reservation, each nil when absent) or nil. The reservation rides along because
 /// every job that ends well needs it for its acknowledgement, which saves each one a
-/// round trip. Entries already on the job stream go
-/// first (they were accepted by a version without lanes, or staged there): they are read
-/// before any lane. A lane found empty (an operator deleted its entries) leaves the
+/// round trip. Entries already on the job stream go first (they were accepted by a version
+/// without lanes, or staged there): they are read before any lane. A lane found empty (an operator deleted its entries) leaves the
 /// schedule. The only command that can fail (XREADGROUP without the group) runs before any
 /// write.
 static DISPATCH: LazyLock<Script> = LazyLock::new(|| Script::new(DISPATCH_LUA));

@@ -11,9 +11,9 @@
 //! One that finds them all taken queues its job id for the process's checker task, which
 //! takes whatever is queued (up to `commit_batch`) as soon as a query is free and asks it
 //! in one query; so under load the batches grow by themselves, and a question waits for at
-//! most the queries ahead of it. A batch Postgres fails is answered with its error when it
-//! held one job, and otherwise each job asks alone, so every delivery sees its own typed
-//! error.
+//! most the queries ahead of it. When Postgres fails a batch, each of its jobs asks again
+//! alone, so every delivery sees its own typed error (a batch is rare, and rarer still in
+//! an outage: the first unavailable error closes the gate).
 //!
 //! Nothing in the guarantees changes: the pre-check only saves money, the summaries'
 //! primary key is what makes a second commit a duplicate (`docs/delivery.md`).
@@ -55,7 +55,6 @@ struct Request {
 
 enum Answer {
     Finished(bool),
-    Failed(DbError),
     /// The batch failed: ask alone, for an error of this job's own.
     AskAlone,
 }
@@ -93,7 +92,6 @@ impl Checker {
             if requests.send(Request { job_id, reply }).await.is_ok() {
                 match answer.await {
                     Ok(Answer::Finished(finished)) => return Ok(finished),
-                    Ok(Answer::Failed(e)) => return Err(e),
                     // Asked alone below: the batch failed, or the checker stopped.
                     Ok(Answer::AskAlone) | Err(_) => {}
                 }
@@ -130,7 +128,7 @@ async fn run(
     }
 }
 
-async fn check(pg: &Pool, mut batch: Vec<Request>) {
+async fn check(pg: &Pool, batch: Vec<Request>) {
     let ids: Vec<JobId> = batch.iter().map(|request| request.job_id).collect();
     match summaries::existing(pg, &ids).await {
         Ok(finished) => {
@@ -138,11 +136,6 @@ async fn check(pg: &Pool, mut batch: Vec<Request>) {
                 let answer = Answer::Finished(finished.contains(&request.job_id));
                 // A delivery that stopped waiting (cut short) needs no answer.
                 let _ = request.reply.send(answer);
-            }
-        }
-        Err(e) if batch.len() == 1 => {
-            if let Some(request) = batch.pop() {
-                let _ = request.reply.send(Answer::Failed(e));
             }
         }
         Err(e) => {

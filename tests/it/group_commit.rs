@@ -485,31 +485,45 @@ async fn batches_sharing_jobs_commit_side_by_side_without_deadlock() {
     assert_eq!(env.count("outbox").await, 900, "one email per job");
 }
 
-/// Queries of the pre-check waiting on a lock, in this test's database.
-async fn pre_checks_waiting(env: &TestEnv) -> i64 {
+/// Queries of the pre-check waiting on a lock, in this test's database, whose text starts
+/// with `sql`.
+async fn waiting(env: &TestEnv, sql: &str) -> i64 {
     env.pg()
         .await
         .query_one(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
-             AND wait_event_type = 'Lock' AND query LIKE 'SELECT % FROM summaries WHERE job_id%'",
-            &[],
+             AND wait_event_type = 'Lock' AND starts_with(query, $1)",
+            &[&sql],
         )
         .await
         .unwrap()
         .get(0)
 }
 
+const ALONE: &str = "SELECT 1 FROM summaries WHERE job_id = $1";
+const TOGETHER: &str = "SELECT job_id FROM summaries WHERE job_id = ANY($1)";
+
+/// Wait (at most 10 s) until `n` queries starting with `sql` wait on the lock.
+async fn waiting_for(env: &TestEnv, sql: &str, n: i64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while waiting(env, sql).await < n && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The pre-checks of jobs asking together share queries: while Postgres holds up the
-/// first `CHECKS_IN_FLIGHT`, each asked alone, the rest wait in line (not in queries of their own) and
-/// share queries once one is free; each job gets its own answer. When Postgres is gone,
-/// every job gets an error (a batch's failure is asked again alone).
+/// first `CHECKS_IN_FLIGHT`, each asked alone, the rest wait in line, not in queries of
+/// their own; once those queries end (here: cancelled), the rest go in one query, and
+/// each job gets its own answer from it. When Postgres is gone, every job gets an error.
 #[tokio::test]
 async fn pre_checks_asked_together_share_queries_and_each_gets_its_own_answer() {
     let env = TestEnv::new().await;
     let services = env.services().build();
     let jobs: Vec<Job> = (200..250).map(|n| job(n, false)).collect();
+    let alone = CHECKS_IN_FLIGHT;
+    // Ten of the jobs that will wait in line are finished.
     let committer = committer(&services, 16, Duration::ZERO);
-    let done = commit_at_once(&committer, &jobs[..10], |_| "done").await;
+    let done = commit_at_once(&committer, &jobs[alone..alone + 10], |_| "done").await;
     assert!(done.iter().all(|a| a.result.is_ok()));
     let checker = Checker::start(services.pg.clone(), 64);
 
@@ -523,43 +537,82 @@ async fn pre_checks_asked_together_share_queries_and_each_gets_its_own_answer() 
         let (checker, id) = (checker.clone(), job.job_id);
         tokio::spawn(async move { checker.finished(id).await })
     };
-    let waiting_for = |n: i64| {
-        let env = &env;
-        async move {
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-            while pre_checks_waiting(env).await < n && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    };
     // The first jobs each find a query free, ask alone and wait in it.
-    let alone = CHECKS_IN_FLIGHT;
-    let mut asks = Vec::new();
+    let mut first = Vec::new();
     for (n, job) in (1..).zip(&jobs[..alone]) {
-        asks.push(ask(job));
-        waiting_for(n).await;
+        first.push(ask(job));
+        waiting_for(&env, ALONE, n).await;
     }
     // The others wait in line, not in queries of their own.
-    asks.extend(jobs[alone..].iter().map(ask));
+    let rest: Vec<_> = jobs[alone..].iter().map(ask).collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(waiting(&env, ALONE).await, alone as i64);
+    assert_eq!(waiting(&env, TOGETHER).await, 0);
+    assert!(rest.iter().all(|ask| !ask.is_finished()));
+
+    // The first queries end (cancelled: those jobs get the error); the line goes in one.
+    let cancelled: i64 = env
+        .pg()
+        .await
+        .query_one(
+            "SELECT count(*) FROM (SELECT pg_cancel_backend(pid) FROM pg_stat_activity \
+             WHERE datname = current_database() AND query = $1) c",
+            &[&ALONE],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(cancelled, alone as i64);
+    for ask in first {
+        assert!(ask.await.unwrap().is_err());
+    }
+    waiting_for(&env, TOGETHER, 1).await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
-        pre_checks_waiting(&env).await,
-        alone as i64,
-        "as many queries as may run at once"
+        (waiting(&env, TOGETHER).await, waiting(&env, ALONE).await),
+        (1, 0),
+        "the {} jobs in line are asked about in one query",
+        rest.len()
     );
-    assert!(asks.iter().all(|ask| !ask.is_finished()));
     lock.rollback().await.unwrap();
     let mut answers = Vec::new();
-    for ask in asks {
+    for ask in rest {
         answers.push(ask.await.unwrap().unwrap());
     }
-    let want: Vec<bool> = (0..50).map(|i| i < 10).collect();
-    assert_eq!(answers, want, "the first ten are finished");
+    let want: Vec<bool> = (0..jobs.len() - alone).map(|i| i < 10).collect();
+    assert_eq!(answers, want, "the first ten in line are finished");
 
     services.pg.close();
-    let asks: Vec<_> = jobs.iter().take(8).map(ask).collect();
+    let asks: Vec<_> = jobs.iter().take(2 * alone).map(ask).collect();
     for ask in asks {
         let e = ask.await.unwrap().unwrap_err();
         assert_eq!(e.disposition(), Disposition::Unavailable, "{e}");
+    }
+}
+
+/// With batches of one (`SUMMARYD_WORKER_COMMIT_BATCH=1`) there is no checker: every job
+/// asks alone, however many ask at once.
+#[tokio::test]
+async fn with_batches_of_one_every_pre_check_asks_alone() {
+    let env = TestEnv::new().await;
+    let services = env.services().build();
+    let checker = Checker::start(services.pg.clone(), 1);
+    let mut locker = env.pg().await;
+    let lock = locker.transaction().await.unwrap();
+    lock.batch_execute("LOCK TABLE summaries IN ACCESS EXCLUSIVE MODE")
+        .await
+        .unwrap();
+    let n = CHECKS_IN_FLIGHT + 4;
+    let asks: Vec<_> = (300..300 + n as u32)
+        .map(|i| {
+            let (checker, id) = (checker.clone(), job(i, false).job_id);
+            tokio::spawn(async move { checker.finished(id).await })
+        })
+        .collect();
+    waiting_for(&env, ALONE, n as i64).await;
+    assert_eq!(waiting(&env, ALONE).await, n as i64);
+    lock.rollback().await.unwrap();
+    for ask in asks {
+        assert!(!ask.await.unwrap().unwrap());
     }
 }

@@ -101,7 +101,7 @@ pub(crate) async fn prepare(
     let joining = services.commits.joining();
     // Cheap pre-check: a redelivered, already finished job skips the model call. The
     // primary key in `summaries::commit_batch` is the guarantee; this only saves money.
-    // Asked together with the process's other deliveries (`checker.rs`).
+    // Under load it shares a query with the process's other deliveries (`checker.rs`).
     if services.checks.finished(job.job_id).await? {
         if job.text == JobText::Stored {
             // A resend enqueued after the idempotency record expired stored the text

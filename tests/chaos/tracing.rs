@@ -49,9 +49,16 @@ async fn a_redelivery_after_kill_9_is_a_new_trace_linked_to_the_accept() {
     worker_a.kill9();
     let _worker_b = world.spawn_with_env("worker-b", "worker", &env).await;
     let of_job = |s: &crate::shared::otlp::Span| s.attr_str("summaryd.job_id") == Some(&job_id);
+    // The relay may send before worker B's `deliver` span ends (its acknowledgement comes
+    // after the commit the relay reads), and each process exports in its own batches: wait
+    // for both.
     let spans = otlp
         .wait_for(
-            |spans| spans.iter().any(|s| s.name == "send" && of_job(s)),
+            |spans| {
+                ["send", "deliver"]
+                    .iter()
+                    .all(|name| spans.iter().any(|s| s.name == *name && of_job(s)))
+            },
             Duration::from_secs(40),
         )
         .await;
